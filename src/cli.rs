@@ -1,0 +1,114 @@
+//! The command line (clap only here).
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "ctxfs", version, about = "AI-agent memory as a FUSE filesystem", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Mount ctxfs at MOUNTPOINT. Returns once the mount is ready; the daemon stays in the background.
+    Mount {
+        /// An existing, empty directory.
+        mountpoint: PathBuf,
+        /// Data directory (redb file, lock, log). Default: $XDG_DATA_HOME/ctxfs or ~/.local/share/ctxfs.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// TOML file listing accounts and the uids that may write or read them.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Stay in the foreground (logs on stderr) instead of detaching.
+        #[arg(long)]
+        foreground: bool,
+        /// FUSE worker threads (commits wait for their fsync on a worker).
+        #[arg(long, default_value_t = 16)]
+        threads: usize,
+        /// The mount-time Repair Job leaves drafts touched within this many seconds to their writer.
+        #[arg(long, default_value_t = 600)]
+        repair_grace: u64,
+    },
+    /// Unmount cleanly: everything acknowledged is durable, the daemon exits 0.
+    Umount {
+        mountpoint: PathBuf,
+        /// Seconds to wait for the daemon to finish.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Check the stored invariants of an unmounted data dir (exit 1 on violations).
+    Fsck {
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Run the Repair Job on an unmounted data dir and print what it did.
+    Repair {
+        #[arg(long)]
+        data: PathBuf,
+        /// Leave drafts touched within this many seconds alone.
+        #[arg(long, default_value_t = 0)]
+        grace: u64,
+    },
+}
+
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("ctxfs");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".local/share/ctxfs")
+}
+
+pub fn run() -> i32 {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.cmd {
+        Cmd::Mount {
+            mountpoint,
+            data,
+            config,
+            foreground,
+            threads,
+            repair_grace,
+        } => {
+            let opts = crate::daemon::MountOpts {
+                mountpoint,
+                data: data.unwrap_or_else(default_data_dir),
+                config,
+                threads: threads.clamp(1, 256),
+                repair_grace: std::time::Duration::from_secs(repair_grace),
+            };
+            if foreground {
+                crate::daemon::run_foreground(opts)
+            } else {
+                crate::daemon::start_background(opts)
+            }
+        }
+        Cmd::Umount {
+            mountpoint,
+            timeout,
+        } => crate::daemon::umount(&mountpoint, timeout),
+        Cmd::Fsck { data } => crate::daemon::fsck(&data),
+        Cmd::Repair { data, grace } => {
+            crate::daemon::repair(&data, std::time::Duration::from_secs(grace))
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ctxfs: {e:#}");
+            1
+        }
+    }
+}

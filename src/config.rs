@@ -1,0 +1,125 @@
+//! The TOML config (CONTRACT §5) and the tenancy it defines.
+
+use crate::core::place::check_name;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub account: Vec<AccountConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountConfig {
+    pub id: String,
+    #[serde(default)]
+    pub writers: Vec<u32>,
+    #[serde(default)]
+    pub readers: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    None,
+    Read,
+    Write,
+}
+
+/// Who may use which account.
+#[derive(Debug, Clone)]
+pub enum Tenancy {
+    /// No config: the mounting uid (and root) may do everything, no one else anything.
+    Owner(u32),
+    /// From a config: accounts and their uids; uid 0 administers all of them.
+    Accounts(BTreeMap<String, (Vec<u32>, Vec<u32>)>),
+}
+
+impl Tenancy {
+    pub fn load(path: &Path) -> anyhow::Result<Tenancy> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("bad config {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<Tenancy> {
+        let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut map = BTreeMap::new();
+        for a in file.account {
+            check_name(&a.id).map_err(|e| anyhow::anyhow!("account id {:?}: {e}", a.id))?;
+            if let Some(uid) = a.writers.iter().find(|u| a.readers.contains(u)) {
+                anyhow::bail!("account {:?}: uid {uid} is both writer and reader", a.id);
+            }
+            if map.insert(a.id.clone(), (a.writers, a.readers)).is_some() {
+                anyhow::bail!("account {:?} is listed twice", a.id);
+            }
+        }
+        Ok(Tenancy::Accounts(map))
+    }
+
+    pub fn access(&self, uid: u32, account: &str) -> Access {
+        if uid == 0 {
+            return Access::Write;
+        }
+        match self {
+            Tenancy::Owner(owner) if *owner == uid => Access::Write,
+            Tenancy::Owner(_) => Access::None,
+            Tenancy::Accounts(map) => match map.get(account) {
+                Some((w, _)) if w.contains(&uid) => Access::Write,
+                Some((_, r)) if r.contains(&uid) => Access::Read,
+                _ => Access::None,
+            },
+        }
+    }
+
+    /// Accounts a config defines (they exist without a mkdir).
+    pub fn configured(&self) -> Vec<String> {
+        match self {
+            Tenancy::Owner(_) => Vec::new(),
+            Tenancy::Accounts(map) => map.keys().cloned().collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_access() {
+        let t = Tenancy::parse(
+            "[[account]]\nid = \"acme\"\nwriters = [1001]\nreaders = [1002]\n\
+             [[account]]\nid = \"other\"\nwriters = [1003]\n",
+        )
+        .unwrap();
+        assert_eq!(t.access(1001, "acme"), Access::Write);
+        assert_eq!(t.access(1002, "acme"), Access::Read);
+        assert_eq!(t.access(1003, "acme"), Access::None);
+        assert_eq!(t.access(0, "acme"), Access::Write);
+        assert_eq!(t.access(1001, "nobody"), Access::None);
+        assert_eq!(
+            t.configured(),
+            vec!["acme".to_string(), "other".to_string()]
+        );
+    }
+
+    #[test]
+    fn refuses_bad_configs() {
+        assert!(Tenancy::parse("[[account]]\nid = \"a b\"\n").is_err());
+        assert!(Tenancy::parse("[[account]]\nid = \"a\"\nwriters=[1]\nreaders=[1]\n").is_err());
+        assert!(Tenancy::parse("[[account]]\nid = \"a\"\n[[account]]\nid = \"a\"\n").is_err());
+        assert!(Tenancy::parse("[[account]]\nid = \"a\"\nwritres=[1]\n").is_err());
+        assert!(Tenancy::parse("not toml [").is_err());
+    }
+
+    #[test]
+    fn owner_mode() {
+        let t = Tenancy::Owner(1000);
+        assert_eq!(t.access(1000, "x"), Access::Write);
+        assert_eq!(t.access(0, "x"), Access::Write);
+        assert_eq!(t.access(1001, "x"), Access::None);
+    }
+}

@@ -1,0 +1,268 @@
+//! What a commit must satisfy (CONTRACT §4), as pure functions over bytes.
+
+use super::place;
+use crate::store::Status;
+use serde_json::{Map, Value};
+
+pub const MAX_ABSTRACT_CHARS: usize = 100;
+pub const MAX_META_BYTES: usize = 64 * 1024;
+pub const MAX_RELATIONS_BYTES: usize = 1024 * 1024;
+pub const MAX_RELATIONS: usize = 10_000;
+
+/// What `.meta.json` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaIntent {
+    /// `"status": "ACTIVE"` or `"ARCHIVED"`: commit.
+    Commit(Status, Map<String, Value>),
+    /// No status, or `"PENDING"`: the node stays a draft.
+    Pending,
+}
+
+pub fn parse_meta(bytes: &[u8]) -> Result<MetaIntent, String> {
+    if bytes.len() > MAX_META_BYTES {
+        return Err(format!(
+            ".meta.json is {} bytes; at most {MAX_META_BYTES} are accepted",
+            bytes.len()
+        ));
+    }
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!(".meta.json is not valid JSON: {e}"))?;
+    let Value::Object(obj) = v else {
+        return Err(".meta.json must be a JSON object".into());
+    };
+    match obj.get("status") {
+        None => Ok(MetaIntent::Pending),
+        Some(Value::String(s)) => match s.as_str() {
+            "PENDING" => Ok(MetaIntent::Pending),
+            "ACTIVE" => Ok(MetaIntent::Commit(Status::Active, obj)),
+            "ARCHIVED" => Ok(MetaIntent::Commit(Status::Archived, obj)),
+            other => Err(format!(
+                "status {other:?} may not be set by a client (use ACTIVE, ARCHIVED or PENDING)"
+            )),
+        },
+        Some(other) => Err(format!("status must be a string, not {other}")),
+    }
+}
+
+pub fn check_utf8<'a>(name: &str, bytes: &'a [u8]) -> Result<&'a str, String> {
+    std::str::from_utf8(bytes).map_err(|e| format!("{name} is not UTF-8: {e}"))
+}
+
+pub fn check_abstract(bytes: &[u8]) -> Result<(), String> {
+    let text = check_utf8(place::ABSTRACT, bytes)?;
+    let n = text.trim_end().chars().count();
+    if n > MAX_ABSTRACT_CHARS {
+        return Err(format!(
+            ".abstract.md has {n} characters; the L0 abstract holds at most {MAX_ABSTRACT_CHARS}"
+        ));
+    }
+    Ok(())
+}
+
+/// `.relations.json`: a list of edges from this node to nodes of its account.
+pub fn check_relations(bytes: &[u8], node: &str) -> Result<Vec<Value>, String> {
+    if bytes.len() > MAX_RELATIONS_BYTES {
+        return Err(format!(
+            ".relations.json is {} bytes; at most {MAX_RELATIONS_BYTES} are accepted",
+            bytes.len()
+        ));
+    }
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| format!(".relations.json is not valid JSON: {e}"))?;
+    let Value::Array(edges) = v else {
+        return Err(".relations.json must be a JSON list of edges".into());
+    };
+    if edges.len() > MAX_RELATIONS {
+        return Err(format!("more than {MAX_RELATIONS} edges"));
+    }
+    let uri = place::uri_of(node);
+    let account = node.split('/').next().unwrap_or("");
+    for (i, e) in edges.iter().enumerate() {
+        let Value::Object(o) = e else {
+            return Err(format!("edge {i} is not an object"));
+        };
+        match o.get("from_uri") {
+            Some(Value::String(f)) if *f == uri => {}
+            Some(other) => {
+                return Err(format!(
+                    "edge {i}: from_uri {other} is not this node ({uri})"
+                ))
+            }
+            None => return Err(format!("edge {i}: from_uri missing")),
+        }
+        let to = o
+            .get("to_uri")
+            .and_then(Value::as_str)
+            .ok_or(format!("edge {i}: to_uri must be a string"))?;
+        let to_node =
+            place::node_of_uri(to).ok_or(format!("edge {i}: to_uri {to:?} is not a ctx:// URI"))?;
+        if to_node.split('/').next() != Some(account) {
+            return Err(format!("edge {i}: to_uri {to:?} is in another account"));
+        }
+        match o.get("relation_type") {
+            Some(Value::String(t)) if !t.is_empty() => {}
+            _ => {
+                return Err(format!(
+                    "edge {i}: relation_type must be a non-empty string"
+                ))
+            }
+        }
+        if let Some(w) = o.get("weight") {
+            match w.as_f64() {
+                Some(x) if (0.0..=1.0).contains(&x) => {}
+                _ => return Err(format!("edge {i}: weight must be a number in [0, 1]")),
+            }
+        }
+        if let Some(r) = o.get("reason") {
+            if !r.is_string() {
+                return Err(format!("edge {i}: reason must be a string"));
+            }
+        }
+    }
+    Ok(edges)
+}
+
+/// Rewrite the edges of a moved node so they start at its new URI.
+pub fn rebase_relations(bytes: &[u8], new_node: &str) -> Option<Vec<u8>> {
+    let Ok(Value::Array(mut edges)) = serde_json::from_slice::<Value>(bytes) else {
+        return None;
+    };
+    for e in edges.iter_mut() {
+        if let Value::Object(o) = e {
+            o.insert("from_uri".into(), Value::String(place::uri_of(new_node)));
+        }
+    }
+    let mut out = serde_json::to_vec_pretty(&Value::Array(edges)).ok()?;
+    out.push(b'\n');
+    Some(out)
+}
+
+/// Fields of `.meta.json` the daemon owns.
+pub struct Derived<'a> {
+    pub node: &'a str,
+    pub status: Status,
+    pub version: u32,
+    pub created_at: &'a str,
+    pub updated_at: &'a str,
+}
+
+/// `.meta.json` as stored: the client's fields with the derived ones filled in.
+pub fn render_meta(mut obj: Map<String, Value>, d: &Derived) -> Vec<u8> {
+    let comps = place::split(d.node);
+    let set = |o: &mut Map<String, Value>, k: &str, v: Value| {
+        o.insert(k.to_string(), v);
+    };
+    set(&mut obj, "uri", Value::String(place::uri_of(d.node)));
+    set(
+        &mut obj,
+        "owner_space",
+        Value::String(place::owner_space(&comps)),
+    );
+    set(
+        &mut obj,
+        "category",
+        Value::String(place::category(&comps).into()),
+    );
+    set(
+        &mut obj,
+        "context_type",
+        Value::String(place::context_type(&comps).into()),
+    );
+    set(&mut obj, "status", Value::String(d.status.as_str().into()));
+    set(&mut obj, "version", Value::from(d.version));
+    set(&mut obj, "created_at", Value::String(d.created_at.into()));
+    set(&mut obj, "updated_at", Value::String(d.updated_at.into()));
+    let mut out = serde_json::to_vec_pretty(&Value::Object(obj)).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const N: &str = "acme/users/alice/memories/events/e1";
+
+    #[test]
+    fn meta_intent() {
+        assert!(matches!(
+            parse_meta(br#"{"status":"ACTIVE"}"#),
+            Ok(MetaIntent::Commit(Status::Active, _))
+        ));
+        assert!(matches!(
+            parse_meta(br#"{"status":"ARCHIVED","tags":[]}"#),
+            Ok(MetaIntent::Commit(Status::Archived, _))
+        ));
+        assert_eq!(
+            parse_meta(br#"{"status":"PENDING"}"#),
+            Ok(MetaIntent::Pending)
+        );
+        assert_eq!(parse_meta(br#"{}"#), Ok(MetaIntent::Pending));
+        for bad in [
+            &br#"{"status":"BROKEN"}"#[..],
+            b"[1]",
+            b"{",
+            b"",
+            br#"{"status":1}"#,
+        ] {
+            assert!(
+                parse_meta(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let huge = format!("{{\"status\":\"ACTIVE\",\"x\":\"{}\"}}", "a".repeat(70_000));
+        assert!(parse_meta(huge.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn abstract_limit() {
+        assert!(check_abstract(format!("{}\n", "é".repeat(100)).as_bytes()).is_ok());
+        assert!(check_abstract("é".repeat(101).as_bytes()).is_err());
+        assert!(check_abstract(&[0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn relations() {
+        assert!(check_relations(b"[]\n", N).is_ok());
+        let ok = format!(
+            r#"[{{"from_uri":"ctx://{N}","to_uri":"ctx://acme/users/alice/memories/events/e2","relation_type":"related_to","weight":0.5}}]"#
+        );
+        assert_eq!(check_relations(ok.as_bytes(), N).unwrap().len(), 1);
+        let other_from = ok.replace("events/e1", "events/zz");
+        assert!(check_relations(other_from.as_bytes(), N).is_err());
+        let other_acct = ok.replace("ctx://acme/users/alice/memories/events/e2", "ctx://evil/x");
+        assert!(check_relations(other_acct.as_bytes(), N).is_err());
+        assert!(check_relations(ok.replace("0.5", "7").as_bytes(), N).is_err());
+        assert!(check_relations(b"{}", N).is_err());
+        assert!(check_relations(b"[1]", N).is_err());
+        let moved = rebase_relations(ok.as_bytes(), "acme/users/bob/memories/x/y").unwrap();
+        assert!(check_relations(&moved, "acme/users/bob/memories/x/y").is_ok());
+    }
+
+    #[test]
+    fn render_fills_derived() {
+        let MetaIntent::Commit(st, obj) =
+            parse_meta(br#"{"status":"ACTIVE","version":99,"uri":"x","tags":["a"]}"#).unwrap()
+        else {
+            panic!()
+        };
+        let out = render_meta(
+            obj,
+            &Derived {
+                node: N,
+                status: st,
+                version: 3,
+                created_at: "c",
+                updated_at: "u",
+            },
+        );
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["uri"], format!("ctx://{N}"));
+        assert_eq!(v["version"], 3);
+        assert_eq!(v["owner_space"], "user:alice");
+        assert_eq!(v["category"], "events");
+        assert_eq!(v["tags"][0], "a");
+        assert_eq!(v["status"], "ACTIVE");
+    }
+}

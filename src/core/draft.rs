@@ -1,0 +1,123 @@
+//! A draft is the uncommitted overlay of one node: files written, replaced or
+//! deleted since its last commit. Writers of the account see the committed
+//! version with the overlay on top; readers never see it.
+
+use super::{now_ns, ns_of, time_of};
+use crate::store::{DraftFileRec, DraftRec};
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+pub struct DFile {
+    pub data: Vec<u8>,
+    pub mtime: SystemTime,
+    pub mode: u16,
+    /// Open writable handles: such a file stays in the draft after a commit,
+    /// so bytes written through them later are not lost.
+    pub writers: AtomicUsize,
+}
+
+impl DFile {
+    pub fn new(data: Vec<u8>, mode: u16) -> Arc<RwLock<DFile>> {
+        Arc::new(RwLock::new(DFile {
+            data,
+            mtime: SystemTime::now(),
+            mode,
+            writers: AtomicUsize::new(0),
+        }))
+    }
+}
+
+#[derive(Clone)]
+pub enum Slot {
+    File(Arc<RwLock<DFile>>),
+    /// The committed file of this name is deleted in the draft.
+    Whiteout,
+}
+
+pub struct Draft {
+    /// (node id, version) the draft started from; `None` for a new node (PENDING).
+    pub base: Option<(u64, u32)>,
+    pub files: BTreeMap<String, Slot>,
+    pub modified_ns: i128,
+    /// Why the last commit was refused (shown as `.commit-error`).
+    pub error: Option<String>,
+}
+
+impl Draft {
+    pub fn new(base: Option<(u64, u32)>) -> Draft {
+        Draft {
+            base,
+            files: BTreeMap::new(),
+            modified_ns: now_ns(),
+            error: None,
+        }
+    }
+
+    pub fn touch(&mut self) {
+        self.modified_ns = now_ns();
+    }
+
+    pub fn to_rec(&self) -> DraftRec {
+        let newest_file = self
+            .files
+            .values()
+            .filter_map(|s| match s {
+                Slot::File(f) => Some(ns_of(f.read().unwrap_or_else(|p| p.into_inner()).mtime)),
+                Slot::Whiteout => None,
+            })
+            .max()
+            .unwrap_or(0);
+        DraftRec {
+            base: self.base,
+            modified_ns: self.modified_ns.max(newest_file),
+            files: self
+                .files
+                .iter()
+                .map(|(name, slot)| match slot {
+                    Slot::File(f) => {
+                        let f = f.read().unwrap_or_else(|p| p.into_inner());
+                        DraftFileRec {
+                            name: name.clone(),
+                            data: Some(f.data.clone()),
+                            mtime_ns: ns_of(f.mtime),
+                            mode: f.mode,
+                        }
+                    }
+                    Slot::Whiteout => DraftFileRec {
+                        name: name.clone(),
+                        data: None,
+                        mtime_ns: 0,
+                        mode: 0,
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    pub fn from_rec(rec: DraftRec) -> Draft {
+        Draft {
+            base: rec.base,
+            modified_ns: rec.modified_ns,
+            error: None,
+            files: rec
+                .files
+                .into_iter()
+                .map(|f| {
+                    let slot = match f.data {
+                        Some(data) => {
+                            let file = DFile::new(data, f.mode);
+                            if let Ok(mut g) = file.write() {
+                                g.mtime = time_of(f.mtime_ns);
+                            }
+                            Slot::File(file)
+                        }
+                        None => Slot::Whiteout,
+                    };
+                    (f.name, slot)
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Inode numbers for the kernel: allocated on first lookup, dropped when the
+//! kernel forgets them. A committed file's key names its version, so its
+//! bytes never change under one inode number and the page cache may keep them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub const ROOT: u64 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    Root,
+    Accounts,
+    CtxfsDir,
+    CtxfsFile(&'static str),
+    /// A directory under `accounts/` (account, structural, container or node).
+    Dir(Arc<str>),
+    /// A file of a committed node version.
+    File {
+        node: Arc<str>,
+        name: Arc<str>,
+        id: u64,
+        version: u32,
+    },
+    /// A file of a node's draft (writers only).
+    Draft {
+        node: Arc<str>,
+        name: Arc<str>,
+    },
+    CommitError(Arc<str>),
+    Outbox(Arc<str>),
+    OutboxDlq(Arc<str>),
+    Event {
+        node: Arc<str>,
+        seq: u64,
+    },
+}
+
+#[derive(Default)]
+pub struct Inodes {
+    by_key: HashMap<Key, u64>,
+    by_ino: HashMap<u64, (Key, u64)>,
+    next: u64,
+}
+
+impl Inodes {
+    pub fn new() -> Self {
+        let mut t = Inodes {
+            next: ROOT + 1,
+            ..Default::default()
+        };
+        t.by_key.insert(Key::Root, ROOT);
+        t.by_ino.insert(ROOT, (Key::Root, 1));
+        t
+    }
+
+    /// The inode of `key`, counting one kernel lookup reference.
+    pub fn lookup(&mut self, key: Key) -> u64 {
+        if let Some(&ino) = self.by_key.get(&key) {
+            if let Some(e) = self.by_ino.get_mut(&ino) {
+                e.1 += 1;
+            }
+            return ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_key.insert(key.clone(), ino);
+        self.by_ino.insert(ino, (key, 1));
+        ino
+    }
+
+    /// The inode of `key` without a lookup reference (for readdir entries).
+    pub fn peek(&self, key: &Key) -> Option<u64> {
+        self.by_key.get(key).copied()
+    }
+
+    pub fn key(&self, ino: u64) -> Option<Key> {
+        self.by_ino.get(&ino).map(|(k, _)| k.clone())
+    }
+
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        if let Some(e) = self.by_ino.get_mut(&ino) {
+            e.1 = e.1.saturating_sub(n);
+            if e.1 == 0 {
+                let (key, _) = self.by_ino.remove(&ino).expect("present");
+                self.by_key.remove(&key);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_ino.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_ino.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_forget() {
+        let mut t = Inodes::new();
+        let k = Key::Dir("acme".into());
+        let a = t.lookup(k.clone());
+        assert_eq!(t.lookup(k.clone()), a);
+        t.forget(a, 1);
+        assert_eq!(t.key(a), Some(k.clone()));
+        t.forget(a, 1);
+        assert_eq!(t.key(a), None);
+        let b = t.lookup(k);
+        assert_ne!(a, b, "inode numbers are never reused");
+        t.forget(ROOT, 100);
+        assert_eq!(t.key(ROOT), Some(Key::Root));
+    }
+}

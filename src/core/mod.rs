@@ -1,0 +1,368 @@
+//! Filesystem semantics without a kernel: the tree, drafts and the commit
+//! point, visibility, tenancy. The FUSE adapter (`crate::fuse`) converts
+//! arguments and calls these methods; tests call them directly.
+//!
+//! Lock order: node stripe → `drafts` map → one `Draft` → one `DFile`;
+//! `inodes` and `handles` are leaf locks, never held while taking another.
+
+pub mod commit;
+mod draft;
+pub mod inodes;
+pub mod ops;
+pub mod place;
+pub mod repair;
+
+pub use self::draft::{DFile, Draft, Slot};
+use self::inodes::{Inodes, Key};
+use crate::config::{Access, Tenancy};
+use crate::error::{Error, Result};
+use crate::store::{NodeRec, Op, Status, Store};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Largest file a node may hold (a write past it fails with EFBIG).
+pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+const STRIPES: usize = 256;
+
+/// Who is asking: taken from each FUSE request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub size: u64,
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub name: String,
+    pub kind: Kind,
+}
+
+/// How the kernel may cache an open file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pub fh: u64,
+    /// Bytes change under this handle (drafts, generated files): bypass the page cache.
+    pub direct_io: bool,
+    /// The bytes of this inode never change (a committed version): keep the cache.
+    pub keep_cache: bool,
+}
+
+/// Attribute changes of `setattr`.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub size: Option<u64>,
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub mtime: Option<SystemTime>,
+}
+
+pub(crate) enum Handle {
+    /// Immutable bytes: a committed version or a generated file.
+    Data(Arc<[u8]>),
+    Draft(DraftHandle),
+    Dir(Vec<DirEntry>),
+}
+
+pub(crate) struct DraftHandle {
+    node: Arc<str>,
+    name: String,
+    file: Arc<RwLock<DFile>>,
+    append: bool,
+    writable: bool,
+    dirty: AtomicBool,
+}
+
+impl Drop for DraftHandle {
+    fn drop(&mut self) {
+        if self.writable {
+            if let Ok(f) = self.file.read() {
+                f.writers.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Stats {
+    pub commits: AtomicU64,
+    pub commit_failures: AtomicU64,
+    pub deletes: AtomicU64,
+    pub moves: AtomicU64,
+    pub repairs: AtomicU64,
+}
+
+pub struct Fs {
+    store: Arc<dyn Store>,
+    tenancy: Tenancy,
+    inodes: Mutex<Inodes>,
+    drafts: Mutex<HashMap<String, Arc<Mutex<Draft>>>>,
+    stripes: Vec<Mutex<()>>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    next_blob: AtomicU64,
+    next_node: AtomicU64,
+    next_event: AtomicU64,
+    started: SystemTime,
+    pub stats: Stats,
+}
+
+pub fn now_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+pub fn time_of(ns: i128) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+pub fn ns_of(t: SystemTime) -> i128 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+pub fn rfc3339(ns: i128) -> String {
+    humantime::format_rfc3339_seconds(time_of(ns)).to_string()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock must not take every later request down.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Fs {
+    pub fn new(store: Arc<dyn Store>, tenancy: Tenancy) -> Result<Arc<Fs>> {
+        let fs = Fs {
+            next_blob: AtomicU64::new(store.high_water("blob")? + 1),
+            next_node: AtomicU64::new(store.high_water("node")? + 1),
+            next_event: AtomicU64::new(store.high_water("event")? + 1),
+            store,
+            tenancy,
+            inodes: Mutex::new(Inodes::new()),
+            drafts: Mutex::new(HashMap::new()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            started: SystemTime::now(),
+            stats: Stats::default(),
+        };
+        for (path, bytes) in fs.store.drafts()? {
+            match crate::store::DraftRec::decode(&bytes) {
+                Ok(rec) => {
+                    lock(&fs.drafts).insert(path, Arc::new(Mutex::new(Draft::from_rec(rec))));
+                }
+                Err(e) => tracing::error!(%path, error = %e, "persisted draft ignored"),
+            }
+        }
+        Ok(Arc::new(fs))
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    // ---- tenancy -------------------------------------------------------
+
+    fn access_of(&self, caller: Caller, account: &str) -> Access {
+        self.tenancy.access(caller.uid, account)
+    }
+
+    /// May `caller` read (or with `write`, change) `account`?
+    fn gate(&self, caller: Caller, account: &str, write: bool) -> Result<Access> {
+        match self.access_of(caller, account) {
+            Access::None => Err(Error::AccessDenied),
+            Access::Read if write => Err(Error::ReadOnly),
+            a => Ok(a),
+        }
+    }
+
+    // ---- ids, locks ----------------------------------------------------
+
+    fn stripe(&self, node: &str) -> MutexGuard<'_, ()> {
+        lock(&self.stripes[stripe_of(node)])
+    }
+
+    fn blob_id(&self) -> u64 {
+        self.next_blob.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn new_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(fh, Arc::new(h));
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+        lock(&self.handles)
+            .get(&fh)
+            .cloned()
+            .ok_or(Error::BadHandle)
+    }
+
+    fn ino_lookup(&self, key: Key) -> u64 {
+        lock(&self.inodes).lookup(key)
+    }
+
+    fn key_of(&self, ino: u64) -> Result<Key> {
+        lock(&self.inodes).key(ino).ok_or(Error::NotFound)
+    }
+
+    pub fn forget(&self, ino: u64, n: u64) {
+        lock(&self.inodes).forget(ino, n);
+    }
+
+    pub fn inode_count(&self) -> usize {
+        lock(&self.inodes).len()
+    }
+
+    fn draft(&self, node: &str) -> Option<Arc<Mutex<Draft>>> {
+        lock(&self.drafts).get(node).cloned()
+    }
+
+    /// The draft of `node`, created over its committed version when missing.
+    fn draft_or_new(&self, node: &str, committed: Option<&NodeRec>) -> Arc<Mutex<Draft>> {
+        lock(&self.drafts)
+            .entry(node.to_string())
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Draft::new(committed.map(|r| (r.id, r.version)))))
+            })
+            .clone()
+    }
+
+    /// Is a committed node of this status shown to a caller with `access`?
+    fn shows(status: Status, access: Access) -> bool {
+        match status {
+            Status::Active | Status::Archived => access >= Access::Read,
+            // BROKEN nodes are for writers to inspect and rewrite.
+            Status::Broken => access == Access::Write,
+        }
+    }
+
+    /// Committed record of a node visible to the caller.
+    fn visible_node(&self, node: &str, access: Access) -> Result<Option<NodeRec>> {
+        Ok(self
+            .store
+            .get_node(node)?
+            .filter(|r| Self::shows(r.status, access)))
+    }
+
+    /// Account of a node or directory path.
+    fn account_of(path: &str) -> &str {
+        path.split('/').next().unwrap_or("")
+    }
+
+    // ---- status ----------------------------------------------------------
+
+    /// `.ctxfs/status`: what the caller's accounts hold.
+    pub fn status_json(&self, caller: Caller) -> Result<Vec<u8>> {
+        let accounts = self.accounts_visible(caller)?;
+        let mut counts = serde_json::Map::new();
+        let mut outbox = 0i64;
+        for st in Status::all() {
+            let mut n = 0;
+            for a in &accounts {
+                n += self.store.counter(&format!("nodes:{a}:{}", st.as_str()))?;
+            }
+            counts.insert(st.as_str().into(), n.into());
+        }
+        for a in &accounts {
+            outbox += self.store.counter(&format!("outbox:{a}"))?;
+        }
+        let (mut pending, mut edits) = (0, 0);
+        for (path, d) in lock(&self.drafts).iter() {
+            if accounts.iter().any(|a| a == Self::account_of(path)) {
+                if lock(d).base.is_none() {
+                    pending += 1;
+                } else {
+                    edits += 1;
+                }
+            }
+        }
+        counts.insert("PENDING".into(), pending.into());
+        let v = serde_json::json!({
+            "nodes": counts,
+            "uncommitted_edits": edits,
+            "outbox_depth": outbox,
+            "dead_letters": 0,
+            "indexer": {"running": false, "index_lag": serde_json::Value::Null,
+                        "note": "no indexer in this build; events wait in the outbox"},
+            "commits": self.stats.commits.load(Ordering::Relaxed),
+            "commit_failures": self.stats.commit_failures.load(Ordering::Relaxed),
+            "inodes": self.inode_count(),
+            "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+            "version": env!("CARGO_PKG_VERSION"),
+        });
+        let mut out = serde_json::to_vec_pretty(&v).map_err(|e| Error::Store(e.to_string()))?;
+        out.push(b'\n');
+        Ok(out)
+    }
+
+    fn accounts_visible(&self, caller: Caller) -> Result<Vec<String>> {
+        let mut all = self.tenancy.configured();
+        all.extend(self.store.list_dirs("")?);
+        all.sort();
+        all.dedup();
+        all.retain(|a| self.access_of(caller, a) != Access::None);
+        Ok(all)
+    }
+
+    // ---- persistence of drafts --------------------------------------------
+
+    fn persist_draft_op(&self, node: &str, d: &Draft) -> Result<Op> {
+        Ok(Op::PutDraft {
+            path: node.to_string(),
+            data: d.to_rec().encode()?,
+        })
+    }
+
+    /// Make every draft durable (clean unmount).
+    pub fn persist_all_drafts(&self) -> Result<usize> {
+        let drafts: Vec<(String, Arc<Mutex<Draft>>)> = lock(&self.drafts)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut ops = Vec::new();
+        for (path, d) in &drafts {
+            let _g = self.stripe(path);
+            ops.push(self.persist_draft_op(path, &lock(d))?);
+        }
+        let n = ops.len();
+        self.store.apply(ops, true)?;
+        Ok(n)
+    }
+}
+
+fn stripe_of(node: &str) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.hash(&mut h);
+    (h.finish() as usize) % STRIPES
+}

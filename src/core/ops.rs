@@ -1,0 +1,1617 @@
+//! The filesystem operations of the core, one method per syscall family.
+
+use super::commit::{self, Derived, MetaIntent};
+use super::inodes::Key;
+use super::place::{self, DirPlace, CONTENT, META, NODE_FILES};
+use super::*;
+use serde_json::{json, Value};
+
+/// Outcome of closing a written `.meta.json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    Version(u32),
+    /// No status or `PENDING`: the node stays a draft.
+    StillPending,
+}
+
+/// A file of a node as a commit sees it.
+enum Content {
+    New(Vec<u8>, i128, u16),
+    Keep(crate::store::FileRec),
+}
+
+fn arc(s: &str) -> Arc<str> {
+    Arc::from(s)
+}
+
+fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_string()
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn read_lock(f: &RwLock<DFile>) -> std::sync::RwLockReadGuard<'_, DFile> {
+    f.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write_lock(f: &RwLock<DFile>) -> std::sync::RwLockWriteGuard<'_, DFile> {
+    f.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Fs {
+    // ---- attributes --------------------------------------------------------
+
+    fn dir_attr(&self, c: Caller, ino: u64, writable: bool, mtime: SystemTime) -> Attr {
+        Attr {
+            ino,
+            kind: Kind::Dir,
+            size: 0,
+            perm: if writable { 0o755 } else { 0o555 },
+            uid: c.uid,
+            gid: c.gid,
+            mtime,
+            ctime: mtime,
+        }
+    }
+
+    fn file_attr(
+        &self,
+        c: Caller,
+        ino: u64,
+        size: u64,
+        mode: u16,
+        writable: bool,
+        mtime: SystemTime,
+    ) -> Attr {
+        let mode = if mode == 0 { 0o644 } else { mode & 0o7777 };
+        Attr {
+            ino,
+            kind: Kind::File,
+            size,
+            perm: if writable { mode } else { mode & !0o222 },
+            uid: c.uid,
+            gid: c.gid,
+            mtime,
+            ctime: mtime,
+        }
+    }
+
+    /// Attributes of `key` as `c` sees it; `NotFound` when it is not there for `c`.
+    fn attr_of(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
+        match key {
+            Key::Root | Key::Accounts | Key::CtxfsDir => {
+                Ok(self.dir_attr(c, ino, false, self.started))
+            }
+            Key::CtxfsFile(_) => Ok(self.file_attr(c, ino, 0, 0o444, false, SystemTime::now())),
+            Key::Dir(path) => {
+                let comps = place::split(path);
+                let access = self.gate(c, comps[0], false)?;
+                let writable = access == Access::Write;
+                match place::classify_dir(&comps)? {
+                    DirPlace::Node => {
+                        let (rec, draft) = self.node_for(path, access)?;
+                        let mtime = match (&draft, &rec) {
+                            (Some(d), _) => time_of(lock(d).modified_ns),
+                            (None, Some(r)) => time_of(r.updated_ns),
+                            (None, None) => return Err(Error::NotFound),
+                        };
+                        Ok(self.dir_attr(c, ino, writable, mtime))
+                    }
+                    _ => {
+                        if self.dir_present(path, &comps)? {
+                            Ok(self.dir_attr(c, ino, writable, self.started))
+                        } else {
+                            Err(Error::NotFound)
+                        }
+                    }
+                }
+            }
+            Key::File {
+                node,
+                name,
+                id,
+                version,
+            } => {
+                let access = self.gate(c, Self::account_of(node), false)?;
+                let rec = self.version_rec(node, *id, *version, access)?;
+                let f = rec.file(name).ok_or(Error::NotFound)?;
+                Ok(self.file_attr(
+                    c,
+                    ino,
+                    f.size,
+                    f.mode,
+                    access == Access::Write,
+                    time_of(f.mtime_ns),
+                ))
+            }
+            Key::Draft { node, name } => {
+                let file = self.draft_file(c, node, name)?;
+                let f = read_lock(&file);
+                Ok(self.file_attr(c, ino, f.data.len() as u64, f.mode, true, f.mtime))
+            }
+            Key::CommitError(node) => {
+                let text = self.commit_error_text(c, node)?;
+                Ok(self.file_attr(c, ino, text.len() as u64, 0o444, false, SystemTime::now()))
+            }
+            Key::Outbox(node) | Key::OutboxDlq(node) => {
+                let access = self.gate(c, Self::account_of(node), false)?;
+                self.node_for(node, access)?;
+                Ok(self.dir_attr(c, ino, false, self.started))
+            }
+            Key::Event { node, seq } => {
+                let json = self.event_json(c, node, *seq)?;
+                Ok(self.file_attr(c, ino, json.len() as u64, 0o444, false, self.started))
+            }
+        }
+    }
+
+    /// Does a non-node directory exist?
+    fn dir_present(&self, path: &str, comps: &[&str]) -> Result<bool> {
+        match place::classify_dir(comps)? {
+            DirPlace::Account => Ok(self.tenancy.configured().iter().any(|a| a == path)
+                || self.store.dir_exists(path)?),
+            DirPlace::Fixed(_) => {
+                let parent = &comps[..comps.len() - 1];
+                self.dir_present(&parent.join("/"), parent)
+            }
+            DirPlace::Container => self.store.dir_exists(path),
+            DirPlace::Node => Ok(false),
+        }
+    }
+
+    /// The node as `access` sees it: its visible committed record, and its
+    /// draft for writers. `NotFound` when neither is there.
+    fn node_for(
+        &self,
+        node: &str,
+        access: Access,
+    ) -> Result<(Option<NodeRec>, Option<Arc<Mutex<Draft>>>)> {
+        let rec = self.visible_node(node, access)?;
+        let draft = if access == Access::Write {
+            self.draft(node)
+        } else {
+            None
+        };
+        if rec.is_none() && draft.is_none() {
+            return Err(Error::NotFound);
+        }
+        Ok((rec, draft))
+    }
+
+    /// The record of a committed version, if the caller may see it.
+    fn version_rec(&self, node: &str, id: u64, version: u32, access: Access) -> Result<NodeRec> {
+        let cur = self.store.get_node(node)?;
+        let rec = match cur {
+            Some(r) if r.id == id && r.version == version => r,
+            _ => self
+                .store
+                .get_version(id, version)?
+                .ok_or(Error::NotFound)?,
+        };
+        if !Self::shows(rec.status, access) {
+            return Err(Error::NotFound);
+        }
+        Ok(rec)
+    }
+
+    fn draft_file(&self, c: Caller, node: &str, name: &str) -> Result<Arc<RwLock<DFile>>> {
+        // Readers never learn that a draft exists.
+        if self.access_of(c, Self::account_of(node)) != Access::Write {
+            return Err(match self.access_of(c, Self::account_of(node)) {
+                Access::None => Error::AccessDenied,
+                _ => Error::NotFound,
+            });
+        }
+        let d = self.draft(node).ok_or(Error::NotFound)?;
+        let d = lock(&d);
+        match d.files.get(name) {
+            Some(Slot::File(f)) => Ok(f.clone()),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    fn commit_error_text(&self, c: Caller, node: &str) -> Result<Vec<u8>> {
+        self.gate(c, Self::account_of(node), true)
+            .map_err(|e| match e {
+                Error::ReadOnly => Error::NotFound,
+                e => e,
+            })?;
+        let d = self.draft(node).ok_or(Error::NotFound)?;
+        let d = lock(&d);
+        let e = d.error.as_ref().ok_or(Error::NotFound)?;
+        Ok(format!("{e}\n").into_bytes())
+    }
+
+    fn event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
+        let access = self.gate(c, Self::account_of(node), false)?;
+        self.node_for(node, access)?;
+        let ev = self.store.node_events(node)?;
+        let e = ev
+            .into_iter()
+            .find(|e| e.seq == seq)
+            .ok_or(Error::NotFound)?;
+        let mut j = e.json;
+        j.push(b'\n');
+        Ok(j)
+    }
+
+    // ---- lookup, getattr ----------------------------------------------------
+
+    /// The key of `name` in directory `parent` for caller `c`.
+    fn child_key(&self, c: Caller, parent: &Key, name: &str) -> Result<Key> {
+        match parent {
+            Key::Root => match name {
+                "accounts" => Ok(Key::Accounts),
+                ".ctxfs" => Ok(Key::CtxfsDir),
+                _ => Err(Error::NotFound),
+            },
+            Key::CtxfsDir => match name {
+                "status" => Ok(Key::CtxfsFile("status")),
+                "pid" => Ok(Key::CtxfsFile("pid")),
+                _ => Err(Error::NotFound),
+            },
+            Key::Accounts => {
+                if place::check_name(name).is_err() {
+                    return Err(Error::NotFound);
+                }
+                self.gate(c, name, false)?;
+                Ok(Key::Dir(arc(name)))
+            }
+            Key::Dir(path) => {
+                let comps = place::split(path);
+                let access = self.gate(c, comps[0], false)?;
+                if place::classify_dir(&comps)? == DirPlace::Node {
+                    return self.node_child_key(c, path, name, access);
+                }
+                let child = join(path, name);
+                match place::classify_dir(&place::split(&child)) {
+                    Ok(_) => Ok(Key::Dir(arc(&child))),
+                    Err(Error::NameTooLong) => Err(Error::NameTooLong),
+                    Err(_) => Err(Error::NotFound),
+                }
+            }
+            Key::Outbox(node) => {
+                if name == "dlq" {
+                    return Ok(Key::OutboxDlq(node.clone()));
+                }
+                let seq = name
+                    .strip_suffix(".json")
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())
+                    .ok_or(Error::NotFound)?;
+                Ok(Key::Event {
+                    node: node.clone(),
+                    seq,
+                })
+            }
+            Key::OutboxDlq(_) => Err(Error::NotFound),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    fn node_child_key(&self, c: Caller, node: &str, name: &str, access: Access) -> Result<Key> {
+        match name {
+            place::OUTBOX => return Ok(Key::Outbox(arc(node))),
+            place::COMMIT_ERROR => return Ok(Key::CommitError(arc(node))),
+            _ => {}
+        }
+        let (rec, draft) = self.node_for(node, access)?;
+        let _ = c;
+        if let Some(d) = draft {
+            match lock(&d).files.get(name) {
+                Some(Slot::File(_)) => {
+                    return Ok(Key::Draft {
+                        node: arc(node),
+                        name: arc(name),
+                    })
+                }
+                Some(Slot::Whiteout) => return Err(Error::NotFound),
+                None => {}
+            }
+        }
+        let rec = rec.ok_or(Error::NotFound)?;
+        rec.file(name).ok_or(Error::NotFound)?;
+        Ok(Key::File {
+            node: arc(node),
+            name: arc(name),
+            id: rec.id,
+            version: rec.version,
+        })
+    }
+
+    pub fn lookup(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
+        let pkey = self.key_of(parent)?;
+        let key = self.child_key(c, &pkey, name)?;
+        let attr = self.attr_of(c, &key, 0)?;
+        let ino = self.ino_lookup(key);
+        Ok(Attr { ino, ..attr })
+    }
+
+    pub fn getattr(&self, c: Caller, ino: u64, fh: Option<u64>) -> Result<Attr> {
+        if let Some(fh) = fh {
+            if let Ok(h) = self.handle(fh) {
+                if let Handle::Draft(d) = &*h {
+                    let f = read_lock(&d.file);
+                    return Ok(self.file_attr(
+                        c,
+                        ino,
+                        f.data.len() as u64,
+                        f.mode,
+                        d.writable,
+                        f.mtime,
+                    ));
+                }
+            }
+        }
+        let key = self.key_of(ino)?;
+        self.attr_of(c, &key, ino)
+    }
+
+    // ---- directories -----------------------------------------------------------
+
+    pub fn opendir(&self, c: Caller, ino: u64) -> Result<u64> {
+        let key = self.key_of(ino)?;
+        let attr = self.attr_of(c, &key, ino)?;
+        if attr.kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        let mut entries = vec![
+            DirEntry {
+                ino,
+                name: ".".into(),
+                kind: Kind::Dir,
+            },
+            DirEntry {
+                ino,
+                name: "..".into(),
+                kind: Kind::Dir,
+            },
+        ];
+        let d = |k: Key, name: &str, kind: Kind| DirEntry {
+            ino: self.entry_ino(&k),
+            name: name.to_string(),
+            kind,
+        };
+        match &key {
+            Key::Root => {
+                entries.push(d(Key::Accounts, "accounts", Kind::Dir));
+                entries.push(d(Key::CtxfsDir, ".ctxfs", Kind::Dir));
+            }
+            Key::CtxfsDir => {
+                for n in ["status", "pid"] {
+                    entries.push(d(Key::CtxfsFile(n), n, Kind::File));
+                }
+            }
+            Key::Accounts => {
+                for a in self.accounts_visible(c)? {
+                    entries.push(d(Key::Dir(arc(&a)), &a, Kind::Dir));
+                }
+            }
+            Key::Dir(path) => {
+                let comps = place::split(path);
+                let access = self.gate(c, comps[0], false)?;
+                let placed = place::classify_dir(&comps)?;
+                if placed == DirPlace::Node {
+                    for (name, k) in self.node_listing(path, access)? {
+                        entries.push(d(k, &name, Kind::File));
+                    }
+                } else {
+                    let mut names: Vec<String> = place::fixed_children(&comps, &placed)
+                        .iter()
+                        .map(|f| f.name().to_string())
+                        .collect();
+                    names.extend(self.store.list_dirs(path)?);
+                    names.extend(
+                        self.store
+                            .list_nodes(path)?
+                            .into_iter()
+                            .filter(|(_, r)| Self::shows(r.status, access))
+                            .map(|(n, _)| n),
+                    );
+                    names.sort();
+                    names.dedup();
+                    for n in names {
+                        let child = join(path, &n);
+                        entries.push(d(Key::Dir(arc(&child)), &n, Kind::Dir));
+                    }
+                }
+            }
+            Key::Outbox(node) => {
+                entries.push(d(Key::OutboxDlq(node.clone()), "dlq", Kind::Dir));
+                for e in self.store.node_events(node)? {
+                    let k = Key::Event {
+                        node: node.clone(),
+                        seq: e.seq,
+                    };
+                    entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
+                }
+            }
+            Key::OutboxDlq(_) => {}
+            _ => return Err(Error::NotDir),
+        }
+        Ok(self.new_handle(Handle::Dir(entries)))
+    }
+
+    /// An inode number for a directory entry: the real one if the kernel
+    /// knows the entry, else a stable non-zero hash (readdir's d_ino is
+    /// informational; `stat` gives the real number).
+    fn entry_ino(&self, k: &Key) -> u64 {
+        if let Some(i) = lock(&self.inodes).peek(k) {
+            return i;
+        }
+        let s = format!("{k:?}");
+        fnv(&s) | (1 << 63)
+    }
+
+    /// Files of a node directory in protocol order, as `access` sees them.
+    fn node_listing(&self, node: &str, access: Access) -> Result<Vec<(String, Key)>> {
+        let (rec, draft) = self.node_for(node, access)?;
+        let mut out = Vec::new();
+        let guard = draft.as_ref().map(|d| lock(d));
+        let names = view_names(rec.as_ref(), guard.as_deref());
+        for name in names {
+            let key = match guard.as_ref().and_then(|d| d.files.get(&name)) {
+                Some(Slot::File(_)) => Key::Draft {
+                    node: arc(node),
+                    name: arc(&name),
+                },
+                _ => match &rec {
+                    Some(r) => Key::File {
+                        node: arc(node),
+                        name: arc(&name),
+                        id: r.id,
+                        version: r.version,
+                    },
+                    None => continue,
+                },
+            };
+            out.push((name, key));
+        }
+        if let Some(d) = guard.as_ref() {
+            if d.error.is_some() {
+                out.push((place::COMMIT_ERROR.to_string(), Key::CommitError(arc(node))));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn readdir(&self, fh: u64, offset: u64) -> Result<Vec<(u64, DirEntry)>> {
+        let h = self.handle(fh)?;
+        let Handle::Dir(entries) = &*h else {
+            return Err(Error::BadHandle);
+        };
+        Ok(entries
+            .iter()
+            .enumerate()
+            .skip(offset as usize)
+            .map(|(i, e)| (i as u64 + 1, e.clone()))
+            .collect())
+    }
+
+    pub fn mkdir(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
+        let pkey = self.key_of(parent)?;
+        let path = match &pkey {
+            Key::Accounts => {
+                place::check_name(name)?;
+                name.to_string()
+            }
+            Key::Dir(p) => join(p, name),
+            Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
+            _ => return Err(Error::NotPermitted("virtual directory")),
+        };
+        let comps = place::split(&path);
+        self.gate(c, comps[0], true)?;
+        if let Key::Dir(p) = &pkey {
+            if place::classify_dir(&place::split(p))? == DirPlace::Node {
+                return Err(Error::Invalid("node directories hold files only".into()));
+            }
+        }
+        match place::classify_dir(&comps)? {
+            DirPlace::Fixed(_) => return Err(Error::Exists),
+            DirPlace::Account | DirPlace::Container => {
+                if self.dir_present(&path, &comps)? {
+                    return Err(Error::Exists);
+                }
+                let mut ops: Vec<Op> = place::ancestor_containers(&comps)
+                    .into_iter()
+                    .map(|(p, n)| Op::PutDir { path: join(&p, &n) })
+                    .collect();
+                ops.push(Op::PutDir { path: path.clone() });
+                self.store.apply(ops, false)?;
+            }
+            DirPlace::Node => {
+                let _g = self.stripe(&path);
+                if self.store.get_node(&path)?.is_some() || self.draft(&path).is_some() {
+                    return Err(Error::Exists);
+                }
+                lock(&self.drafts).insert(path.clone(), Arc::new(Mutex::new(Draft::new(None))));
+            }
+        }
+        self.lookup(c, parent, name)
+    }
+
+    pub fn rmdir(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
+        let pkey = self.key_of(parent)?;
+        let path = match &pkey {
+            Key::Accounts => name.to_string(),
+            Key::Dir(p) => join(p, name),
+            Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
+            _ => return Err(Error::NotPermitted("virtual directory")),
+        };
+        let comps = place::split(&path);
+        self.gate(c, comps[0], true)?;
+        if let Key::Dir(p) = &pkey {
+            if place::classify_dir(&place::split(p))? == DirPlace::Node {
+                return Err(if name == place::OUTBOX {
+                    Error::NotPermitted("virtual directory")
+                } else {
+                    Error::NotFound
+                });
+            }
+        }
+        let placed = match place::classify_dir(&comps) {
+            Ok(p) => p,
+            Err(_) => return Err(Error::NotFound),
+        };
+        match placed {
+            DirPlace::Node => self.delete_node(&path),
+            DirPlace::Fixed(_) | DirPlace::Account | DirPlace::Container => {
+                if !self.dir_present(&path, &comps)? {
+                    return Err(Error::NotFound);
+                }
+                if self.subtree_busy(&path)? {
+                    return Err(Error::NotEmpty);
+                }
+                match placed {
+                    // Structural directories are implicit: an empty one is
+                    // "removed" and shows again, so `rm -r` of an owner works.
+                    DirPlace::Fixed(_) => Ok(()),
+                    DirPlace::Account if self.tenancy.configured().contains(&path) => {
+                        Err(Error::NotPermitted("the account is defined by the config"))
+                    }
+                    _ => self.store.apply(vec![Op::DelDir { path }], true),
+                }
+            }
+        }
+    }
+
+    /// Has the subtree at `path` any node, container or draft?
+    fn subtree_busy(&self, path: &str) -> Result<bool> {
+        if self.store.has_children(path)? {
+            return Ok(true);
+        }
+        // Fixed children (users/, memories/...) are stored under their own path.
+        let comps = place::split(path);
+        if let Ok(placed) = place::classify_dir(&comps) {
+            for f in place::fixed_children(&comps, &placed) {
+                if self.subtree_busy(&join(path, f.name()))? {
+                    return Ok(true);
+                }
+            }
+        }
+        let prefix = format!("{path}/");
+        Ok(lock(&self.drafts).keys().any(|k| k.starts_with(&prefix)))
+    }
+
+    fn delete_node(&self, node: &str) -> Result<()> {
+        let _g = self.stripe(node);
+        let rec = self.store.get_node(node)?;
+        let draft = self.draft(node);
+        if rec.is_none() && draft.is_none() {
+            return Err(Error::NotFound);
+        }
+        {
+            let guard = draft.as_ref().map(|d| lock(d));
+            if !view_names(rec.as_ref(), guard.as_deref()).is_empty() {
+                return Err(Error::NotEmpty);
+            }
+        }
+        let mut ops = vec![Op::DelDraft {
+            path: node.to_string(),
+        }];
+        if let Some(rec) = &rec {
+            let account = Self::account_of(node).to_string();
+            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+            ops.extend([
+                Op::DelNode {
+                    path: node.to_string(),
+                },
+                Op::DropHistory { node_id: rec.id },
+                Op::Count {
+                    key: format!("nodes:{account}:{}", rec.status.as_str()),
+                    delta: -1,
+                },
+                Op::PutEvent {
+                    seq,
+                    node_path: node.to_string(),
+                    account,
+                    json: self.event(seq, "DELETE_CONTEXT", node, json!({})),
+                },
+                Op::HighWater {
+                    key: "event",
+                    value: seq,
+                },
+            ]);
+        }
+        self.store.apply(ops, true)?;
+        lock(&self.drafts).remove(node);
+        self.stats.deletes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    // ---- files --------------------------------------------------------------------
+
+    /// Copy-on-write: the draft file `name` of `node`, made from the committed
+    /// file when the draft does not have it yet. Caller holds the node stripe.
+    fn cow(&self, node: &str, name: &str, create_mode: Option<u16>) -> Result<Arc<RwLock<DFile>>> {
+        let rec = self.store.get_node(node)?;
+        let draft = match (&rec, self.draft(node)) {
+            (_, Some(d)) => d,
+            (Some(r), None) => self.draft_or_new(node, Some(r)),
+            (None, None) => return Err(Error::NotFound),
+        };
+        let mut d = lock(&draft);
+        if let Some(Slot::File(f)) = d.files.get(name) {
+            return Ok(f.clone());
+        }
+        let whiteout = matches!(d.files.get(name), Some(Slot::Whiteout));
+        let file = match rec
+            .as_ref()
+            .and_then(|r| r.file(name))
+            .filter(|_| !whiteout)
+        {
+            Some(fr) => {
+                let f = DFile::new(self.store.read_blob(fr.blob, fr.size)?, fr.mode);
+                write_lock(&f).mtime = time_of(fr.mtime_ns);
+                f
+            }
+            None => match create_mode {
+                Some(mode) => DFile::new(Vec::new(), mode),
+                None => return Err(Error::NotFound),
+            },
+        };
+        d.files.insert(name.to_string(), Slot::File(file.clone()));
+        d.touch();
+        Ok(file)
+    }
+
+    fn draft_handle(
+        &self,
+        node: &str,
+        name: &str,
+        file: Arc<RwLock<DFile>>,
+        flags: i32,
+    ) -> Result<Opened> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if writable {
+            read_lock(&file).writers.fetch_add(1, Ordering::Relaxed);
+        }
+        let trunc = writable && flags & libc::O_TRUNC != 0;
+        if trunc {
+            let mut f = write_lock(&file);
+            f.data.clear();
+            f.mtime = SystemTime::now();
+        }
+        let fh = self.new_handle(Handle::Draft(DraftHandle {
+            node: arc(node),
+            name: name.to_string(),
+            file,
+            append: flags & libc::O_APPEND != 0,
+            writable,
+            dirty: AtomicBool::new(false),
+        }));
+        Ok(Opened {
+            fh,
+            direct_io: true,
+            keep_cache: false,
+        })
+    }
+
+    pub fn open(&self, c: Caller, ino: u64, flags: i32) -> Result<Opened> {
+        let key = self.key_of(ino)?;
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let data = |bytes: Vec<u8>| -> Result<Opened> {
+            if write {
+                return Err(Error::NotPermitted("read-only virtual file"));
+            }
+            let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+            Ok(Opened {
+                fh,
+                direct_io: true,
+                keep_cache: false,
+            })
+        };
+        match &key {
+            Key::CtxfsFile("status") => data(self.status_json(c)?),
+            Key::CtxfsFile(_) => data(format!("{}\n", std::process::id()).into_bytes()),
+            Key::CommitError(node) => data(self.commit_error_text(c, node)?),
+            Key::Event { node, seq } => data(self.event_json(c, node, *seq)?),
+            Key::File {
+                node,
+                name,
+                id,
+                version,
+            } => {
+                let access = self.gate(c, Self::account_of(node), write)?;
+                if access == Access::Write {
+                    let _g = self.stripe(node);
+                    let in_draft = self
+                        .draft(node)
+                        .map(|d| matches!(lock(&d).files.get(&**name), Some(Slot::File(_))))
+                        .unwrap_or(false);
+                    if write || in_draft {
+                        let file = self.cow(node, name, None)?;
+                        return self.draft_handle(node, name, file, flags);
+                    }
+                }
+                let rec = self.version_rec(node, *id, *version, access)?;
+                let f = rec.file(name).ok_or(Error::NotFound)?;
+                let bytes = self.store.read_blob(f.blob, f.size)?;
+                let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+                Ok(Opened {
+                    fh,
+                    direct_io: false,
+                    keep_cache: true,
+                })
+            }
+            Key::Draft { node, name } => {
+                let file = self.draft_file(c, node, name)?;
+                self.draft_handle(node, name, file, flags)
+            }
+            _ => Err(Error::IsDir),
+        }
+    }
+
+    pub fn create(
+        &self,
+        c: Caller,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(Attr, Opened)> {
+        let pkey = self.key_of(parent)?;
+        let node = match &pkey {
+            Key::Dir(p) => p.clone(),
+            Key::Accounts => {
+                return Err(Error::Invalid(
+                    "accounts/ holds account directories only".into(),
+                ))
+            }
+            _ => return Err(Error::NotPermitted("no files can be created here")),
+        };
+        self.gate(c, Self::account_of(&node), true)?;
+        if place::classify_dir(&place::split(&node))? != DirPlace::Node {
+            return Err(Error::Invalid(
+                "files live inside node directories only; create the node directory first".into(),
+            ));
+        }
+        place::check_file_name(name)?;
+        let file = {
+            let _g = self.stripe(&node);
+            self.node_for(&node, Access::Write)?;
+            let exists = self.node_child_key(c, &node, name, Access::Write).is_ok();
+            if exists && flags & libc::O_EXCL != 0 {
+                return Err(Error::Exists);
+            }
+            self.cow(&node, name, Some((mode & 0o7777) as u16))?
+        };
+        let opened = self.draft_handle(&node, name, file, flags)?;
+        let attr = self.lookup(c, parent, name)?;
+        Ok((attr, opened))
+    }
+
+    /// `mknod` of a regular file (some tools create files this way).
+    pub fn mknod(&self, c: Caller, parent: u64, name: &str, mode: u32) -> Result<Attr> {
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            return Err(Error::NotPermitted(
+                "only regular files and directories are stored",
+            ));
+        }
+        let (attr, opened) = self.create(c, parent, name, mode, libc::O_WRONLY | libc::O_EXCL)?;
+        self.release(opened.fh);
+        Ok(attr)
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        let slice = |data: &[u8]| {
+            let start = (offset as usize).min(data.len());
+            let end = start.saturating_add(size as usize).min(data.len());
+            data[start..end].to_vec()
+        };
+        match &*h {
+            Handle::Data(d) => Ok(slice(d)),
+            Handle::Draft(d) => Ok(slice(&read_lock(&d.file).data)),
+            Handle::Dir(_) => Err(Error::IsDir),
+        }
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let h = self.handle(fh)?;
+        let Handle::Draft(d) = &*h else {
+            return Err(Error::BadHandle);
+        };
+        if !d.writable {
+            return Err(Error::BadHandle);
+        }
+        let mut f = write_lock(&d.file);
+        let start = if d.append {
+            f.data.len() as u64
+        } else {
+            offset
+        };
+        let end = start.checked_add(data.len() as u64).ok_or(Error::TooBig)?;
+        if end > MAX_FILE_BYTES {
+            return Err(Error::TooBig);
+        }
+        let (start, end) = (start as usize, end as usize);
+        if f.data.len() < end {
+            f.data.resize(end, 0);
+        }
+        f.data[start..end].copy_from_slice(data);
+        f.mtime = SystemTime::now();
+        d.dirty.store(true, Ordering::Relaxed);
+        Ok(data.len() as u32)
+    }
+
+    /// `close(2)`: closing a written `.meta.json` is the commit point.
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        let h = self.handle(fh)?;
+        if let Handle::Draft(d) = &*h {
+            if d.name == META && d.dirty.swap(false, Ordering::AcqRel) {
+                self.commit(&d.node, Some(&d.file))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) {
+        lock(&self.handles).remove(&fh);
+    }
+
+    /// `fsync` of a draft file makes the node's whole draft durable.
+    pub fn fsync(&self, fh: u64) -> Result<()> {
+        let h = self.handle(fh)?;
+        if let Handle::Draft(d) = &*h {
+            let _g = self.stripe(&d.node);
+            if let Some(draft) = self.draft(&d.node) {
+                let op = self.persist_draft_op(&d.node, &lock(&draft))?;
+                self.store.apply(vec![op], true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `fsync` of a directory: everything acknowledged before is durable.
+    pub fn fsyncdir(&self) -> Result<()> {
+        self.store.apply(Vec::new(), true)
+    }
+
+    pub fn setattr(&self, c: Caller, ino: u64, fh: Option<u64>, sa: SetAttr) -> Result<Attr> {
+        let key = self.key_of(ino)?;
+        let (node, name) = match &key {
+            Key::File { node, name, .. } | Key::Draft { node, name } => {
+                (node.clone(), name.clone())
+            }
+            Key::Dir(path) => {
+                // Directory attributes are not stored; accepted for writers.
+                self.gate(c, place::split(path)[0], true)?;
+                return self.attr_of(c, &key, ino);
+            }
+            Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
+            _ => return Err(Error::NotPermitted("read-only virtual file")),
+        };
+        self.gate(c, Self::account_of(&node), true)?;
+        if sa.uid.is_some_and(|u| u != c.uid) || sa.gid.is_some_and(|g| g != c.gid) {
+            return Err(Error::NotPermitted(
+                "files belong to their account; chown is refused",
+            ));
+        }
+        let from_handle = fh
+            .and_then(|fh| self.handle(fh).ok())
+            .and_then(|h| match &*h {
+                Handle::Draft(d) => Some(d.file.clone()),
+                _ => None,
+            });
+        let file = match from_handle {
+            Some(f) => f,
+            None => {
+                let _g = self.stripe(&node);
+                self.cow(&node, &name, None)?
+            }
+        };
+        {
+            let mut f = write_lock(&file);
+            if let Some(size) = sa.size {
+                if size > MAX_FILE_BYTES {
+                    return Err(Error::TooBig);
+                }
+                f.data.resize(size as usize, 0);
+                f.mtime = SystemTime::now();
+            }
+            if let Some(mode) = sa.mode {
+                f.mode = (mode & 0o7777) as u16;
+            }
+            if let Some(t) = sa.mtime {
+                f.mtime = t;
+            }
+        }
+        let f = read_lock(&file);
+        Ok(self.file_attr(c, ino, f.data.len() as u64, f.mode, true, f.mtime))
+    }
+
+    pub fn access(&self, c: Caller, ino: u64, mask: i32) -> Result<()> {
+        let key = self.key_of(ino)?;
+        let attr = self.attr_of(c, &key, ino)?;
+        if mask & libc::W_OK != 0 {
+            match &key {
+                Key::Dir(p) => {
+                    self.gate(c, place::split(p)[0], true)?;
+                }
+                Key::File { node, .. } | Key::Draft { node, .. } => {
+                    self.gate(c, Self::account_of(node), true)?;
+                }
+                _ => return Err(Error::AccessDenied),
+            }
+        }
+        if mask & libc::X_OK != 0 && attr.kind == Kind::File {
+            return Err(Error::AccessDenied);
+        }
+        Ok(())
+    }
+
+    pub fn unlink(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
+        let pkey = self.key_of(parent)?;
+        let Key::Dir(node) = &pkey else {
+            return Err(Error::NotPermitted("virtual directory"));
+        };
+        self.gate(c, Self::account_of(node), true)?;
+        if place::classify_dir(&place::split(node))? != DirPlace::Node {
+            return Err(match self.child_key(c, &pkey, name) {
+                Ok(_) => Error::IsDir,
+                Err(e) => e,
+            });
+        }
+        if name == place::OUTBOX {
+            return Err(Error::IsDir);
+        }
+        if name == place::COMMIT_ERROR {
+            return Err(Error::NotPermitted("read-only virtual file"));
+        }
+        let _g = self.stripe(node);
+        let rec = self.store.get_node(node)?;
+        let in_committed = rec.as_ref().and_then(|r| r.file(name)).is_some();
+        let draft = match self.draft(node) {
+            Some(d) => d,
+            None if in_committed => self.draft_or_new(node, rec.as_ref()),
+            None => return Err(Error::NotFound),
+        };
+        let mut d = lock(&draft);
+        match d.files.get(name) {
+            Some(Slot::Whiteout) => return Err(Error::NotFound),
+            Some(Slot::File(_)) => {
+                d.files.remove(name);
+            }
+            None if !in_committed => return Err(Error::NotFound),
+            None => {}
+        }
+        if in_committed {
+            d.files.insert(name.to_string(), Slot::Whiteout);
+        }
+        d.touch();
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        c: Caller,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        let (Key::Dir(sp), Key::Dir(dp)) = (self.key_of(parent)?, self.key_of(newparent)?) else {
+            return Err(Error::NotPermitted(
+                "only files and directories of accounts can be renamed",
+            ));
+        };
+        let (sa, da) = (Self::account_of(&sp), Self::account_of(&dp));
+        self.gate(c, sa, true)?;
+        self.gate(c, da, true)?;
+        if sa != da {
+            return Err(Error::CrossDevice);
+        }
+        let s_place = place::classify_dir(&place::split(&sp))?;
+        let d_place = place::classify_dir(&place::split(&dp))?;
+        if s_place == DirPlace::Node {
+            if d_place != DirPlace::Node {
+                return Err(Error::Invalid(
+                    "node files can only move into another node directory".into(),
+                ));
+            }
+            return self.rename_file(&sp, name, &dp, newname, noreplace);
+        }
+        let src = join(&sp, name);
+        let dst = join(&dp, newname);
+        match place::classify_dir(&place::split(&src)) {
+            Ok(DirPlace::Node) => {}
+            Ok(DirPlace::Fixed(_)) => return Err(Error::NotPermitted("structural directory")),
+            Ok(_) => return Err(Error::CrossDevice),
+            Err(_) => return Err(Error::NotFound),
+        }
+        if place::classify_dir(&place::split(&dst))? != DirPlace::Node {
+            return Err(Error::Invalid(
+                "a node can only move to a node place".into(),
+            ));
+        }
+        self.move_node(&src, &dst, noreplace)
+    }
+
+    fn lock_two(&self, a: &str, b: &str) -> (MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>) {
+        let (i, j) = (stripe_of(a), stripe_of(b));
+        if i == j {
+            (lock(&self.stripes[i]), None)
+        } else {
+            let (lo, hi) = (i.min(j), i.max(j));
+            let g1 = lock(&self.stripes[lo]);
+            let g2 = lock(&self.stripes[hi]);
+            (g1, Some(g2))
+        }
+    }
+
+    fn rename_file(
+        &self,
+        sn: &str,
+        sname: &str,
+        dn: &str,
+        dname: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        for n in [sname, dname] {
+            if n == place::OUTBOX || n == place::COMMIT_ERROR {
+                return Err(Error::NotPermitted("reserved virtual name"));
+            }
+        }
+        place::check_file_name(dname)?;
+        let _g = self.lock_two(sn, dn);
+        if self.node_for(dn, Access::Write).is_err() {
+            return Err(Error::NotFound);
+        }
+        let file = self.cow(sn, sname, None)?;
+        let s_rec = self.store.get_node(sn)?;
+        let d_rec = self.store.get_node(dn)?;
+        let sdraft = self.draft(sn).ok_or(Error::NotFound)?;
+        let ddraft = self.draft_or_new(dn, d_rec.as_ref());
+        let same = Arc::ptr_eq(&sdraft, &ddraft);
+        if sn == dn && sname == dname {
+            return Ok(());
+        }
+        let old_src;
+        let old_dst;
+        {
+            let mut s = lock(&sdraft);
+            let d_exists = |d: &Draft| match d.files.get(dname) {
+                Some(Slot::File(_)) => true,
+                Some(Slot::Whiteout) => false,
+                None => d_rec.as_ref().and_then(|r| r.file(dname)).is_some(),
+            };
+            if same {
+                if noreplace && d_exists(&s) {
+                    return Err(Error::Exists);
+                }
+                old_src = s.files.get(sname).cloned();
+                old_dst = s.files.get(dname).cloned();
+                apply_move(&mut s, sname, s_rec.as_ref(), None, dname, &file);
+            } else {
+                let mut d = lock(&ddraft);
+                if noreplace && d_exists(&d) {
+                    return Err(Error::Exists);
+                }
+                old_src = s.files.get(sname).cloned();
+                old_dst = d.files.get(dname).cloned();
+                apply_move(&mut s, sname, s_rec.as_ref(), Some(&mut d), dname, &file);
+            }
+        }
+        if dname == META {
+            // A rename onto `.meta.json` commits, as its close would.
+            if let Err(e) = self.commit_locked(dn, &ddraft, None, None) {
+                let restore = |d: &mut Draft, name: &str, old: Option<Slot>| match old {
+                    Some(s) => {
+                        d.files.insert(name.to_string(), s);
+                    }
+                    None => {
+                        d.files.remove(name);
+                    }
+                };
+                let mut s = lock(&sdraft);
+                if same {
+                    restore(&mut s, dname, old_dst);
+                    restore(&mut s, sname, old_src);
+                } else {
+                    restore(&mut s, sname, old_src);
+                    drop(s);
+                    restore(&mut lock(&ddraft), dname, old_dst);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn move_node(&self, src: &str, dst: &str, noreplace: bool) -> Result<()> {
+        let _g = self.lock_two(src, dst);
+        let rec = self.store.get_node(src)?;
+        let draft = self.draft(src);
+        if rec.is_none() && draft.is_none() {
+            return Err(Error::NotFound);
+        }
+        if src == dst {
+            return Ok(());
+        }
+        if self.store.get_node(dst)?.is_some() || self.draft(dst).is_some() {
+            return Err(if noreplace {
+                Error::Exists
+            } else {
+                Error::NotEmpty
+            });
+        }
+        let mut ops = vec![Op::DelDraft {
+            path: src.to_string(),
+        }];
+        let mut new_base = None;
+        if let Some(rec) = &rec {
+            let now = now_ns();
+            let version = rec.version + 1;
+            let mut files = Vec::new();
+            for f in &rec.files {
+                let rewritten = match f.name.as_str() {
+                    META => {
+                        let bytes = self.store.read_blob(f.blob, f.size)?;
+                        let obj = match serde_json::from_slice::<Value>(&bytes) {
+                            Ok(Value::Object(o)) => o,
+                            _ => serde_json::Map::new(),
+                        };
+                        Some(commit::render_meta(
+                            obj,
+                            &Derived {
+                                node: dst,
+                                status: rec.status,
+                                version,
+                                created_at: &rec.created_at,
+                                updated_at: &rfc3339(now),
+                            },
+                        ))
+                    }
+                    place::RELATIONS => {
+                        let bytes = self.store.read_blob(f.blob, f.size)?;
+                        commit::rebase_relations(&bytes, dst)
+                    }
+                    _ => None,
+                };
+                match rewritten {
+                    Some(bytes) => {
+                        let id = self.blob_id();
+                        files.push(crate::store::FileRec {
+                            name: f.name.clone(),
+                            blob: id,
+                            size: bytes.len() as u64,
+                            mtime_ns: now,
+                            mode: f.mode,
+                        });
+                        ops.push(Op::PutBlob {
+                            id,
+                            data: Arc::from(bytes),
+                        });
+                        ops.push(Op::HighWater {
+                            key: "blob",
+                            value: id,
+                        });
+                    }
+                    None => files.push(f.clone()),
+                }
+            }
+            let new = NodeRec {
+                path: dst.to_string(),
+                version,
+                updated_at: rfc3339(now),
+                updated_ns: now,
+                files,
+                ..rec.clone()
+            };
+            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+            let account = Self::account_of(dst).to_string();
+            ops.extend(self.container_ops(dst));
+            ops.extend([
+                Op::DelNode {
+                    path: src.to_string(),
+                },
+                Op::PutNode {
+                    path: dst.to_string(),
+                    rec: new.clone(),
+                },
+                Op::PutVersion { rec: new },
+                Op::PutEvent {
+                    seq,
+                    node_path: dst.to_string(),
+                    account,
+                    json: self.event(
+                        seq,
+                        "MOVE_CONTEXT",
+                        src,
+                        json!({"new_uri": place::uri_of(dst)}),
+                    ),
+                },
+                Op::HighWater {
+                    key: "event",
+                    value: seq,
+                },
+            ]);
+            new_base = Some((rec.id, version));
+        } else {
+            ops.extend(self.container_ops(dst));
+        }
+        self.store.apply(ops, true)?;
+        let mut drafts = lock(&self.drafts);
+        if let Some(d) = drafts.remove(src) {
+            if new_base.is_some() {
+                lock(&d).base = new_base;
+            }
+            drafts.insert(dst.to_string(), d);
+        }
+        self.stats.moves.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn container_ops(&self, node: &str) -> Vec<Op> {
+        place::ancestor_containers(&place::split(node))
+            .into_iter()
+            .map(|(p, n)| Op::PutDir { path: join(&p, &n) })
+            .collect()
+    }
+
+    // ---- the commit ----------------------------------------------------------------
+
+    /// Commit the draft of `node`; `closing` is the file whose close commits
+    /// (its own open reference does not keep it in the draft).
+    pub fn commit(&self, node: &str, closing: Option<&Arc<RwLock<DFile>>>) -> Result<Committed> {
+        let _g = self.stripe(node);
+        match self.draft(node) {
+            Some(d) => self.commit_locked(node, &d, None, closing),
+            None => Ok(Committed::StillPending),
+        }
+    }
+
+    /// Turn the draft of `node` into its next version (caller holds the stripe).
+    /// With `broken`, the files as they are become a BROKEN version (Repair Job).
+    pub(super) fn commit_locked(
+        &self,
+        node: &str,
+        draft: &Arc<Mutex<Draft>>,
+        broken: Option<&str>,
+        closing: Option<&Arc<RwLock<DFile>>>,
+    ) -> Result<Committed> {
+        let rec = self.store.get_node(node)?;
+        let mut d = lock(draft);
+        let mut contents: Vec<(&str, Content)> = Vec::new();
+        for name in NODE_FILES {
+            let c = match d.files.get(name) {
+                Some(Slot::File(f)) => {
+                    let f = read_lock(f);
+                    Some(Content::New(f.data.clone(), ns_of(f.mtime), f.mode))
+                }
+                Some(Slot::Whiteout) => None,
+                None => rec
+                    .as_ref()
+                    .and_then(|r| r.file(name))
+                    .cloned()
+                    .map(Content::Keep),
+            };
+            if let Some(c) = c {
+                contents.push((name, c));
+            }
+        }
+        let fail = |d: &mut Draft, reason: String| {
+            self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(node, %reason, "commit refused");
+            d.error = Some(reason.clone());
+            Err(Error::BadCommit(reason))
+        };
+        let get = |n: &str| contents.iter().find(|(name, _)| *name == n).map(|(_, c)| c);
+        let (status, obj, edges) = if let Some(reason) = broken {
+            let mut obj = match get(META) {
+                Some(Content::New(b, ..)) => match serde_json::from_slice::<Value>(b) {
+                    Ok(Value::Object(o)) => o,
+                    _ => serde_json::Map::new(),
+                },
+                _ => serde_json::Map::new(),
+            };
+            obj.insert("broken_reason".into(), Value::String(reason.to_string()));
+            (Status::Broken, obj, None)
+        } else {
+            let meta = match get(META) {
+                Some(Content::New(b, ..)) => b.clone(),
+                _ => return Ok(Committed::StillPending),
+            };
+            let (status, obj) = match commit::parse_meta(&meta) {
+                Ok(MetaIntent::Commit(s, o)) => (s, o),
+                Ok(MetaIntent::Pending) => return Ok(Committed::StillPending),
+                Err(reason) => return fail(&mut d, reason),
+            };
+            if get(CONTENT).is_none() {
+                return fail(
+                    &mut d,
+                    "content.md is missing: write it before .meta.json".into(),
+                );
+            }
+            let mut edges = None;
+            for (name, c) in &contents {
+                let Content::New(bytes, ..) = c else { continue };
+                let checked = match *name {
+                    place::ABSTRACT => commit::check_abstract(bytes),
+                    place::RELATIONS => commit::check_relations(bytes, node).map(|e| {
+                        edges = Some(e);
+                    }),
+                    META => Ok(()),
+                    other => commit::check_utf8(other, bytes).map(|_| ()),
+                };
+                if let Err(reason) = checked {
+                    return fail(&mut d, reason);
+                }
+            }
+            (status, obj, edges)
+        };
+
+        let now = now_ns();
+        let (id, version, created_at) = match &rec {
+            Some(r) => (r.id, r.version + 1, r.created_at.clone()),
+            None => (
+                self.next_node.fetch_add(1, Ordering::Relaxed),
+                1,
+                rfc3339(now),
+            ),
+        };
+        let meta_bytes = commit::render_meta(
+            obj,
+            &Derived {
+                node,
+                status,
+                version,
+                created_at: &created_at,
+                updated_at: &rfc3339(now),
+            },
+        );
+        let account = Self::account_of(node).to_string();
+        let mut ops = Vec::new();
+        let mut files = Vec::new();
+        let mut texts: Vec<(u8, String)> = Vec::new();
+        let mut max_blob = 0;
+        for (name, c) in contents {
+            let (bytes, keep) = match c {
+                Content::New(b, mtime, mode) => {
+                    let b = if name == META { meta_bytes.clone() } else { b };
+                    (b, Err((mtime, mode)))
+                }
+                Content::Keep(fr) => {
+                    let level_text = matches!(name, place::ABSTRACT | place::OVERVIEW | CONTENT);
+                    let b = if level_text {
+                        self.store.read_blob(fr.blob, fr.size)?
+                    } else {
+                        Vec::new()
+                    };
+                    (b, Ok(fr))
+                }
+            };
+            let level = match name {
+                place::ABSTRACT => Some(0),
+                place::OVERVIEW => Some(1),
+                CONTENT => Some(2),
+                _ => None,
+            };
+            if let Some(l) = level {
+                texts.push((l, String::from_utf8_lossy(&bytes).into_owned()));
+            }
+            match keep {
+                Ok(fr) => files.push(fr),
+                Err((mtime, mode)) => {
+                    let blob = self.blob_id();
+                    max_blob = max_blob.max(blob);
+                    files.push(crate::store::FileRec {
+                        name: name.to_string(),
+                        blob,
+                        size: bytes.len() as u64,
+                        mtime_ns: if name == META { now } else { mtime },
+                        mode: if mode == 0 { 0o644 } else { mode },
+                    });
+                    ops.push(Op::PutBlob {
+                        id: blob,
+                        data: Arc::from(bytes),
+                    });
+                }
+            }
+        }
+        let new = NodeRec {
+            id,
+            path: node.to_string(),
+            status,
+            version,
+            created_at,
+            updated_at: rfc3339(now),
+            updated_ns: now,
+            files,
+        };
+        if let Some(old) = &rec {
+            ops.push(Op::Count {
+                key: format!("nodes:{account}:{}", old.status.as_str()),
+                delta: -1,
+            });
+        }
+        ops.push(Op::Count {
+            key: format!("nodes:{account}:{}", status.as_str()),
+            delta: 1,
+        });
+        ops.extend(self.container_ops(node));
+        let mut events = match status {
+            Status::Archived => vec![("ARCHIVE_CONTEXT", json!({}))],
+            Status::Active => vec![(
+                "UPSERT_CONTEXT",
+                json!({"records": self.records(node, &texts)}),
+            )],
+            Status::Broken => Vec::new(),
+        };
+        if let Some(e) = edges {
+            events.push(("UPSERT_RELATION", json!({"edges": e})));
+        }
+        let mut max_seq = 0;
+        for (etype, payload) in events {
+            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+            max_seq = seq;
+            ops.push(Op::PutEvent {
+                seq,
+                node_path: node.to_string(),
+                account: account.clone(),
+                json: self.event(seq, etype, node, payload),
+            });
+        }
+        ops.extend([
+            Op::PutNode {
+                path: node.to_string(),
+                rec: new.clone(),
+            },
+            Op::PutVersion { rec: new },
+            Op::DelDraft {
+                path: node.to_string(),
+            },
+            Op::HighWater {
+                key: "node",
+                value: id,
+            },
+            Op::HighWater {
+                key: "event",
+                value: max_seq,
+            },
+            Op::HighWater {
+                key: "blob",
+                value: max_blob,
+            },
+        ]);
+        self.store.apply(ops, true)?;
+
+        // The version is durable: the node files leave the draft, except those
+        // still open for writing (later bytes start the next edit).
+        d.files.retain(|name, slot| {
+            !NODE_FILES.contains(&name.as_str())
+                || matches!(slot, Slot::File(f) if {
+                    let own = closing.is_some_and(|c| Arc::ptr_eq(c, f)) as usize;
+                    read_lock(f).writers.load(Ordering::Relaxed) > own
+                })
+        });
+        d.error = None;
+        d.base = Some((id, version));
+        let empty = d.files.is_empty();
+        drop(d);
+        if empty {
+            let mut drafts = lock(&self.drafts);
+            if let Some(cur) = drafts.get(node) {
+                if Arc::ptr_eq(cur, draft) && lock(cur).files.is_empty() {
+                    drafts.remove(node);
+                }
+            }
+        }
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(Committed::Version(version))
+    }
+
+    /// L0/L1/L2 IndexRecords of seed 000 for an UPSERT_CONTEXT event.
+    fn records(&self, node: &str, texts: &[(u8, String)]) -> Vec<Value> {
+        let comps = place::split(node);
+        let uri = place::uri_of(node);
+        texts
+            .iter()
+            .map(|(level, text)| {
+                json!({
+                    "id": format!("{:016x}", fnv(&format!("{uri}#{level}"))),
+                    "uri": uri,
+                    "level": level,
+                    "text": text,
+                    "filters": {"account_id": comps[0], "owner_space": place::owner_space(&comps)},
+                    "metadata": {"category": place::category(&comps), "context_type": place::context_type(&comps)},
+                })
+            })
+            .collect()
+    }
+
+    fn event(&self, seq: u64, etype: &str, node: &str, payload: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "event_id": format!("{seq:016x}"),
+            "event_type": etype,
+            "uri": place::uri_of(node),
+            "payload": payload,
+            "status": "PENDING",
+            "retry_count": 0,
+            "created_at": rfc3339(now_ns()),
+        }))
+        .unwrap_or_default()
+    }
+}
+
+/// Move draft file `file` from `sname` of draft `s` to `dname` of draft `d`
+/// (or of `s` itself when `d` is `None`).
+fn apply_move(
+    s: &mut Draft,
+    sname: &str,
+    s_rec: Option<&NodeRec>,
+    d: Option<&mut Draft>,
+    dname: &str,
+    file: &Arc<RwLock<DFile>>,
+) {
+    if s_rec.and_then(|r| r.file(sname)).is_some() {
+        s.files.insert(sname.to_string(), Slot::Whiteout);
+    } else {
+        s.files.remove(sname);
+    }
+    s.touch();
+    let target = match d {
+        Some(d) => d,
+        None => s,
+    };
+    target
+        .files
+        .insert(dname.to_string(), Slot::File(file.clone()));
+    target.touch();
+}
+
+/// The file names of a node as a writer sees them, in protocol order.
+pub(super) fn view_names(rec: Option<&NodeRec>, draft: Option<&Draft>) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    if let Some(r) = rec {
+        names.extend(r.files.iter().map(|f| f.name.clone()));
+    }
+    if let Some(d) = draft {
+        for (n, s) in &d.files {
+            match s {
+                Slot::File(_) => names.push(n.clone()),
+                Slot::Whiteout => names.retain(|x| x != n),
+            }
+        }
+    }
+    names.sort_by_key(|n| {
+        (
+            NODE_FILES.iter().position(|x| x == n).unwrap_or(usize::MAX),
+            n.clone(),
+        )
+    });
+    names.dedup();
+    names
+}

@@ -1,0 +1,316 @@
+//! The shapes of the tree (CONTRACT §3) as a pure function of path components.
+//!
+//! Paths here are relative to `MOUNT/accounts/`: `acme/users/alice/memories/profile`.
+
+use crate::error::{Error, Result};
+
+pub const MAX_NAME: usize = 128;
+pub const MAX_FILE_NAME: usize = 255;
+
+/// The five files that make a node version, in the order of the write protocol
+/// (listings use this order so `cp -r` and `mv` fallbacks write `.meta.json` last).
+pub const NODE_FILES: [&str; 5] = [
+    "content.md",
+    ".relations.json",
+    ".abstract.md",
+    ".overview.md",
+    ".meta.json",
+];
+pub const META: &str = ".meta.json";
+pub const CONTENT: &str = "content.md";
+pub const ABSTRACT: &str = ".abstract.md";
+pub const OVERVIEW: &str = ".overview.md";
+pub const RELATIONS: &str = ".relations.json";
+/// Virtual, read-only: pending index events of the node (not listed, reached by path).
+pub const OUTBOX: &str = ".outbox";
+/// Virtual, writer-only: why the last commit of this node was refused.
+pub const COMMIT_ERROR: &str = ".commit-error";
+
+/// Fixed structural directories: always present under their parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fixed {
+    Users,
+    Agents,
+    Projects,
+    Memories,
+    Skills,
+}
+
+impl Fixed {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fixed::Users => "users",
+            Fixed::Agents => "agents",
+            Fixed::Projects => "projects",
+            Fixed::Memories => "memories",
+            Fixed::Skills => "skills",
+        }
+    }
+}
+
+/// What a directory path under `accounts/` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirPlace {
+    /// `{account}`: a container.
+    Account,
+    /// `users`, `agents`, `projects`, `memories`, `skills`.
+    Fixed(Fixed),
+    /// `users/{u}`, `agents/{g}`, `projects/{p}`, `memories/{category}`: containers.
+    Container,
+    /// A node directory.
+    Node,
+}
+
+/// Is `name` a valid account, user, agent, project, category, slug or skill name?
+pub fn check_name(name: &str) -> Result<()> {
+    if name.len() > MAX_NAME {
+        return Err(Error::NameTooLong);
+    }
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{name:?} is not a URL-safe name (ASCII letters, digits, _ - ., not starting with .)"
+        )))
+    }
+}
+
+/// Is `name` acceptable as a file inside a node directory?
+pub fn check_file_name(name: &str) -> Result<()> {
+    if name.len() > MAX_FILE_NAME {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(Error::Invalid(format!("{name:?} is not a file name")));
+    }
+    if name == OUTBOX || name == COMMIT_ERROR {
+        return Err(Error::NotPermitted("reserved virtual name"));
+    }
+    Ok(())
+}
+
+/// Classify a directory path (components under `accounts/`). `Err(Invalid)` when
+/// the shape is outside the contract's tree.
+pub fn classify_dir(c: &[&str]) -> Result<DirPlace> {
+    use DirPlace::*;
+    let fixed = |n: &str, f: self::Fixed| {
+        if n == f.name() {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!(
+                "{n:?} is not a directory of this tree here"
+            )))
+        }
+    };
+    match c.len() {
+        0 => Err(Error::Invalid("empty path".into())),
+        1 => {
+            check_name(c[0])?;
+            Ok(Account)
+        }
+        2 => match c[1] {
+            "users" => Ok(Fixed(self::Fixed::Users)),
+            "agents" => Ok(Fixed(self::Fixed::Agents)),
+            "projects" => Ok(Fixed(self::Fixed::Projects)),
+            other => Err(Error::Invalid(format!(
+                "{other:?}: an account holds only users/, agents/ and projects/"
+            ))),
+        },
+        3 => {
+            check_name(c[2])?;
+            Ok(Container)
+        }
+        4 => match c[1] {
+            "users" => fixed(c[3], self::Fixed::Memories).map(|_| Fixed(self::Fixed::Memories)),
+            "agents" => match c[3] {
+                "memories" => Ok(Fixed(self::Fixed::Memories)),
+                "skills" => Ok(Fixed(self::Fixed::Skills)),
+                other => Err(Error::Invalid(format!(
+                    "{other:?}: an agent holds only memories/ and skills/"
+                ))),
+            },
+            _ => Err(Error::Invalid(
+                "projects hold no structured directories (scratchpad is not available yet)".into(),
+            )),
+        },
+        5 => {
+            check_name(c[4])?;
+            match (c[1], c[3]) {
+                ("users", "memories") if c[4] == "profile" => Ok(Node),
+                ("users", "memories") | ("agents", "memories") => Ok(Container),
+                ("agents", "skills") => Ok(Node),
+                _ => Err(Error::Invalid("not a place for a directory".into())),
+            }
+        }
+        6 => {
+            check_name(c[5])?;
+            match (c[1], c[3], c[4]) {
+                ("users", "memories", "profile") => Err(Error::Invalid(
+                    "the profile node holds files, not directories".into(),
+                )),
+                ("users", "memories", _) | ("agents", "memories", _) => Ok(Node),
+                _ => Err(Error::Invalid("node directories hold files only".into())),
+            }
+        }
+        _ => Err(Error::Invalid("node directories hold files only".into())),
+    }
+}
+
+/// The children a fixed directory always shows under a given directory place.
+pub fn fixed_children(c: &[&str], place: &DirPlace) -> &'static [Fixed] {
+    match (place, c.len()) {
+        (DirPlace::Account, _) => &[Fixed::Users, Fixed::Agents, Fixed::Projects],
+        (DirPlace::Container, 3) if c[1] == "users" => &[Fixed::Memories],
+        (DirPlace::Container, 3) if c[1] == "agents" => &[Fixed::Memories, Fixed::Skills],
+        _ => &[],
+    }
+}
+
+/// `ctx://` URI of a node path.
+pub fn uri_of(node: &str) -> String {
+    format!("ctx://{node}")
+}
+
+/// The node path of a `ctx://` URI, when it is one.
+pub fn node_of_uri(uri: &str) -> Option<&str> {
+    uri.strip_prefix("ctx://")
+}
+
+/// `user:{id}` or `agent:{id}` (seed 000/002 owner_space format).
+pub fn owner_space(c: &[&str]) -> String {
+    match c.get(1) {
+        Some(&"users") => format!("user:{}", c[2]),
+        _ => format!("agent:{}", c[2]),
+    }
+}
+
+/// Category of a node path (`skills` for skill nodes, `profile` for the profile node).
+pub fn category<'a>(c: &[&'a str]) -> &'a str {
+    match c.len() {
+        5 if c[3] == "skills" => "skills",
+        5 => c[4],
+        _ => c[4],
+    }
+}
+
+pub fn context_type(c: &[&str]) -> &'static str {
+    if c.len() == 5 && c[3] == "skills" {
+        "SKILL"
+    } else {
+        "MEMORY"
+    }
+}
+
+/// Container directories that must exist for a node (or container) at `c`.
+/// Returned as (parent, name) pairs, outermost first.
+pub fn ancestor_containers(c: &[&str]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for len in 1..c.len() {
+        if let Ok(DirPlace::Account | DirPlace::Container) = classify_dir(&c[..len]) {
+            out.push((c[..len - 1].join("/"), c[len - 1].to_string()));
+        }
+    }
+    out
+}
+
+pub fn split(path: &str) -> Vec<&str> {
+    if path.is_empty() {
+        Vec::new()
+    } else {
+        path.split('/').collect()
+    }
+}
+
+/// (parent, name) of a path with at least one component.
+pub fn parent_name(path: &str) -> (&str, &str) {
+    match path.rfind('/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => ("", path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cl(p: &str) -> Result<DirPlace> {
+        classify_dir(&split(p))
+    }
+
+    #[test]
+    fn shapes() {
+        assert_eq!(cl("acme").unwrap(), DirPlace::Account);
+        assert_eq!(cl("acme/users").unwrap(), DirPlace::Fixed(Fixed::Users));
+        assert_eq!(cl("acme/users/alice").unwrap(), DirPlace::Container);
+        assert_eq!(
+            cl("acme/users/alice/memories").unwrap(),
+            DirPlace::Fixed(Fixed::Memories)
+        );
+        assert_eq!(
+            cl("acme/users/alice/memories/profile").unwrap(),
+            DirPlace::Node
+        );
+        assert_eq!(
+            cl("acme/users/alice/memories/events").unwrap(),
+            DirPlace::Container
+        );
+        assert_eq!(
+            cl("acme/users/alice/memories/events/e1").unwrap(),
+            DirPlace::Node
+        );
+        assert_eq!(
+            cl("acme/agents/bot/memories/profile").unwrap(),
+            DirPlace::Container
+        );
+        assert_eq!(
+            cl("acme/agents/bot/memories/cases/c1").unwrap(),
+            DirPlace::Node
+        );
+        assert_eq!(cl("acme/agents/bot/skills/s1").unwrap(), DirPlace::Node);
+        assert_eq!(cl("acme/projects/p").unwrap(), DirPlace::Container);
+        for bad in [
+            "acme/other",
+            "acme/users/alice/notes",
+            "acme/users/alice/memories/profile/x",
+            "acme/users/alice/memories/events/e1/sub",
+            "acme/agents/bot/tools",
+            "acme/agents/bot/skills/s1/x",
+            "acme/users/.hidden",
+            "acme/users/a b",
+            "acme/projects/p/scratchpad",
+            "ac/me",
+        ] {
+            assert!(cl(bad).is_err(), "{bad} should be refused");
+        }
+        assert_eq!(
+            cl(&format!("acme/users/{}", "a".repeat(129))),
+            Err(Error::NameTooLong)
+        );
+        assert!(cl(&format!("acme/users/{}", "a".repeat(128))).is_ok());
+    }
+
+    #[test]
+    fn ancestors() {
+        let c = split("acme/users/alice/memories/events/e1");
+        let a = ancestor_containers(&c);
+        assert_eq!(
+            a,
+            vec![
+                ("".into(), "acme".into()),
+                ("acme/users".into(), "alice".into()),
+                ("acme/users/alice/memories".into(), "events".into()),
+            ]
+        );
+        assert_eq!(owner_space(&c), "user:alice");
+        assert_eq!(category(&c), "events");
+        let s = split("acme/agents/bot/skills/s1");
+        assert_eq!(category(&s), "skills");
+        assert_eq!(context_type(&s), "SKILL");
+        assert_eq!(owner_space(&s), "agent:bot");
+    }
+}

@@ -1,0 +1,335 @@
+//! Process lifecycle: start in the background with a readiness pipe, hold
+//! the data dir lock, serve until unmounted or signalled, then make every
+//! draft durable and close the store.
+
+use crate::config::Tenancy;
+use crate::core::Fs;
+use crate::store::{RedbStore, Store};
+use anyhow::{anyhow, bail, Context, Result};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const READY_FD: &str = "CTXFS_READY_FD";
+pub const DB_FILE: &str = "ctxfs.redb";
+pub const LOCK_FILE: &str = "lock";
+pub const LOG_FILE: &str = "ctxfs.log";
+
+pub struct MountOpts {
+    pub mountpoint: PathBuf,
+    pub data: PathBuf,
+    pub config: Option<PathBuf>,
+    pub threads: usize,
+    pub repair_grace: Duration,
+}
+
+/// Checks that need no daemon: fail early with a one-line reason.
+fn precheck(o: &MountOpts) -> Result<Tenancy> {
+    let md = std::fs::metadata(&o.mountpoint)
+        .map_err(|e| anyhow!("mountpoint {} is not usable: {e}", o.mountpoint.display()))?;
+    if !md.is_dir() {
+        bail!("mountpoint {} is not a directory", o.mountpoint.display());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse is missing: FUSE is not available on this machine (install fuse3)");
+    }
+    let tenancy = match &o.config {
+        Some(p) => Tenancy::load(p)?,
+        None => Tenancy::Owner(unsafe { libc::getuid() }),
+    };
+    std::fs::create_dir_all(&o.data)
+        .map_err(|e| anyhow!("cannot create data dir {}: {e}", o.data.display()))?;
+    Ok(tenancy)
+}
+
+/// `ctxfs mount` without `--foreground`: run the daemon as a child and return
+/// once it says the mount is ready (or why it is not).
+pub fn start_background(o: MountOpts) -> Result<i32> {
+    precheck(&o)?;
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    let (rfd, wfd) = (fds[0], fds[1]);
+    unsafe { libc::fcntl(rfd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(o.data.join(LOG_FILE))
+        .with_context(|| format!("cannot open log in {}", o.data.display()))?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("mount")
+        .arg(&o.mountpoint)
+        .arg("--foreground")
+        .arg("--data")
+        .arg(&o.data)
+        .arg("--threads")
+        .arg(o.threads.to_string())
+        .arg("--repair-grace")
+        .arg(o.repair_grace.as_secs().to_string());
+    if let Some(c) = &o.config {
+        cmd.arg("--config").arg(c);
+    }
+    cmd.env(READY_FD, wfd.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("cannot start the daemon")?;
+    unsafe { libc::close(wfd) };
+    let mut answer = String::new();
+    let r = unsafe { File::from_raw_fd(rfd) };
+    let _ = std::io::BufReader::new(r).read_line(&mut answer);
+    match answer.trim() {
+        "ok" => {
+            println!(
+                "ctxfs mounted at {} (pid {}, data {})",
+                o.mountpoint.display(),
+                child.id(),
+                o.data.display()
+            );
+            Ok(0)
+        }
+        "" => bail!(
+            "the daemon exited before the mount was ready; see {}",
+            o.data.join(LOG_FILE).display()
+        ),
+        msg => bail!("{}", msg.trim_start_matches("err: ")),
+    }
+}
+
+struct Ready(Option<File>);
+
+impl Ready {
+    fn from_env() -> Ready {
+        let fd = std::env::var(READY_FD)
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok());
+        std::env::remove_var(READY_FD);
+        // Helpers we spawn (fusermount3 stays alive for auto-unmount) must not
+        // inherit the pipe, or the parent never sees it close.
+        if let Some(fd) = fd {
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+        Ready(fd.map(|fd| unsafe { File::from_raw_fd(fd) }))
+    }
+    fn say(&mut self, msg: &str) {
+        if let Some(mut f) = self.0.take() {
+            let _ = writeln!(f, "{msg}");
+        }
+    }
+}
+
+/// Exclusive hold of a data dir, released when the process ends (even by SIGKILL).
+pub struct DataLock(#[allow(dead_code)] File);
+
+pub fn lock_data_dir(data: &Path) -> Result<DataLock> {
+    std::fs::create_dir_all(data)?;
+    let path = data.join(LOCK_FILE);
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        bail!(
+            "data dir {} is already served by another ctxfs daemon ({})",
+            data.display(),
+            holder.trim()
+        );
+    }
+    f.set_len(0)?;
+    writeln!(f, "pid {}", std::process::id())?;
+    Ok(DataLock(f))
+}
+
+pub fn run_foreground(o: MountOpts) -> Result<i32> {
+    let mut ready = Ready::from_env();
+    let result = serve(&o, &mut ready);
+    if let Err(e) = &result {
+        ready.say(&format!("err: {e:#}"));
+    }
+    result
+}
+
+fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
+    let tenancy = precheck(o)?;
+    let _lock = lock_data_dir(&o.data)?;
+    let store = RedbStore::open(&o.data.join(DB_FILE)).map_err(|e| anyhow!("{e}"))?;
+    let fs = Fs::new(store.clone() as Arc<dyn Store>, tenancy).map_err(|e| anyhow!("{e}"))?;
+    let t = Instant::now();
+    let actions = fs
+        .repair(o.repair_grace)
+        .map_err(|e| anyhow!("repair: {e}"))?;
+    tracing::info!(
+        actions = actions.len(),
+        ms = t.elapsed().as_millis() as u64,
+        "repair job at mount"
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
+
+    let session = crate::fuse::spawn(fs.clone(), &o.mountpoint, o.threads)
+        .map_err(|e| anyhow!("cannot mount at {}: {e}", o.mountpoint.display()))?;
+    tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), "mounted");
+    ready.say("ok");
+
+    let mut unmounting = false;
+    while !session.guard.is_finished() {
+        if stop.load(Ordering::Relaxed) && !unmounting {
+            unmounting = true;
+            tracing::info!("signal received, unmounting");
+            if let Err(e) = unmount(&o.mountpoint) {
+                tracing::error!(error = %e, "unmount failed");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let served = session.join();
+    let drafts = fs
+        .persist_all_drafts()
+        .map_err(|e| anyhow!("saving drafts: {e}"))?;
+    store.close();
+    tracing::info!(drafts, "unmounted; drafts saved, store closed");
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "session ended with an error");
+    }
+    Ok(0)
+}
+
+fn is_mounted(mp: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(mp).or_else(|_| Ok::<_, ()>(mp.to_path_buf())) else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| {
+            m.lines()
+                .any(|l| l.split(' ').nth(1) == Some(&*canon.to_string_lossy()))
+        })
+        .unwrap_or(false)
+}
+
+/// Unmount; when something is still inside, detach lazily.
+fn unmount(mp: &Path) -> Result<()> {
+    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EBUSY) => {
+            tracing::warn!("mount busy; detaching lazily");
+            if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+                return Ok(());
+            }
+        }
+        Some(libc::EPERM) => {}
+        _ => {}
+    }
+    // Not root: the setuid helper.
+    let st = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mp)
+        .status()?;
+    if st.success() {
+        Ok(())
+    } else {
+        bail!("cannot unmount {}: {err}", mp.display())
+    }
+}
+
+pub fn umount(mp: &Path, timeout: u64) -> Result<i32> {
+    let pid_file = mp.join(".ctxfs/pid");
+    let pid: i32 = match std::fs::read_to_string(&pid_file) {
+        Ok(s) => s.trim().parse().context("unreadable daemon pid")?,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            unmount(mp)?;
+            println!(
+                "{}: the daemon was gone; stale mount detached",
+                mp.display()
+            );
+            return Ok(0);
+        }
+        Err(e) => bail!("{} is not a ctxfs mount ({e})", mp.display()),
+    };
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        bail!(
+            "cannot signal daemon {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        // A zombie child of ours would never vanish; ours are not.
+        if Instant::now() > deadline {
+            bail!("daemon {pid} did not exit within {timeout}s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if is_mounted(mp) {
+        bail!("daemon exited but {} is still mounted", mp.display());
+    }
+    println!("{} unmounted", mp.display());
+    Ok(0)
+}
+
+fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {
+    let db = data.join(DB_FILE);
+    if !db.exists() {
+        bail!(
+            "{} holds no ctxfs data ({} missing)",
+            data.display(),
+            DB_FILE
+        );
+    }
+    let lock = lock_data_dir(data).context("unmount it first")?;
+    let store = RedbStore::open(&db).map_err(|e| anyhow!("{e}"))?;
+    Ok((lock, store))
+}
+
+pub fn fsck(data: &Path) -> Result<i32> {
+    let (_lock, store) = open_offline(data)?;
+    let v = crate::store::fsck(&store).map_err(|e| anyhow!("{e}"))?;
+    store.close();
+    if v.is_empty() {
+        println!("clean");
+        Ok(0)
+    } else {
+        for x in &v {
+            println!("{x}");
+        }
+        println!("{} violation(s)", v.len());
+        Ok(1)
+    }
+}
+
+pub fn repair(data: &Path, grace: Duration) -> Result<i32> {
+    let (_lock, store) = open_offline(data)?;
+    let fs =
+        Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0)).map_err(|e| anyhow!("{e}"))?;
+    let actions = fs.repair(grace).map_err(|e| anyhow!("{e}"))?;
+    for a in &actions {
+        println!("{a}");
+    }
+    println!("repair: {} action(s)", actions.len());
+    drop(fs);
+    store.close();
+    Ok(0)
+}

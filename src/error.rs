@@ -1,0 +1,120 @@
+//! Error kinds of the core, and their one mapping to errno at the edge.
+//!
+//! The table in `docs/SEMANTICS.md` ("Errors") is this mapping; the unit test
+//! below keeps the two honest.
+
+use thiserror::Error;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum Error {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("already exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    /// A name or a directory shape outside the tree of the contract.
+    #[error("invalid name or place: {0}")]
+    Invalid(String),
+    /// A commit that cannot be accepted; the reason is also readable in the node.
+    #[error("commit refused: {0}")]
+    BadCommit(String),
+    /// The caller may not touch this account at all.
+    #[error("access denied")]
+    AccessDenied,
+    /// The caller may read this account but not write it.
+    #[error("read-only access")]
+    ReadOnly,
+    /// The operation is never allowed on this object (virtual files, structure).
+    #[error("operation not permitted: {0}")]
+    NotPermitted(&'static str),
+    /// Moves that would cross an account or need a copy.
+    #[error("cross-device move")]
+    CrossDevice,
+    #[error("file too large")]
+    TooBig,
+    #[error("name too long")]
+    NameTooLong,
+    #[error("unsupported operation")]
+    Unsupported,
+    #[error("bad file handle")]
+    BadHandle,
+    /// Storage failed; nothing of the request was applied.
+    #[error("storage error: {0}")]
+    Store(String),
+}
+
+impl Error {
+    /// The errno a syscall reports for this kind. No catch-all arm: a new kind
+    /// must choose its errno here.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::BadCommit(_) => libc::EINVAL,
+            Error::AccessDenied => libc::EACCES,
+            // Readers get EROFS, as on a read-only mount, rather than EACCES:
+            // the account is visible to them, it is just not writable.
+            Error::ReadOnly => libc::EROFS,
+            Error::NotPermitted(_) => libc::EPERM,
+            // EXDEV makes `mv` fall back to copy + delete, which goes through
+            // the normal commit protocol.
+            Error::CrossDevice => libc::EXDEV,
+            Error::TooBig => libc::EFBIG,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::Unsupported => libc::ENOTSUP,
+            Error::BadHandle => libc::EBADF,
+            Error::Store(_) => libc::EIO,
+        }
+    }
+
+    /// Expected refusals are logged at debug; storage failures at error.
+    pub fn is_expected(&self) -> bool {
+        !matches!(self, Error::Store(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_table_matches_docs() {
+        let table: &[(Error, i32, &str)] = &[
+            (Error::NotFound, libc::ENOENT, "ENOENT"),
+            (Error::Exists, libc::EEXIST, "EEXIST"),
+            (Error::NotDir, libc::ENOTDIR, "ENOTDIR"),
+            (Error::IsDir, libc::EISDIR, "EISDIR"),
+            (Error::NotEmpty, libc::ENOTEMPTY, "ENOTEMPTY"),
+            (Error::Invalid("x".into()), libc::EINVAL, "EINVAL"),
+            (Error::BadCommit("x".into()), libc::EINVAL, "EINVAL"),
+            (Error::AccessDenied, libc::EACCES, "EACCES"),
+            (Error::ReadOnly, libc::EROFS, "EROFS"),
+            (Error::NotPermitted("x"), libc::EPERM, "EPERM"),
+            (Error::CrossDevice, libc::EXDEV, "EXDEV"),
+            (Error::TooBig, libc::EFBIG, "EFBIG"),
+            (Error::NameTooLong, libc::ENAMETOOLONG, "ENAMETOOLONG"),
+            (Error::Unsupported, libc::ENOTSUP, "ENOTSUP"),
+            (Error::BadHandle, libc::EBADF, "EBADF"),
+            (Error::Store("x".into()), libc::EIO, "EIO"),
+        ];
+        let doc = include_str!("../docs/SEMANTICS.md");
+        for (err, errno, name) in table {
+            assert_eq!(err.errno(), *errno, "{err:?}");
+            assert!(
+                doc.contains(name),
+                "docs/SEMANTICS.md does not mention {name}"
+            );
+        }
+    }
+}

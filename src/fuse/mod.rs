@@ -1,0 +1,457 @@
+//! The one module that knows fuser: each callback converts its arguments,
+//! calls the core and replies. Errors are logged once, here.
+
+use crate::core::{Attr, Caller, Fs, Kind, SetAttr};
+use crate::error::Error;
+use fuser::{
+    AccessFlags, BsdFileFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Every answer depends on the caller's uid (tenancy, drafts), and the
+/// kernel's dentry and attribute caches are shared by all uids: nothing may
+/// be cached by name. Committed file contents are cached (their inode names
+/// one immutable version).
+const TTL: Duration = Duration::ZERO;
+
+pub struct Adapter {
+    fs: Arc<Fs>,
+}
+
+impl Adapter {
+    pub fn new(fs: Arc<Fs>) -> Self {
+        Adapter { fs }
+    }
+}
+
+/// fuser's mount configuration for ctxfs.
+pub fn config(threads: usize) -> Config {
+    let mut c = Config::default();
+    c.mount_options = vec![
+        MountOption::FSName("ctxfs".into()),
+        MountOption::Subtype("ctxfs".into()),
+        // A killed daemon must not leave a dead mountpoint behind.
+        MountOption::AutoUnmount,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    // Other uids are served; the core decides what each may do.
+    c.acl = SessionACL::All;
+    c.n_threads = Some(threads);
+    c
+}
+
+pub fn spawn(
+    fs: Arc<Fs>,
+    mountpoint: &Path,
+    threads: usize,
+) -> std::io::Result<fuser::BackgroundSession> {
+    fuser::spawn_mount(Adapter::new(fs), mountpoint, &config(threads))
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn errno(op: &str, e: &Error) -> Errno {
+    if e.is_expected() {
+        tracing::debug!(op, error = %e, "refused");
+    } else {
+        tracing::error!(op, error = %e, "failed");
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.ctime,
+        kind: match a.kind {
+            Kind::Dir => FileType::Directory,
+            Kind::File => FileType::RegularFile,
+        },
+        perm: a.perm,
+        nlink: if a.kind == Kind::Dir { 2 } else { 1 },
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn fopen(o: &crate::core::Opened) -> FopenFlags {
+    let mut f = FopenFlags::empty();
+    if o.direct_io {
+        f |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    if o.keep_cache {
+        f |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    f
+}
+
+/// Names must be UTF-8; anything else is refused with EINVAL.
+macro_rules! name_or {
+    ($name:expr, $reply:expr) => {
+        match $name.to_str() {
+            Some(n) => n,
+            None => {
+                $reply.error(Errno::EINVAL);
+                return;
+            }
+        }
+    };
+}
+
+fn time(t: TimeOrNow) -> SystemTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+impl Filesystem for Adapter {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name_or!(name, reply);
+        match self.fs.lookup(caller(req), parent.0, name) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno("lookup", &e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(caller(req), ino.0, fh.map(|f| f.0)) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(errno("getattr", &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let sa = SetAttr {
+            size,
+            mode,
+            uid,
+            gid,
+            mtime: mtime.map(time),
+        };
+        match self.fs.setattr(caller(req), ino.0, fh.map(|f| f.0), sa) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(errno("setattr", &e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = name_or!(name, reply);
+        match self.fs.mknod(caller(req), parent.0, name, mode) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno("mknod", &e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = name_or!(name, reply);
+        match self.fs.mkdir(caller(req), parent.0, name) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno("mkdir", &e)),
+        }
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_or!(name, reply);
+        match self.fs.unlink(caller(req), parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("unlink", &e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_or!(name, reply);
+        match self.fs.rmdir(caller(req), parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("rmdir", &e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(errno(
+            "symlink",
+            &Error::NotPermitted("symbolic links are not stored"),
+        ));
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(errno(
+            "link",
+            &Error::NotPermitted("hard links are not stored"),
+        ));
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let name = name_or!(name, reply);
+        let newname = name_or!(newname, reply);
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            reply.error(errno("rename", &Error::Unsupported));
+            return;
+        }
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        match self
+            .fs
+            .rename(caller(req), parent.0, name, newparent.0, newname, noreplace)
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("rename", &e)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(caller(req), ino.0, flags.0) {
+            Ok(o) => reply.opened(FileHandle(o.fh), fopen(&o)),
+            Err(e) => reply.error(errno("open", &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno("read", &e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno("write", &e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.flush(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("flush", &e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsync(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("fsync", &e)),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(caller(req), ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno("opendir", &e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        match self.fs.readdir(fh.0, offset) {
+            Ok(entries) => {
+                for (next, e) in entries {
+                    let kind = match e.kind {
+                        Kind::Dir => FileType::Directory,
+                        Kind::File => FileType::RegularFile,
+                    };
+                    if reply.add(INodeNo(e.ino), next, kind, &e.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno("readdir", &e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsyncdir() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("fsyncdir", &e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // Capacity is the data dir's disk; ctxfs reports a large, constant
+        // figure rather than a misleading one.
+        reply.statfs(1 << 32, 1 << 31, 1 << 31, 1 << 32, 1 << 31, 4096, 255, 4096);
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.fs.access(caller(req), ino.0, mask.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("access", &e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = name_or!(name, reply);
+        match self.fs.create(caller(req), parent.0, name, mode, flags) {
+            Ok((a, o)) => {
+                reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(o.fh), fopen(&o))
+            }
+            Err(e) => reply.error(errno("create", &e)),
+        }
+    }
+}

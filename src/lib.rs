@@ -1,0 +1,9 @@
+//! ctxfs: AI-agent memory served as a FUSE filesystem. See `docs/ARCHITECTURE.md`.
+
+pub mod cli;
+pub mod config;
+pub mod core;
+pub mod daemon;
+pub mod error;
+pub mod fuse;
+pub mod store;

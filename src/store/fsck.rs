@@ -1,0 +1,269 @@
+//! The stored invariants (numbered as in `docs/SEMANTICS.md`, "Stored
+//! invariants") and one checker for them, used by `ctxfs fsck` and the tests.
+
+use super::redb::{
+    decode, split_key, BLOBS, COUNTERS, DIRS, DRAFTS, HIGH_WATER, NODES, OUTBOX, OUTBOX_BY_NODE,
+    VERSIONS,
+};
+use super::{DraftRec, RedbStore, Status};
+use crate::core::place::{self, DirPlace};
+use crate::error::{Error, Result};
+use ::redb::{ReadableDatabase, ReadableTable};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: u8,
+    pub what: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "I{}: {}", self.invariant, self.what)
+    }
+}
+
+fn se<E: std::fmt::Display>(e: E) -> Error {
+    Error::Store(e.to_string())
+}
+
+pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
+    let mut v = Vec::new();
+    let mut bad = |invariant: u8, what: String| v.push(Violation { invariant, what });
+    let txn = store.db().begin_read().map_err(se)?;
+    let nodes = txn.open_table(NODES).map_err(se)?;
+    let dirs = txn.open_table(DIRS).map_err(se)?;
+    let versions = txn.open_table(VERSIONS).map_err(se)?;
+    let blobs = txn.open_table(BLOBS).map_err(se)?;
+    let outbox = txn.open_table(OUTBOX).map_err(se)?;
+    let by_node = txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
+    let drafts = txn.open_table(DRAFTS).map_err(se)?;
+    let counters = txn.open_table(COUNTERS).map_err(se)?;
+    let hw = txn.open_table(HIGH_WATER).map_err(se)?;
+
+    // Blob sizes, by id.
+    let mut blob_size: HashMap<u64, u64> = HashMap::new();
+    for item in blobs.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        *blob_size.entry(k.value().0).or_default() += val.value().len() as u64;
+    }
+    let dir_set: HashSet<(String, String)> = dirs
+        .iter()
+        .map_err(se)?
+        .map(|r| {
+            r.map(|(k, _)| (k.value().0.to_string(), k.value().1.to_string()))
+                .map_err(se)
+        })
+        .collect::<Result<_>>()?;
+
+    let mut ids = HashSet::new();
+    let mut max_node = 0;
+    let mut recount: BTreeMap<String, i64> = BTreeMap::new();
+    for item in nodes.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        let (parent, name) = k.value();
+        let path = if parent.is_empty() {
+            name.to_string()
+        } else {
+            format!("{parent}/{name}")
+        };
+        let rec = match decode(val.value()) {
+            Ok(r) => r,
+            Err(e) => {
+                bad(1, format!("{path}: {e}"));
+                continue;
+            }
+        };
+        let comps = place::split(&path);
+        if place::classify_dir(&comps) != Ok(DirPlace::Node) {
+            bad(1, format!("{path}: not a node place"));
+            continue;
+        }
+        if rec.path != path {
+            bad(1, format!("{path}: record says path {}", rec.path));
+        }
+        if rec.version == 0 {
+            bad(2, format!("{path}: version 0"));
+        }
+        match versions.get((rec.id, rec.version)).map_err(se)? {
+            Some(g) => match decode(g.value()) {
+                Ok(vr) if vr == rec => {}
+                _ => bad(
+                    2,
+                    format!("{path}: version {} differs from current", rec.version),
+                ),
+            },
+            None => bad(2, format!("{path}: version {} missing", rec.version)),
+        }
+        if !ids.insert(rec.id) {
+            bad(3, format!("{path}: node id {} used twice", rec.id));
+        }
+        max_node = max_node.max(rec.id);
+        if rec.status != Status::Broken {
+            for f in [place::CONTENT, place::META] {
+                if rec.file(f).is_none() {
+                    bad(
+                        4,
+                        format!("{path}: {} node without {f}", rec.status.as_str()),
+                    );
+                }
+            }
+        }
+        if let Some(m) = rec.file(place::META) {
+            if let Ok(bytes) = read_blob(&blobs, m.blob) {
+                match serde_json::from_slice::<serde_json::Value>(&bytes) {
+                    Ok(serde_json::Value::Object(o)) => {
+                        let want = [
+                            ("status", serde_json::json!(rec.status.as_str())),
+                            ("uri", serde_json::json!(place::uri_of(&path))),
+                            ("version", serde_json::json!(rec.version)),
+                        ];
+                        for (key, w) in want {
+                            if o.get(key) != Some(&w) {
+                                bad(4, format!("{path}: .meta.json {key} is not {w}"));
+                            }
+                        }
+                    }
+                    _ => bad(4, format!("{path}: .meta.json is not a JSON object")),
+                }
+            }
+        }
+        for (parent, name) in place::ancestor_containers(&comps) {
+            if !dir_set.contains(&(parent.clone(), name.clone())) {
+                bad(7, format!("{path}: container {parent}/{name} missing"));
+            }
+        }
+        *recount
+            .entry(format!("nodes:{}:{}", comps[0], rec.status.as_str()))
+            .or_default() += 1;
+    }
+
+    // Versions and the blobs they reference.
+    let mut referenced = HashSet::new();
+    let mut max_blob = 0;
+    for item in versions.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        let (id, ver) = k.value();
+        let Ok(rec) = decode(val.value()) else {
+            bad(2, format!("version ({id}, {ver}) does not decode"));
+            continue;
+        };
+        for f in &rec.files {
+            referenced.insert(f.blob);
+            max_blob = max_blob.max(f.blob);
+            match blob_size.get(&f.blob) {
+                Some(s) if *s == f.size => {}
+                Some(s) => bad(
+                    5,
+                    format!(
+                        "{} v{ver} {}: blob has {s} bytes, record {}",
+                        rec.path, f.name, f.size
+                    ),
+                ),
+                None => bad(
+                    5,
+                    format!("{} v{ver} {}: blob {} missing", rec.path, f.name, f.blob),
+                ),
+            }
+        }
+    }
+    for id in blob_size.keys() {
+        if !referenced.contains(id) {
+            bad(6, format!("blob {id} is referenced by no version"));
+        }
+    }
+
+    for (parent, name) in &dir_set {
+        let path = if parent.is_empty() {
+            name.clone()
+        } else {
+            format!("{parent}/{name}")
+        };
+        match place::classify_dir(&place::split(&path)) {
+            Ok(DirPlace::Account | DirPlace::Container) => {}
+            _ => bad(
+                7,
+                format!("dirs holds {path}, which is not a container place"),
+            ),
+        }
+    }
+
+    // Outbox.
+    let mut max_event = 0;
+    let mut indexed = HashSet::new();
+    for item in by_node.iter().map_err(se)? {
+        let (k, _) = item.map_err(se)?;
+        let (node, seq) = k.value();
+        indexed.insert(seq);
+        if outbox.get(seq).map_err(se)?.is_none() {
+            bad(9, format!("outbox_by_node ({node}, {seq}) has no event"));
+        }
+    }
+    for item in outbox.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        let seq = k.value();
+        max_event = max_event.max(seq);
+        if !indexed.contains(&seq) {
+            bad(9, format!("event {seq} is not indexed by node"));
+        }
+        match serde_json::from_slice::<serde_json::Value>(val.value()) {
+            Ok(e) if e["event_id"].is_string() && e["event_type"].is_string() => {
+                let account = e["uri"]
+                    .as_str()
+                    .and_then(place::node_of_uri)
+                    .and_then(|p| p.split('/').next())
+                    .unwrap_or("");
+                *recount.entry(format!("outbox:{account}")).or_default() += 1;
+            }
+            _ => bad(9, format!("event {seq} is not a valid event")),
+        }
+    }
+
+    // Counters.
+    let mut stored: BTreeMap<String, i64> = BTreeMap::new();
+    for item in counters.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        stored.insert(k.value().to_string(), val.value());
+    }
+    for (k, n) in &recount {
+        if stored.get(k) != Some(n) {
+            bad(
+                8,
+                format!("counter {k} is {:?}, recount {n}", stored.get(k)),
+            );
+        }
+    }
+    for (k, n) in &stored {
+        if !recount.contains_key(k) {
+            bad(8, format!("counter {k} is {n}, recount 0"));
+        }
+    }
+
+    for item in drafts.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        let path = k.value();
+        if DraftRec::decode(val.value()).is_err() {
+            bad(10, format!("draft {path} does not decode"));
+        }
+        if place::classify_dir(&place::split(path)) != Ok(DirPlace::Node) {
+            bad(10, format!("draft {path} is not at a node place"));
+        }
+        let _ = split_key(path);
+    }
+
+    for (key, max) in [("node", max_node), ("blob", max_blob), ("event", max_event)] {
+        let h = hw.get(key).map_err(se)?.map(|g| g.value()).unwrap_or(0);
+        if h < max {
+            bad(11, format!("high-water {key} is {h}, but {max} is in use"));
+        }
+    }
+    Ok(v)
+}
+
+fn read_blob(t: &::redb::ReadOnlyTable<(u64, u32), &[u8]>, id: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for item in t.range((id, 0)..=(id, u32::MAX)).map_err(se)? {
+        out.extend_from_slice(item.map_err(se)?.1.value());
+    }
+    Ok(out)
+}

@@ -1,0 +1,170 @@
+//! Durable state behind one interface. redb (`redb.rs`) is the embedded
+//! default; a networked backend (PostgreSQL) implements the same trait: every
+//! `apply` is one transaction.
+
+mod fsck;
+mod redb;
+
+pub use self::fsck::{fsck, Violation};
+pub use self::redb::RedbStore;
+
+use crate::error::Result;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
+pub enum Status {
+    Active,
+    Archived,
+    Broken,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Active => "ACTIVE",
+            Status::Archived => "ARCHIVED",
+            Status::Broken => "BROKEN",
+        }
+    }
+    pub fn all() -> [Status; 3] {
+        [Status::Active, Status::Archived, Status::Broken]
+    }
+}
+
+/// One file of a committed version. Content lives in the blob table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRec {
+    pub name: String,
+    pub blob: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub mode: u16,
+}
+
+/// A committed node version. The current one is in `nodes`, every one in `versions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRec {
+    pub id: u64,
+    /// Path under `accounts/` at the time of this version.
+    pub path: String,
+    pub status: Status,
+    pub version: u32,
+    pub created_at: String,
+    pub updated_at: String,
+    pub updated_ns: i128,
+    pub files: Vec<FileRec>,
+}
+
+impl NodeRec {
+    pub fn file(&self, name: &str) -> Option<&FileRec> {
+        self.files.iter().find(|f| f.name == name)
+    }
+}
+
+/// One change inside a transaction.
+#[derive(Debug, Clone)]
+pub enum Op {
+    PutNode {
+        path: String,
+        rec: NodeRec,
+    },
+    DelNode {
+        path: String,
+    },
+    PutDir {
+        path: String,
+    },
+    DelDir {
+        path: String,
+    },
+    PutVersion {
+        rec: NodeRec,
+    },
+    /// Remove every version of a node, and the blobs only they reference.
+    DropHistory {
+        node_id: u64,
+    },
+    PutBlob {
+        id: u64,
+        data: Arc<[u8]>,
+    },
+    PutEvent {
+        seq: u64,
+        node_path: String,
+        account: String,
+        json: Vec<u8>,
+    },
+    PutDraft {
+        path: String,
+        data: Vec<u8>,
+    },
+    DelDraft {
+        path: String,
+    },
+    /// Add `delta` to a named counter (node counts per account and status...).
+    Count {
+        key: String,
+        delta: i64,
+    },
+    /// Raise an id high-water mark (ids are allocated in memory).
+    HighWater {
+        key: &'static str,
+        value: u64,
+    },
+}
+
+/// A pending index event as stored.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub seq: u64,
+    pub json: Vec<u8>,
+}
+
+pub trait Store: Send + Sync {
+    fn get_node(&self, path: &str) -> Result<Option<NodeRec>>;
+    fn get_version(&self, node_id: u64, version: u32) -> Result<Option<NodeRec>>;
+    /// Committed nodes directly under `parent`, in name order.
+    fn list_nodes(&self, parent: &str) -> Result<Vec<(String, NodeRec)>>;
+    /// Does `parent` have any committed node or container child?
+    fn has_children(&self, parent: &str) -> Result<bool>;
+    fn dir_exists(&self, path: &str) -> Result<bool>;
+    /// Container directories directly under `parent`, in name order.
+    fn list_dirs(&self, parent: &str) -> Result<Vec<String>>;
+    fn read_blob(&self, id: u64, size: u64) -> Result<Vec<u8>>;
+    fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>>;
+    fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>>;
+    fn counter(&self, key: &str) -> Result<i64>;
+    fn high_water(&self, key: &str) -> Result<u64>;
+    /// Apply ops atomically; `durable` waits until they are on disk. Concurrent
+    /// callers may share one transaction (group commit).
+    fn apply(&self, ops: Vec<Op>, durable: bool) -> Result<()>;
+}
+
+/// A draft as persisted (on fsync and at unmount): the overlay of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftRec {
+    /// (node id, version) the overlay applies to; `None` for a new node.
+    pub base: Option<(u64, u32)>,
+    pub files: Vec<DraftFileRec>,
+    pub modified_ns: i128,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftFileRec {
+    pub name: String,
+    /// `None` is a whiteout: the committed file is deleted in the draft.
+    pub data: Option<Vec<u8>>,
+    pub mtime_ns: i128,
+    pub mode: u16,
+}
+
+impl DraftRec {
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        postcard::from_bytes(bytes)
+            .map_err(|e| crate::error::Error::Store(format!("corrupt draft: {e}")))
+    }
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        postcard::to_stdvec(self).map_err(|e| crate::error::Error::Store(e.to_string()))
+    }
+}

@@ -1,0 +1,394 @@
+//! The redb backend. Tables and key encoding are documented in
+//! `docs/ARCHITECTURE.md` ("Storage"); `fsck.rs` checks their invariants.
+//!
+//! Writes go through one committer thread that groups the operations of
+//! concurrent callers into one transaction: with N writers committing at once,
+//! the cost of one fsync is shared by N commits.
+
+use super::{NodeRec, Op, Store, StoredEvent};
+use crate::error::{Error, Result};
+use ::redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+
+/// (parent, name) → postcard `NodeRec` of the current version.
+pub(super) const NODES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("nodes");
+/// (parent, name) → () for container directories (accounts, users, agents, projects, categories).
+pub(super) const DIRS: TableDefinition<(&str, &str), ()> = TableDefinition::new("dirs");
+/// (node id, version) → postcard `NodeRec`: every committed version.
+pub(super) const VERSIONS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("versions");
+/// (blob id, chunk index) → bytes. Chunks stay below a power of two (redb pages).
+pub(super) const BLOBS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("blobs");
+/// event seq → event JSON (seed 000 OutboxEvent).
+pub(super) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
+/// (node path, seq) → (): the events of a node, for `.outbox/`.
+pub(super) const OUTBOX_BY_NODE: TableDefinition<(&str, u64), ()> =
+    TableDefinition::new("outbox_by_node");
+/// node path → postcard draft (persisted on fsync and at unmount).
+pub(super) const DRAFTS: TableDefinition<&str, &[u8]> = TableDefinition::new("drafts");
+/// counter name → value (`nodes:{account}:{STATUS}`, `outbox:{account}`).
+pub(super) const COUNTERS: TableDefinition<&str, i64> = TableDefinition::new("counters");
+/// id name → highest id handed out (`blob`, `node`, `event`).
+pub(super) const HIGH_WATER: TableDefinition<&str, u64> = TableDefinition::new("high_water");
+
+pub const CHUNK: usize = 64 * 1024 - 256;
+
+fn se<E: std::fmt::Display>(e: E) -> Error {
+    Error::Store(e.to_string())
+}
+
+pub(super) fn decode(bytes: &[u8]) -> Result<NodeRec> {
+    postcard::from_bytes(bytes).map_err(|e| Error::Store(format!("corrupt node record: {e}")))
+}
+
+fn encode(rec: &NodeRec) -> Result<Vec<u8>> {
+    postcard::to_stdvec(rec).map_err(se)
+}
+
+pub(super) fn split_key(path: &str) -> (&str, &str) {
+    crate::core::place::parent_name(path)
+}
+
+struct Job {
+    ops: Vec<Op>,
+    durable: bool,
+    done: mpsc::SyncSender<Result<()>>,
+}
+
+pub struct RedbStore {
+    db: Arc<Database>,
+    jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
+    committer: std::sync::Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+impl RedbStore {
+    /// Open (or create) the database file. Refuses a file another process holds.
+    pub fn open(path: &Path) -> Result<Arc<Self>> {
+        let db = Database::builder().create(path).map_err(|e| match e {
+            ::redb::DatabaseError::DatabaseAlreadyOpen => Error::Store(format!(
+                "{} is already open in another process (is a ctxfs daemon serving this data dir?)",
+                path.display()
+            )),
+            e => Error::Store(format!("cannot open {}: {e}", path.display())),
+        })?;
+        let db = Arc::new(db);
+        // Create every table so readers never meet a missing one.
+        let txn = db.begin_write().map_err(se)?;
+        {
+            txn.open_table(NODES).map_err(se)?;
+            txn.open_table(DIRS).map_err(se)?;
+            txn.open_table(VERSIONS).map_err(se)?;
+            txn.open_table(BLOBS).map_err(se)?;
+            txn.open_table(OUTBOX).map_err(se)?;
+            txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
+            txn.open_table(DRAFTS).map_err(se)?;
+            txn.open_table(COUNTERS).map_err(se)?;
+            txn.open_table(HIGH_WATER).map_err(se)?;
+        }
+        txn.commit().map_err(se)?;
+
+        let (tx, rx) = mpsc::channel::<Job>();
+        let cdb = db.clone();
+        let committer = thread::Builder::new()
+            .name("ctxfs-commit".into())
+            .spawn(move || committer_loop(cdb, rx))
+            .map_err(se)?;
+        Ok(Arc::new(RedbStore {
+            db,
+            jobs: std::sync::Mutex::new(Some(tx)),
+            committer: std::sync::Mutex::new(Some(committer)),
+        }))
+    }
+
+    /// Stop the committer after the queued jobs; later `apply` calls fail.
+    pub fn close(&self) {
+        if let Ok(mut j) = self.jobs.lock() {
+            j.take();
+        }
+        if let Some(h) = self.committer.lock().ok().and_then(|mut c| c.take()) {
+            let _ = h.join();
+        }
+    }
+
+    pub(super) fn db(&self) -> &Database {
+        &self.db
+    }
+
+    fn read(&self) -> Result<::redb::ReadTransaction> {
+        self.db.begin_read().map_err(se)
+    }
+}
+
+impl Drop for RedbStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn committer_loop(db: Arc<Database>, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        // Everything that queued while the previous transaction was syncing
+        // rides in this one.
+        while batch.len() < 512 {
+            match rx.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
+        let durable = batch.iter().any(|j| j.durable);
+        let result = run_batch(&db, &batch, durable);
+        if let Err(e) = &result {
+            tracing::error!(error = %e, jobs = batch.len(), "store transaction failed");
+        }
+        for j in batch {
+            let _ = j.done.send(result.clone());
+        }
+    }
+}
+
+fn run_batch(db: &Database, batch: &[Job], durable: bool) -> Result<()> {
+    let mut txn = db.begin_write().map_err(se)?;
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    })
+    .map_err(se)?;
+    {
+        let mut nodes = txn.open_table(NODES).map_err(se)?;
+        let mut dirs = txn.open_table(DIRS).map_err(se)?;
+        let mut versions = txn.open_table(VERSIONS).map_err(se)?;
+        let mut blobs = txn.open_table(BLOBS).map_err(se)?;
+        let mut outbox = txn.open_table(OUTBOX).map_err(se)?;
+        let mut by_node = txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
+        let mut drafts = txn.open_table(DRAFTS).map_err(se)?;
+        let mut counters = txn.open_table(COUNTERS).map_err(se)?;
+        let mut hw = txn.open_table(HIGH_WATER).map_err(se)?;
+        for op in batch.iter().flat_map(|j| j.ops.iter()) {
+            match op {
+                Op::PutNode { path, rec } => {
+                    nodes
+                        .insert(split_key(path), encode(rec)?.as_slice())
+                        .map_err(se)?;
+                }
+                Op::DelNode { path } => {
+                    nodes.remove(split_key(path)).map_err(se)?;
+                }
+                Op::PutDir { path } => {
+                    dirs.insert(split_key(path), ()).map_err(se)?;
+                }
+                Op::DelDir { path } => {
+                    dirs.remove(split_key(path)).map_err(se)?;
+                }
+                Op::PutVersion { rec } => {
+                    versions
+                        .insert((rec.id, rec.version), encode(rec)?.as_slice())
+                        .map_err(se)?;
+                }
+                Op::DropHistory { node_id } => {
+                    let mut blob_ids = Vec::new();
+                    let mut keys = Vec::new();
+                    for item in versions
+                        .range((*node_id, 0)..=(*node_id, u32::MAX))
+                        .map_err(se)?
+                    {
+                        let (k, v) = item.map_err(se)?;
+                        keys.push(k.value());
+                        blob_ids.extend(decode(v.value())?.files.iter().map(|f| f.blob));
+                    }
+                    for k in keys {
+                        versions.remove(k).map_err(se)?;
+                    }
+                    blob_ids.sort_unstable();
+                    blob_ids.dedup();
+                    for id in blob_ids {
+                        let chunks: Vec<(u64, u32)> = blobs
+                            .range((id, 0)..=(id, u32::MAX))
+                            .map_err(se)?
+                            .map(|r| r.map(|(k, _)| k.value()).map_err(se))
+                            .collect::<Result<_>>()?;
+                        for k in chunks {
+                            blobs.remove(k).map_err(se)?;
+                        }
+                    }
+                }
+                Op::PutBlob { id, data } => {
+                    if data.is_empty() {
+                        blobs.insert((*id, 0), &[][..]).map_err(se)?;
+                    }
+                    for (i, chunk) in data.chunks(CHUNK).enumerate() {
+                        blobs.insert((*id, i as u32), chunk).map_err(se)?;
+                    }
+                }
+                Op::PutEvent {
+                    seq,
+                    node_path,
+                    account,
+                    json,
+                } => {
+                    outbox.insert(*seq, json.as_slice()).map_err(se)?;
+                    by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
+                    add(&mut counters, &format!("outbox:{account}"), 1)?;
+                }
+                Op::PutDraft { path, data } => {
+                    drafts.insert(path.as_str(), data.as_slice()).map_err(se)?;
+                }
+                Op::DelDraft { path } => {
+                    drafts.remove(path.as_str()).map_err(se)?;
+                }
+                Op::Count { key, delta } => add(&mut counters, key, *delta)?,
+                Op::HighWater { key, value } => {
+                    let cur = hw.get(*key).map_err(se)?.map(|g| g.value()).unwrap_or(0);
+                    if *value > cur {
+                        hw.insert(*key, *value).map_err(se)?;
+                    }
+                }
+            }
+        }
+    }
+    txn.commit().map_err(se)
+}
+
+fn add(t: &mut ::redb::Table<&str, i64>, key: &str, delta: i64) -> Result<()> {
+    let cur = t.get(key).map_err(se)?.map(|g| g.value()).unwrap_or(0);
+    let new = cur + delta;
+    if new == 0 {
+        t.remove(key).map_err(se)?;
+    } else {
+        t.insert(key, new).map_err(se)?;
+    }
+    Ok(())
+}
+
+/// Range bounds for the direct children of `parent` in a (parent, name) table.
+/// Names are ASCII without DEL, so `"\u{7f}"` bounds them all.
+fn children(parent: &str) -> std::ops::Range<(&str, &str)> {
+    (parent, "")..(parent, "\u{7f}")
+}
+
+impl Store for RedbStore {
+    fn get_node(&self, path: &str) -> Result<Option<NodeRec>> {
+        let t = self.read()?.open_table(NODES).map_err(se)?;
+        match t.get(split_key(path)).map_err(se)? {
+            Some(g) => Ok(Some(decode(g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn get_version(&self, node_id: u64, version: u32) -> Result<Option<NodeRec>> {
+        let t = self.read()?.open_table(VERSIONS).map_err(se)?;
+        match t.get((node_id, version)).map_err(se)? {
+            Some(g) => Ok(Some(decode(g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn list_nodes(&self, parent: &str) -> Result<Vec<(String, NodeRec)>> {
+        let t = self.read()?.open_table(NODES).map_err(se)?;
+        let mut out = Vec::new();
+        for item in t.range(children(parent)).map_err(se)? {
+            let (k, v) = item.map_err(se)?;
+            out.push((k.value().1.to_string(), decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    fn has_children(&self, parent: &str) -> Result<bool> {
+        let txn = self.read()?;
+        let nodes = txn.open_table(NODES).map_err(se)?;
+        if nodes.range(children(parent)).map_err(se)?.next().is_some() {
+            return Ok(true);
+        }
+        let dirs = txn.open_table(DIRS).map_err(se)?;
+        Ok(dirs.range(children(parent)).map_err(se)?.next().is_some())
+    }
+
+    fn dir_exists(&self, path: &str) -> Result<bool> {
+        let t = self.read()?.open_table(DIRS).map_err(se)?;
+        Ok(t.get(split_key(path)).map_err(se)?.is_some())
+    }
+
+    fn list_dirs(&self, parent: &str) -> Result<Vec<String>> {
+        let t = self.read()?.open_table(DIRS).map_err(se)?;
+        let mut out = Vec::new();
+        for item in t.range(children(parent)).map_err(se)? {
+            let (k, _) = item.map_err(se)?;
+            out.push(k.value().1.to_string());
+        }
+        Ok(out)
+    }
+
+    fn read_blob(&self, id: u64, size: u64) -> Result<Vec<u8>> {
+        let t = self.read()?.open_table(BLOBS).map_err(se)?;
+        let mut out = Vec::with_capacity(size as usize);
+        for item in t.range((id, 0)..=(id, u32::MAX)).map_err(se)? {
+            let (_, v) = item.map_err(se)?;
+            out.extend_from_slice(v.value());
+        }
+        if out.len() as u64 != size {
+            return Err(Error::Store(format!(
+                "blob {id} has {} bytes, its record says {size}",
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+
+    fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
+        let txn = self.read()?;
+        let idx = txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
+        let ev = txn.open_table(OUTBOX).map_err(se)?;
+        let mut out = Vec::new();
+        for item in idx
+            .range((node_path, 0)..=(node_path, u64::MAX))
+            .map_err(se)?
+        {
+            let (k, _) = item.map_err(se)?;
+            let seq = k.value().1;
+            if let Some(g) = ev.get(seq).map_err(se)? {
+                out.push(StoredEvent {
+                    seq,
+                    json: g.value().to_vec(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let t = self.read()?.open_table(DRAFTS).map_err(se)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(se)? {
+            let (k, v) = item.map_err(se)?;
+            out.push((k.value().to_string(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn counter(&self, key: &str) -> Result<i64> {
+        let t = self.read()?.open_table(COUNTERS).map_err(se)?;
+        Ok(t.get(key).map_err(se)?.map(|g| g.value()).unwrap_or(0))
+    }
+
+    fn high_water(&self, key: &str) -> Result<u64> {
+        let t = self.read()?.open_table(HIGH_WATER).map_err(se)?;
+        Ok(t.get(key).map_err(se)?.map(|g| g.value()).unwrap_or(0))
+    }
+
+    fn apply(&self, ops: Vec<Op>, durable: bool) -> Result<()> {
+        let (done, wait) = mpsc::sync_channel(1);
+        {
+            let jobs = self.jobs.lock().map_err(se)?;
+            let tx = jobs
+                .as_ref()
+                .ok_or_else(|| Error::Store("store is closed".into()))?;
+            tx.send(Job { ops, durable, done })
+                .map_err(|_| Error::Store("committer thread is gone".into()))?;
+        }
+        wait.recv()
+            .map_err(|_| Error::Store("committer thread is gone".into()))?
+    }
+}
