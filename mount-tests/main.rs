@@ -1,1 +1,796 @@
-fn main() {}
+//! Real-mount tests: each test mounts ctxfs through /dev/fuse and drives it
+//! with real processes (sh, cat, cp, sed, python3, other uids via setpriv).
+
+mod harness;
+
+use harness::*;
+use std::time::Duration;
+
+const N1: &str = "acme/users/alice/memories/events/e1";
+
+#[test]
+fn four_step_commit_fills_derived_fields() {
+    let m = Mount::new();
+    m.ok(
+        0,
+        &four_steps(N1, "hello world", r#"{"status":"ACTIVE","tags":["t1"]}"#),
+    );
+    let meta = m.ok(0, &format!("cat $M/accounts/{N1}/.meta.json"));
+    let v: serde_json::Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(v["uri"], "ctx://acme/users/alice/memories/events/e1");
+    assert_eq!(v["owner_space"], "user:alice");
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["status"], "ACTIVE");
+    assert_eq!(v["tags"][0], "t1");
+    assert!(v["created_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(v["created_at"], v["updated_at"]);
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
+        "hello world"
+    );
+    // Listing order follows the write protocol, so cp -r writes .meta.json last.
+    assert_eq!(
+        m.ok(0, &format!("ls -U -A $M/accounts/{N1}")),
+        "content.md\n.relations.json\n.abstract.md\n.overview.md\n.meta.json\n"
+    );
+    // An update is version 2 and keeps created_at.
+    m.ok(0, &format!("echo 'v2' > $M/accounts/{N1}/content.md && /bin/echo '{ACTIVE}' > $M/accounts/{N1}/.meta.json"));
+    let v2: serde_json::Value =
+        serde_json::from_str(&m.ok(0, &format!("cat $M/accounts/{N1}/.meta.json"))).unwrap();
+    assert_eq!(v2["version"], 2);
+    assert_eq!(v2["created_at"], v["created_at"]);
+    // The outbox shows the events, read-only and not listed in the node.
+    let events = m.ok(0, &format!("ls $M/accounts/{N1}/.outbox/"));
+    assert!(
+        events.lines().filter(|l| l.ends_with(".json")).count() >= 2,
+        "{events}"
+    );
+    let first = events.lines().next().unwrap();
+    let ev = m.ok(0, &format!("cat $M/accounts/{N1}/.outbox/{first}"));
+    assert!(ev.contains("UPSERT_CONTEXT"), "{ev}");
+    m.fails(0, &format!("echo x > $M/accounts/{N1}/.outbox/{first}"), "");
+    m.fails(0, &format!("rm $M/accounts/{N1}/.outbox/{first}"), "");
+    let status = m.ok(0, "cat $M/.ctxfs/status");
+    let s: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(s["nodes"]["ACTIVE"], 1);
+    assert!(s["outbox_depth"].as_i64().unwrap() >= 3);
+    drop(m);
+}
+
+#[test]
+fn reader_never_sees_pending_node_or_draft() {
+    let m = Mount::with_config(Some(CONFIG));
+    m.ok(
+        WRITER,
+        "mkdir -p $M/accounts/acme/users/alice/memories/events",
+    );
+    // A reader polls the node while the writer goes through the four steps slowly.
+    let log = m.shared_file("poll.log");
+    let poll = format!(
+        "N=$M/accounts/{N1}; end=$(( $(date +%s) + 30 )); \
+         while [ $(date +%s) -lt $end ]; do \
+           if ls $N >/dev/null 2>&1; then \
+             echo \"seen $(ls -U -A $N | tr '\\n' ' ')|$(cat $N/content.md 2>/dev/null)|$(grep -c ACTIVE $N/.meta.json 2>/dev/null)\"; \
+             [ -f /tmp/stop-$$ ] && break; \
+           else echo absent; fi; \
+           ls $M/accounts/acme/users/alice/memories/events | grep -q e1 && echo listed; \
+           grep -rl secret-draft $M/accounts/acme 2>/dev/null | sed 's/^/grep:/'; \
+           find $M/accounts/acme -name content.md | sed 's/^/find:/'; \
+         done > {log}",
+        log = log.display()
+    );
+    let mut reader = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={READER}"),
+            &format!("--regid={READER}"),
+            "--clear-groups",
+            "/bin/sh",
+            "-c",
+            &poll,
+        ])
+        .env("M", &m.mnt)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let steps = [
+        format!("mkdir -p $M/accounts/{N1}"),
+        format!("echo 'secret-draft content' > $M/accounts/{N1}/content.md"),
+        format!("echo '[]' > $M/accounts/{N1}/.relations.json"),
+        format!(
+            "echo 'abs' > $M/accounts/{N1}/.abstract.md && echo ov > $M/accounts/{N1}/.overview.md"
+        ),
+        format!("echo '{{\"status\":\"PENDING\"}}' > $M/accounts/{N1}/.meta.json"),
+    ];
+    for s in &steps {
+        m.ok(WRITER, s);
+        // The writer reaches its own draft by path.
+        assert!(
+            m.ok(WRITER, &format!("ls -A $M/accounts/{N1}"))
+                .contains("content.md")
+                || s.starts_with("mkdir")
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The writer's own listing of the category does not show a PENDING node either.
+    assert!(!m
+        .ok(WRITER, "ls $M/accounts/acme/users/alice/memories/events")
+        .contains("e1"));
+    m.ok(
+        WRITER,
+        &format!("/bin/echo '{ACTIVE}' > $M/accounts/{N1}/.meta.json"),
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    // Let the poller end.
+    let _ = reader.kill();
+    let _ = reader.wait();
+    let out = std::fs::read_to_string(&log).unwrap();
+    let mut seen_after = false;
+    for line in out.lines() {
+        if let Some(rest) = line.strip_prefix("seen ") {
+            // Every observation of the node is the complete committed version.
+            assert_eq!(
+                rest,
+                "content.md .relations.json .abstract.md .overview.md .meta.json |secret-draft content|1",
+                "reader saw a partial node: {line}"
+            );
+            seen_after = true;
+        }
+    }
+    assert!(out.contains("absent"), "poller never ran before the commit");
+    assert!(seen_after, "reader never saw the committed node:\n{out}");
+    // Before the first "seen", nothing of the node appeared in any form.
+    let before = &out[..out.find("seen ").unwrap()];
+    assert!(
+        !before.contains("grep:") && !before.contains("find:") && !before.contains("listed"),
+        "leak: {before}"
+    );
+}
+
+#[test]
+fn update_is_invisible_until_commit() {
+    let m = Mount::with_config(Some(CONFIG));
+    m.ok(WRITER, &four_steps(N1, "version one", ACTIVE));
+    m.ok(WRITER, &format!("echo 'version two' > $M/accounts/{N1}/content.md; echo 'new abstract' > $M/accounts/{N1}/.abstract.md"));
+    // The writer sees its draft; a reader still sees version 1, whole.
+    assert_eq!(
+        m.ok(WRITER, &format!("cat $M/accounts/{N1}/content.md")),
+        "version two\n"
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N1}/content.md")),
+        "version one"
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N1}/.abstract.md")),
+        format!("abstract of {N1}\n")
+    );
+    assert_eq!(
+        m.ok(READER, &format!("stat -c %s $M/accounts/{N1}/content.md")),
+        "11\n"
+    );
+    assert!(m
+        .ok(READER, &format!("grep -r 'version' $M/accounts/acme"))
+        .contains("version one"));
+    assert!(!m
+        .ok(READER, &format!("grep -r 'version' $M/accounts/acme"))
+        .contains("version two"));
+    // A reader holding the file open across the commit keeps reading version 1.
+    let held = m.shared_file("held");
+    let script = format!(
+        "exec 3< $M/accounts/{N1}/content.md; head -c 4 <&3 > {h}; sleep 1; cat <&3 >> {h}",
+        h = held.display()
+    );
+    let mut r = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={READER}"),
+            &format!("--regid={READER}"),
+            "--clear-groups",
+            "/bin/sh",
+            "-c",
+            &script,
+        ])
+        .env("M", &m.mnt)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    m.ok(
+        WRITER,
+        &format!("/bin/echo '{ACTIVE}' > $M/accounts/{N1}/.meta.json"),
+    );
+    assert!(r.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(&held).unwrap(), "version one");
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N1}/content.md")),
+        "version two\n"
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N1}/.abstract.md")),
+        "new abstract\n"
+    );
+    assert!(m
+        .ok(READER, &format!("cat $M/accounts/{N1}/.meta.json"))
+        .contains("\"version\": 2"));
+}
+
+#[test]
+fn invalid_commits_fail_at_close_and_keep_state() {
+    let m = Mount::new();
+    let n = format!("$M/accounts/{N1}");
+    // No content.md: refused.
+    m.ok(0, &format!("mkdir -p {n}"));
+    m.fails(
+        0,
+        &format!("/bin/echo '{ACTIVE}' > {n}/.meta.json"),
+        "Invalid argument",
+    );
+    assert!(m
+        .ok(0, &format!("cat {n}/.commit-error"))
+        .contains("content.md is missing"));
+    assert!(!m
+        .ok(0, "ls $M/accounts/acme/users/alice/memories/events")
+        .contains("e1"));
+    // Now a good version 1.
+    m.ok(0, &four_steps(N1, "good", ACTIVE));
+    assert!(m.sh(0, &format!("cat {n}/.commit-error")).status.code() != Some(0));
+    let bad: &[(&str, &str, &str)] = &[
+        (".meta.json", "{not json", "not valid JSON"),
+        (".meta.json", "[1,2]", "JSON object"),
+        (".meta.json", r#"{"status":"BROKEN"}"#, "may not be set"),
+        (".abstract.md", &"x".repeat(101), "at most 100"),
+        (".relations.json", "{}", "list of edges"),
+        (
+            ".relations.json",
+            r#"[{"from_uri":"ctx://acme/users/bob/memories/x/y","to_uri":"ctx://acme/a/b","relation_type":"r"}]"#,
+            "not this node",
+        ),
+        (
+            ".relations.json",
+            r#"[{"from_uri":"ctx://acme/users/alice/memories/events/e1","to_uri":"ctx://other/users/x/memories/a/b","relation_type":"r"}]"#,
+            "another account",
+        ),
+    ];
+    for (file, body, reason) in bad {
+        let script = if *file == ".meta.json" {
+            format!("/usr/bin/printf '%s' '{body}' > {n}/.meta.json")
+        } else {
+            format!("printf '%s' '{body}' > {n}/{file} && /bin/echo '{ACTIVE}' > {n}/.meta.json")
+        };
+        let o = m.sh(0, &script);
+        assert!(!o.status.success(), "{file} {body} should be refused");
+        let err = m.ok(0, &format!("cat {n}/.commit-error"));
+        assert!(
+            err.contains(reason),
+            "{file}: reason {err:?} should mention {reason:?}"
+        );
+        // Readers (root's view is the writer's: check with a fresh read of the committed file via python's close error too)
+        // The node keeps version 1.
+        m.ok(0, &format!("rm -f {n}/{file}"));
+        m.ok(0, &format!("cd {n} && rm -f .meta.json .abstract.md .relations.json .overview.md content.md; true"));
+        // Restore the draft to the committed version by committing it back.
+        m.ok(0, &format!("echo good > {n}/content.md; echo '[]' > {n}/.relations.json; echo a > {n}/.abstract.md; echo o > {n}/.overview.md"));
+        let v: serde_json::Value = serde_json::from_str(&m.ok(
+            0,
+            &format!("/bin/echo '{ACTIVE}' > {n}/.meta.json && cat {n}/.meta.json"),
+        ))
+        .unwrap();
+        assert!(v["version"].as_u64().unwrap() >= 2);
+    }
+    // Python sees EINVAL from close().
+    let py = format!(
+        "/usr/bin/python3 -c \"
+import errno, os
+f = open('{p}/.meta.json', 'w'); f.write('{{\\\"status\\\": 5}}')
+try:
+    f.close(); print('closed')
+except OSError as e:
+    print('errno', e.errno == errno.EINVAL)
+\"",
+        p = m.p(&format!("accounts/{N1}")).display()
+    );
+    assert_eq!(m.ok(0, &py), "errno True\n");
+    m.fsck_offline_after_umount();
+}
+
+trait Offline {
+    fn fsck_offline_after_umount(self);
+}
+impl Offline for Mount {
+    fn fsck_offline_after_umount(mut self) {
+        self.umount();
+        self.fsck();
+    }
+}
+
+#[test]
+fn ordinary_tools_write_drafts() {
+    let m = Mount::new();
+    let n = format!("$M/accounts/{N1}");
+    let src = m.dir.path().join("src.txt");
+    std::fs::write(&src, "copied in\n").unwrap();
+    m.ok(0, &format!("mkdir -p {n}"));
+    // cp, tee, cat >>, sed -i, truncate, touch, stat.
+    m.ok(0, &format!("cp {} {n}/content.md", src.display()));
+    m.ok(0, &format!("echo more | tee -a {n}/content.md >/dev/null; cat >> {n}/content.md <<'EOF'\nappended\nEOF"));
+    m.ok(0, &format!("sed -i 's/more/MORE/' {n}/content.md"));
+    assert_eq!(
+        m.ok(0, &format!("cat {n}/content.md")),
+        "copied in\nMORE\nappended\n"
+    );
+    m.ok(
+        0,
+        &format!("echo 'abc' > {n}/.abstract.md && truncate -s 2 {n}/.abstract.md"),
+    );
+    assert_eq!(m.ok(0, &format!("cat {n}/.abstract.md")), "ab");
+    m.ok(
+        0,
+        &format!("truncate -s 0 {n}/.abstract.md && echo 'short' > {n}/.abstract.md"),
+    );
+    m.ok(0, &format!("touch -d '2020-01-02 03:04:05' {n}/content.md"));
+    assert_eq!(
+        m.ok(0, &format!("stat -c %Y {n}/content.md")),
+        "1577934245\n"
+    );
+    // mv within the node, Python write-temp-then-rename, O_APPEND, random offsets.
+    m.ok(
+        0,
+        &format!("echo '# ov' > {n}/tmp.ov && mv {n}/tmp.ov {n}/.overview.md"),
+    );
+    let py = format!(
+        "/usr/bin/python3 - <<'EOF'
+import os, tempfile
+d = '{d}'
+fd, tmp = tempfile.mkstemp(dir=d, prefix='.rel')
+os.write(fd, b'[]\\n'); os.fsync(fd); os.close(fd)
+os.replace(tmp, os.path.join(d, '.relations.json'))
+with open(os.path.join(d, 'content.md'), 'a') as f: f.write('py-append\\n')
+fd = os.open(os.path.join(d, 'scratch.bin'), os.O_CREAT | os.O_RDWR)
+os.pwrite(fd, b'XYZ', 10); os.pwrite(fd, b'ab', 0); os.close(fd)
+print(open(os.path.join(d, 'scratch.bin'), 'rb').read())
+EOF",
+        d = m.p(&format!("accounts/{N1}")).display()
+    );
+    assert_eq!(
+        m.ok(0, &py),
+        "b'ab\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00XYZ'\n"
+    );
+    // vim (ex mode) edits a draft file in place.
+    m.ok(
+        0,
+        &format!(
+            "vim -u NONE -i NONE -n -es -c '%s/appended/edited-by-vim/' -c 'wq' {n}/content.md"
+        ),
+    );
+    assert!(m
+        .ok(0, &format!("cat {n}/content.md"))
+        .contains("edited-by-vim"));
+    // Python commits by write-temp-then-rename onto .meta.json.
+    let py_commit = format!(
+        "/usr/bin/python3 - <<'EOF'
+import os, json
+d = '{d}'
+tmp = os.path.join(d, '.meta.json.tmp')
+with open(tmp, 'w') as f: json.dump({{'status': 'ACTIVE'}}, f)
+os.replace(tmp, os.path.join(d, '.meta.json'))
+print(json.load(open(os.path.join(d, '.meta.json')))['version'])
+EOF",
+        d = m.p(&format!("accounts/{N1}")).display()
+    );
+    assert_eq!(m.ok(0, &py_commit), "1\n");
+    assert_eq!(
+        m.ok(0, &format!("cat {n}/content.md")),
+        "copied in\nMORE\nedited-by-vim\npy-append\n"
+    );
+    // scratch.bin is not part of the version but stays in the writer's draft.
+    assert!(m.ok(0, &format!("ls -A {n}")).contains("scratch.bin"));
+    m.ok(0, &format!("rm {n}/scratch.bin"));
+    // A sed -i on .meta.json commits too (rename onto .meta.json).
+    m.ok(
+        0,
+        &format!("sed -i 's/\"ACTIVE\"/\"ARCHIVED\"/' {n}/.meta.json"),
+    );
+    assert!(m.ok(0, &format!("cat {n}/.meta.json")).contains("ARCHIVED"));
+    // Symlinks and hard links are refused.
+    m.fails(
+        0,
+        &format!("ln -s content.md {n}/link"),
+        "Operation not permitted",
+    );
+    m.fails(
+        0,
+        &format!("ln {n}/content.md {n}/hard"),
+        "Operation not permitted",
+    );
+}
+
+#[test]
+fn delete_move_archive() {
+    let m = Mount::new();
+    m.ok(0, &four_steps(N1, "to move", ACTIVE));
+    let n2 = "acme/users/bob/memories/cases/c1";
+    m.ok(0, &format!("mkdir -p $M/accounts/acme/users/bob/memories/cases && mv $M/accounts/{N1} $M/accounts/{n2}"));
+    m.fails(0, &format!("ls $M/accounts/{N1}"), "No such file");
+    let meta: serde_json::Value =
+        serde_json::from_str(&m.ok(0, &format!("cat $M/accounts/{n2}/.meta.json"))).unwrap();
+    assert_eq!(meta["uri"], format!("ctx://{n2}"));
+    assert_eq!(meta["owner_space"], "user:bob");
+    assert_eq!(meta["category"], "cases");
+    assert!(m
+        .ok(0, &format!("cat $M/accounts/{n2}/.outbox/*.json"))
+        .contains("MOVE_CONTEXT"));
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{n2}/content.md")),
+        "to move"
+    );
+    // Moving to a non-node place is refused.
+    m.fails(
+        0,
+        &format!("mv $M/accounts/{n2} $M/accounts/acme/users/bob/memories/cases2"),
+        "",
+    );
+    // Archive.
+    m.ok(
+        0,
+        &format!("/bin/echo '{{\"status\":\"ARCHIVED\"}}' > $M/accounts/{n2}/.meta.json"),
+    );
+    assert!(m
+        .ok(0, &format!("cat $M/accounts/{n2}/.outbox/*.json"))
+        .contains("ARCHIVE_CONTEXT"));
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["ARCHIVED"], 1);
+    // rm -r deletes the node as one change.
+    m.ok(0, &format!("rm -r $M/accounts/{n2}"));
+    m.fails(0, &format!("ls $M/accounts/{n2}"), "No such file");
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["ARCHIVED"], 0);
+    // rm -r of a whole user removes everything under it.
+    m.ok(
+        0,
+        &four_steps("acme/users/carol/memories/a/n1", "x", ACTIVE),
+    );
+    m.ok(
+        0,
+        &four_steps("acme/users/carol/memories/profile", "x", ACTIVE),
+    );
+    m.ok(0, "rm -r $M/accounts/acme/users/carol");
+    assert_eq!(m.ok(0, "ls $M/accounts/acme/users"), "alice\nbob\n");
+    let mut m = m;
+    m.umount();
+    m.fsck();
+}
+
+#[test]
+fn names_and_shapes_are_validated() {
+    let m = Mount::new();
+    for bad in [
+        "accounts/acme/users/a b",
+        "accounts/acme/users/.hidden",
+        "accounts/acme/users/caf\u{e9}",
+        "accounts/acme/stuff",
+        "accounts/acme/users/alice/notes",
+        "accounts/acme/users/alice/memories/events/e1/sub",
+        "accounts/acme/agents/bot/tools",
+    ] {
+        m.fails(0, &format!("mkdir -p \"$M/{bad}\""), "Invalid argument");
+    }
+    let long = "a".repeat(129);
+    m.fails(
+        0,
+        &format!("mkdir -p $M/accounts/acme/users/{long}"),
+        "Invalid argument",
+    );
+    m.ok(
+        0,
+        &format!("mkdir -p $M/accounts/acme/users/{}", "b".repeat(128)),
+    );
+    m.fails(
+        0,
+        "echo x > $M/accounts/acme/users/file.txt",
+        "Invalid argument",
+    );
+    m.fails(0, "echo x > $M/accounts/file.txt", "Invalid argument");
+    // Nothing of the refused names was stored.
+    // (mkdir -p made the valid parents, e.g. users/alice, before the refusal.)
+    assert_eq!(
+        m.ok(0, "ls $M/accounts/acme/users"),
+        format!("alice\n{}\n", "b".repeat(128))
+    );
+    assert_eq!(
+        m.ok(0, "ls $M/accounts/acme/users/alice/memories"),
+        "events\n"
+    );
+    assert_eq!(m.ok(0, "ls $M/accounts/acme"), "agents\nprojects\nusers\n");
+    // All node shapes work.
+    for node in [
+        "acme/users/u1/memories/profile",
+        "acme/users/u1/memories/prefs/coffee",
+        "acme/agents/bot/memories/cases/c1",
+        "acme/agents/bot/skills/search-web",
+    ] {
+        m.ok(0, &four_steps(node, "x", ACTIVE));
+    }
+    assert!(m
+        .ok(
+            0,
+            "cat $M/accounts/acme/agents/bot/skills/search-web/.meta.json"
+        )
+        .contains("\"SKILL\""));
+}
+
+#[test]
+fn tenancy_is_enforced_per_uid() {
+    let m = Mount::with_config(Some(CONFIG));
+    m.ok(WRITER, &four_steps(N1, "acme data", ACTIVE));
+    m.ok(
+        STRANGER,
+        &four_steps("other/users/x/memories/a/b", "other data", ACTIVE),
+    );
+    // Listings show only one's own accounts; root sees all.
+    assert_eq!(m.ok(WRITER, "ls $M/accounts"), "acme\n");
+    assert_eq!(m.ok(READER, "ls $M/accounts"), "acme\n");
+    assert_eq!(m.ok(STRANGER, "ls $M/accounts"), "other\n");
+    assert_eq!(m.ok(0, "ls $M/accounts"), "acme\nother\n");
+    assert_eq!(m.ok(4242, "ls $M/accounts"), "");
+    // Cross-account read, write, list, rename: EACCES.
+    for (uid, path) in [
+        (STRANGER, format!("accounts/{N1}")),
+        (WRITER, "accounts/other/users/x/memories/a/b".into()),
+    ] {
+        m.fails(
+            uid,
+            &format!("cat $M/{path}/content.md"),
+            "Permission denied",
+        );
+        m.fails(uid, &format!("ls $M/{path}"), "Permission denied");
+        m.fails(
+            uid,
+            &format!("echo x > $M/{path}/content.md"),
+            "Permission denied",
+        );
+        m.fails(
+            uid,
+            &format!("mkdir $M/{path}/../newnode"),
+            "Permission denied",
+        );
+        m.fails(uid, &format!("stat $M/{path}"), "Permission denied");
+    }
+    m.fails(STRANGER, "ls $M/accounts/acme", "Permission denied");
+    m.fails(STRANGER, "ls $M/accounts/nonexistent", "Permission denied");
+    m.fails(
+        WRITER,
+        &format!("mv $M/accounts/{N1} $M/accounts/other/users/x/memories/a/moved"),
+        "Permission denied",
+    );
+    m.fails(
+        STRANGER,
+        &format!("mv $M/accounts/other/users/x/memories/a/b $M/accounts/{N1}x"),
+        "Permission denied",
+    );
+    assert!(m
+        .ok(STRANGER, "grep -r 'acme data' $M/accounts 2>&1; true")
+        .is_empty());
+    // Readers read but every write is EROFS.
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N1}/content.md")),
+        "acme data"
+    );
+    m.fails(
+        READER,
+        &format!("echo x > $M/accounts/{N1}/content.md"),
+        "Read-only file system",
+    );
+    m.fails(
+        READER,
+        &format!("echo x >> $M/accounts/{N1}/content.md"),
+        "Read-only file system",
+    );
+    m.fails(
+        READER,
+        "mkdir $M/accounts/acme/users/newuser",
+        "Read-only file system",
+    );
+    m.fails(
+        READER,
+        &format!("rm $M/accounts/{N1}/content.md"),
+        "Read-only file system",
+    );
+    m.fails(
+        READER,
+        &format!("rm -r $M/accounts/{N1}"),
+        "Read-only file system",
+    );
+    m.fails(
+        READER,
+        &format!("mv $M/accounts/{N1} $M/accounts/acme/users/alice/memories/events/e9"),
+        "Read-only file system",
+    );
+    m.fails(
+        READER,
+        &format!("touch $M/accounts/{N1}/content.md"),
+        "Read-only file system",
+    );
+    // Nothing changed.
+    assert_eq!(
+        m.ok(WRITER, &format!("cat $M/accounts/{N1}/content.md")),
+        "acme data"
+    );
+    // Status counts only one's own accounts.
+    let s: serde_json::Value =
+        serde_json::from_str(&m.ok(STRANGER, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["ACTIVE"], 1);
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["ACTIVE"], 2);
+}
+
+#[test]
+fn without_config_only_the_mounting_uid_has_access() {
+    let m = Mount::new();
+    m.ok(0, &four_steps(N1, "mine", ACTIVE));
+    m.fails(WRITER, "ls $M/accounts/acme", "Permission denied");
+    m.fails(
+        WRITER,
+        &format!("cat $M/accounts/{N1}/content.md"),
+        "Permission denied",
+    );
+    assert_eq!(m.ok(WRITER, "ls $M/accounts"), "");
+}
+
+#[test]
+fn restart_keeps_committed_state_and_drafts() {
+    let mut m = Mount::new();
+    m.ok(0, &four_steps(N1, "durable", ACTIVE));
+    m.ok(0, "mkdir -p $M/accounts/acme/users/alice/memories/events/draft1 && echo wip > $M/accounts/acme/users/alice/memories/events/draft1/content.md");
+    m.umount();
+    m.fsck();
+    m.mount();
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
+        "durable"
+    );
+    assert!(m
+        .ok(0, &format!("cat $M/accounts/{N1}/.meta.json"))
+        .contains("\"version\": 1"));
+    // The draft was saved at unmount and is still the writer's.
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/alice/memories/events/draft1/content.md"
+        ),
+        "wip\n"
+    );
+}
+
+#[test]
+fn daemon_cli_refusals() {
+    let m = Mount::new();
+    // A second daemon on the same data dir.
+    let other = m.dir.path().join("mnt2");
+    std::fs::create_dir(&other).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "mount",
+            other.to_str().unwrap(),
+            "--data",
+            m.data.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already served by another ctxfs daemon"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one-line reason: {err}");
+    // Missing mountpoint, bad config.
+    let out = std::process::Command::new(BIN)
+        .args(["mount", "/nonexistent/x", "--data", "/tmp/x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("mountpoint"));
+    let bad = m.dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[account]]\nid = 'a b'\n").unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "mount",
+            other.to_str().unwrap(),
+            "--data",
+            "/tmp/unused",
+            "--config",
+            bad.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("bad config"));
+    let out = std::process::Command::new(BIN)
+        .args([
+            "mount",
+            other.to_str().unwrap(),
+            "--config",
+            "/nonexistent.toml",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("cannot read config")
+    );
+    // fsck refuses a data dir that is being served.
+    let out = std::process::Command::new(BIN)
+        .args(["fsck", "--data", m.data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn kill9_during_commit_stream_loses_nothing_acknowledged() {
+    let mut m = Mount::new();
+    let acked = m.dir.path().join("acked");
+    // A writer streams commits and records each one whose close returned 0.
+    let script = format!(
+        "i=0; while true; do i=$((i+1)); N=$M/accounts/acme/users/w/memories/stream/n$i; \
+         mkdir -p $N 2>/dev/null && printf 'content %d' $i > $N/content.md 2>/dev/null && echo '[]' > $N/.relations.json 2>/dev/null \
+         && echo a > $N/.abstract.md 2>/dev/null && echo o > $N/.overview.md 2>/dev/null \
+         && /bin/echo '{ACTIVE}' > $N/.meta.json 2>/dev/null && echo $i >> {a} || exit 0; done",
+        a = acked.display()
+    );
+    let mut w = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(&script)
+        .env("M", &m.mnt)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // A durably fsynced draft must survive too.
+    m.ok(
+        0,
+        "mkdir -p $M/accounts/acme/users/w/memories/drafts/d1 && /usr/bin/python3 -c \"
+import os
+fd = os.open('$M/accounts/acme/users/w/memories/drafts/d1/content.md', os.O_CREAT|os.O_WRONLY)
+os.write(fd, b'fsynced draft'); os.fsync(fd); os.close(fd)\"",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    m.kill9();
+    let _ = w.wait();
+    let acked: Vec<u32> = std::fs::read_to_string(&acked)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert!(
+        acked.len() > 10,
+        "too few commits before the kill: {}",
+        acked.len()
+    );
+    m.fsck();
+    m.mount();
+    for i in &acked {
+        assert_eq!(
+            m.ok(
+                0,
+                &format!("cat $M/accounts/acme/users/w/memories/stream/n{i}/content.md")
+            ),
+            format!("content {i}"),
+            "acknowledged commit n{i} lost"
+        );
+    }
+    // No PENDING node is visible; the status shows committed nodes only.
+    let listed = m
+        .ok(0, "ls $M/accounts/acme/users/w/memories/stream")
+        .lines()
+        .count();
+    assert!(
+        listed >= acked.len() && listed <= acked.len() + 1,
+        "listed {listed}, acked {}",
+        acked.len()
+    );
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/w/memories/drafts/d1/content.md"
+        ),
+        "fsynced draft"
+    );
+    m.umount();
+    m.fsck();
+}

@@ -63,10 +63,8 @@ pub enum DirPlace {
 
 /// Is `name` a valid account, user, agent, project, category, slug or skill name?
 pub fn check_name(name: &str) -> Result<()> {
-    if name.len() > MAX_NAME {
-        return Err(Error::NameTooLong);
-    }
-    let ok = !name.is_empty()
+    let ok = name.len() <= MAX_NAME
+        && !name.is_empty()
         && !name.starts_with('.')
         && name
             .bytes()
@@ -75,7 +73,7 @@ pub fn check_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "{name:?} is not a URL-safe name (ASCII letters, digits, _ - ., not starting with .)"
+            "{name:?} is not a URL-safe name (ASCII letters, digits, _ - ., not starting with ., at most {MAX_NAME} bytes)"
         )))
     }
 }

@@ -1,0 +1,230 @@
+//! A real ctxfs mount per test: its own temp dir under /tmp (other uids must
+//! reach it), mounted through /dev/fuse by the real binary, unmounted on drop.
+//! No test skips: if FUSE is missing, mounting fails and the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ctxfs");
+
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+    pub mnt: PathBuf,
+    pub data: PathBuf,
+    pub config: Option<PathBuf>,
+    mounted: bool,
+}
+
+/// A config with acme (writer 1001, reader 1002) and other (writer 1003).
+pub const CONFIG: &str = r#"
+[[account]]
+id = "acme"
+writers = [1001]
+readers = [1002]
+
+[[account]]
+id = "other"
+writers = [1003]
+"#;
+
+pub const WRITER: u32 = 1001;
+pub const READER: u32 = 1002;
+pub const STRANGER: u32 = 1003;
+
+impl Mount {
+    pub fn new() -> Mount {
+        Self::with_config(None)
+    }
+
+    pub fn with_config(config: Option<&str>) -> Mount {
+        let dir = tempfile::Builder::new()
+            .prefix("ctxfs-test-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        chmod(dir.path(), 0o755);
+        let mnt = dir.path().join("mnt");
+        let data = dir.path().join("data");
+        std::fs::create_dir(&mnt).unwrap();
+        chmod(&mnt, 0o755);
+        let config = config.map(|c| {
+            let p = dir.path().join("config.toml");
+            std::fs::write(&p, c).unwrap();
+            p
+        });
+        let mut m = Mount {
+            dir,
+            mnt,
+            data,
+            config,
+            mounted: false,
+        };
+        m.mount();
+        m
+    }
+
+    pub fn mount(&mut self) {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("mount")
+            .arg(&self.mnt)
+            .arg("--data")
+            .arg(&self.data);
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        let out = cmd.output().expect("run ctxfs mount");
+        assert!(
+            out.status.success(),
+            "ctxfs mount failed (is FUSE available? /dev/fuse and fusermount3 are required): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.mounted = true;
+    }
+
+    pub fn umount(&mut self) {
+        let out = Command::new(BIN)
+            .arg("umount")
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "umount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.mounted = false;
+    }
+
+    pub fn daemon_pid(&self) -> i32 {
+        std::fs::read_to_string(self.mnt.join(".ctxfs/pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// SIGKILL the daemon and wait until its mount is gone (auto-unmount).
+    pub fn kill9(&mut self) {
+        let pid = self.daemon_pid();
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while unsafe { libc::kill(pid, 0) } == 0 || is_mounted(&self.mnt) {
+            assert!(Instant::now() < deadline, "killed daemon did not go away");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.mounted = false;
+    }
+
+    /// A file outside the mount that every uid may write.
+    pub fn shared_file(&self, name: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, "").unwrap();
+        chmod(&p, 0o666);
+        p
+    }
+
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// Run a shell script as `uid` (0 = root) with `$M` set to the mountpoint.
+    pub fn sh(&self, uid: u32, script: &str) -> Output {
+        let mut cmd = if uid == 0 {
+            Command::new("/bin/sh")
+        } else {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "/bin/sh",
+            ]);
+            c
+        };
+        cmd.arg("-c")
+            .arg(script)
+            .env("M", &self.mnt)
+            .env("HOME", "/tmp")
+            .current_dir("/tmp")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sh")
+    }
+
+    /// Run and require success; returns stdout.
+    pub fn ok(&self, uid: u32, script: &str) -> String {
+        let o = self.sh(uid, script);
+        assert!(
+            o.status.success(),
+            "as uid {uid}: `{script}` failed ({:?}):\nstdout: {}\nstderr: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Run and require failure whose stderr mentions `msg` (an strerror text).
+    pub fn fails(&self, uid: u32, script: &str, msg: &str) {
+        let o = self.sh(uid, script);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(msg),
+            "as uid {uid}: `{script}` should fail with {msg:?}; status {:?}, stderr: {err}, stdout: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+
+    pub fn fsck(&self) -> String {
+        let out = Command::new(BIN)
+            .arg("fsck")
+            .arg("--data")
+            .arg(&self.data)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "fsck found violations:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new(BIN).arg("umount").arg(&self.mnt).output();
+            if is_mounted(&self.mnt) {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+            }
+        }
+    }
+}
+
+pub fn is_mounted(p: &Path) -> bool {
+    let s = p.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(s.as_str())))
+        .unwrap_or(false)
+}
+
+pub fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The four-step write of seed 000 as a shell script (`/bin/echo` for the
+/// commit so a refused commit fails the script).
+pub fn four_steps(node: &str, content: &str, meta: &str) -> String {
+    format!(
+        "set -e; N=\"$M/accounts/{node}\"; mkdir -p \"$N\"; printf '%s' '{content}' > \"$N/content.md\"; \
+         echo '[]' > \"$N/.relations.json\"; echo 'abstract of {node}' > \"$N/.abstract.md\"; \
+         echo '# overview' > \"$N/.overview.md\"; /bin/echo '{meta}' > \"$N/.meta.json\""
+    )
+}
+
+pub const ACTIVE: &str = r#"{"status":"ACTIVE"}"#;
