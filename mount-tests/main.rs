@@ -169,10 +169,10 @@ fn update_is_invisible_until_commit() {
         "11\n"
     );
     assert!(m
-        .ok(READER, &format!("grep -r 'version' $M/accounts/acme"))
+        .ok(READER, "grep -r 'version' $M/accounts/acme")
         .contains("version one"));
     assert!(!m
-        .ok(READER, &format!("grep -r 'version' $M/accounts/acme"))
+        .ok(READER, "grep -r 'version' $M/accounts/acme")
         .contains("version two"));
     // A reader holding the file open across the commit keeps reading version 1.
     let held = m.shared_file("held");

@@ -14,6 +14,10 @@ pub enum Committed {
     StillPending,
 }
 
+/// A node as one caller sees it: its visible committed record and, for
+/// writers, its draft.
+type NodeView = (Option<NodeRec>, Option<Arc<Mutex<Draft>>>);
+
 /// A file of a node as a commit sees it.
 enum Content {
     New(Vec<u8>, i128, u16),
@@ -172,11 +176,7 @@ impl Fs {
 
     /// The node as `access` sees it: its visible committed record, and its
     /// draft for writers. `NotFound` when neither is there.
-    fn node_for(
-        &self,
-        node: &str,
-        access: Access,
-    ) -> Result<(Option<NodeRec>, Option<Arc<Mutex<Draft>>>)> {
+    fn node_for(&self, node: &str, access: Access) -> Result<NodeView> {
         let rec = self.visible_node(node, access)?;
         let draft = if access == Access::Write {
             self.draft(node)
@@ -986,10 +986,12 @@ impl Fs {
         if name == place::OUTBOX {
             return Err(Error::IsDir);
         }
-        if name == place::COMMIT_ERROR {
-            return Err(Error::NotPermitted("read-only virtual file"));
-        }
         let _g = self.stripe(node);
+        if name == place::COMMIT_ERROR {
+            // Removing the reason acknowledges it (and lets `rm -r` finish).
+            let d = self.draft(node).ok_or(Error::NotFound)?;
+            return lock(&d).error.take().map(|_| ()).ok_or(Error::NotFound);
+        }
         let rec = self.store.get_node(node)?;
         let in_committed = rec.as_ref().and_then(|r| r.file(name)).is_some();
         let draft = match self.draft(node) {

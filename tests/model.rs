@@ -1,0 +1,391 @@
+//! Reference-model test of the commit semantics, on the core without a mount.
+//! Random sequences of writes, unlinks, commits (valid and refused), deletes,
+//! moves, clean restarts and crashes are applied to the real core over a real
+//! redb file and to a small model; after every step the reader's view (only
+//! committed versions) and the writer's view (committed + draft) must match.
+
+use ctxfs::config::Tenancy;
+use ctxfs::core::{inodes::ROOT, Caller, Fs};
+use ctxfs::error::Error;
+use ctxfs::store::{RedbStore, Store};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const WRITER: Caller = Caller { uid: 1, gid: 1 };
+const READER: Caller = Caller { uid: 2, gid: 2 };
+const CAT: &str = "acme/users/u/memories/c";
+const FILES: [&str; 3] = ["content.md", ".abstract.md", ".overview.md"];
+
+fn node(i: u8) -> String {
+    format!("{CAT}/n{i}")
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { n: u8, f: u8, v: u8 },
+    Unlink { n: u8, f: u8 },
+    Commit { n: u8, valid: bool },
+    Delete { n: u8 },
+    Move { a: u8, b: u8 },
+    Restart,
+    Crash,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3u8, 0..3u8, 0..4u8).prop_map(|(n, f, v)| Op::Write { n, f, v }),
+        1 => (0..3u8, 0..3u8).prop_map(|(n, f)| Op::Unlink { n, f }),
+        4 => (0..3u8, proptest::bool::weighted(0.8)).prop_map(|(n, valid)| Op::Commit { n, valid }),
+        1 => (0..3u8).prop_map(|n| Op::Delete { n }),
+        1 => (0..3u8, 0..3u8).prop_map(|(a, b)| Op::Move { a, b }),
+        1 => Just(Op::Restart),
+        1 => Just(Op::Crash),
+    ]
+}
+
+/// A file value in the model; `None` in an overlay is a deletion.
+type Files = BTreeMap<String, String>;
+
+#[derive(Debug, Clone, Default)]
+struct Model {
+    committed: BTreeMap<String, (u32, Files)>,
+    drafts: BTreeMap<String, BTreeMap<String, Option<String>>>,
+    persisted: BTreeMap<String, BTreeMap<String, Option<String>>>,
+}
+
+impl Model {
+    fn writer_view(&self, n: &str) -> Option<Files> {
+        let base = self.committed.get(n).map(|(_, f)| f.clone());
+        let draft = self.drafts.get(n);
+        if base.is_none() && draft.is_none() {
+            return None;
+        }
+        let mut v = base.unwrap_or_default();
+        for (k, val) in draft.into_iter().flatten() {
+            match val {
+                Some(x) => {
+                    v.insert(k.clone(), x.clone());
+                }
+                None => {
+                    v.remove(k);
+                }
+            }
+        }
+        Some(v)
+    }
+}
+
+struct Sut {
+    dir: tempfile::TempDir,
+    store: Arc<RedbStore>,
+    fs: Arc<Fs>,
+}
+
+fn tenancy() -> Tenancy {
+    Tenancy::parse("[[account]]\nid = \"acme\"\nwriters = [1]\nreaders = [2]\n").unwrap()
+}
+
+impl Sut {
+    fn new() -> Sut {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("db.redb")).unwrap();
+        let fs = Fs::new(store.clone() as Arc<dyn Store>, tenancy()).unwrap();
+        Sut { dir, store, fs }
+    }
+
+    fn reopen(&mut self, clean: bool) {
+        if clean {
+            self.fs.persist_all_drafts().unwrap();
+        }
+        self.store.close();
+        // Drop the old core and store (and with them the database file lock).
+        let dir = tempfile::tempdir().unwrap();
+        let placeholder = RedbStore::open(&dir.path().join("p.redb")).unwrap();
+        self.fs = Fs::new(placeholder.clone() as Arc<dyn Store>, tenancy()).unwrap();
+        self.store = placeholder;
+        let store = RedbStore::open(&self.dir.path().join("db.redb")).unwrap();
+        self.fs = Fs::new(store.clone() as Arc<dyn Store>, tenancy()).unwrap();
+        self.store = store;
+    }
+
+    fn resolve(&self, c: Caller, path: &str) -> Result<u64, Error> {
+        let mut ino = ROOT;
+        for comp in std::iter::once("accounts").chain(path.split('/')) {
+            ino = self.fs.lookup(c, ino, comp)?.ino;
+        }
+        Ok(ino)
+    }
+
+    fn list(&self, c: Caller, path: &str) -> Result<Vec<String>, Error> {
+        let ino = self.resolve(c, path)?;
+        let fh = self.fs.opendir(c, ino)?;
+        let names = self
+            .fs
+            .readdir(fh, 0)?
+            .into_iter()
+            .map(|(_, e)| e.name)
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        self.fs.release(fh);
+        Ok(names)
+    }
+
+    fn read(&self, c: Caller, path: &str) -> Result<String, Error> {
+        let ino = self.resolve(c, path)?;
+        let o = self.fs.open(c, ino, libc::O_RDONLY)?;
+        let data = self.fs.read(o.fh, 0, 1 << 20)?;
+        self.fs.release(o.fh);
+        Ok(String::from_utf8(data).unwrap())
+    }
+
+    /// Write a whole file as `echo v > path` would; returns close's result.
+    fn write(&self, c: Caller, n: &str, name: &str, v: &str) -> Result<(), Error> {
+        let dir = self.resolve(c, n)?;
+        let fh = match self.fs.lookup(c, dir, name) {
+            Ok(a) => self.fs.open(c, a.ino, libc::O_WRONLY | libc::O_TRUNC)?.fh,
+            Err(Error::NotFound) => {
+                self.fs
+                    .create(c, dir, name, 0o644, libc::O_WRONLY | libc::O_CREAT)?
+                    .1
+                    .fh
+            }
+            Err(e) => return Err(e),
+        };
+        self.fs.write(fh, 0, v.as_bytes())?;
+        let r = self.fs.flush(fh);
+        self.fs.release(fh);
+        r
+    }
+
+    fn ensure_dir(&self, n: &str) {
+        let mut path = String::new();
+        for comp in n.split('/') {
+            let parent = if path.is_empty() {
+                self.fs.lookup(WRITER, ROOT, "accounts").unwrap().ino
+            } else {
+                self.resolve(WRITER, &path).unwrap()
+            };
+            if self.fs.lookup(WRITER, parent, comp).is_err() {
+                self.fs.mkdir(WRITER, parent, comp).unwrap();
+            }
+            path = if path.is_empty() {
+                comp.to_string()
+            } else {
+                format!("{path}/{comp}")
+            };
+        }
+    }
+}
+
+fn apply(sut: &mut Sut, m: &mut Model, op: &Op) {
+    match *op {
+        Op::Write { n, f, v } => {
+            let n = node(n);
+            sut.ensure_dir(&n);
+            let val = format!("value {v}\n");
+            sut.write(WRITER, &n, FILES[f as usize], &val).unwrap();
+            if !m.drafts.contains_key(&n) {
+                m.drafts.insert(n.clone(), BTreeMap::new());
+            }
+            m.drafts
+                .get_mut(&n)
+                .unwrap()
+                .insert(FILES[f as usize].into(), Some(val));
+        }
+        Op::Unlink { n, f } => {
+            let n = node(n);
+            let name = FILES[f as usize];
+            let has = m.writer_view(&n).is_some_and(|v| v.contains_key(name));
+            let r = sut
+                .resolve(WRITER, &n)
+                .and_then(|d| sut.fs.unlink(WRITER, d, name));
+            assert_eq!(r.is_ok(), has, "unlink {n}/{name}: {r:?}");
+            if has {
+                m.drafts.entry(n).or_default().insert(name.into(), None);
+            }
+        }
+        Op::Commit { n, valid } => {
+            let n = node(n);
+            let Some(view) = m.writer_view(&n) else {
+                return;
+            };
+            let meta = if valid {
+                r#"{"status":"ACTIVE"}"#
+            } else {
+                r#"{"status":"BROKEN"}"#
+            };
+            let r = sut.write(WRITER, &n, ".meta.json", meta);
+            if valid && view.contains_key("content.md") {
+                r.unwrap();
+                let version = m.committed.get(&n).map(|(v, _)| v + 1).unwrap_or(1);
+                m.committed.insert(n.clone(), (version, view));
+                m.drafts.remove(&n);
+                m.persisted.remove(&n);
+            } else {
+                assert!(
+                    matches!(r, Err(Error::BadCommit(_))),
+                    "commit of {n} should be refused: {r:?}"
+                );
+                // The refused .meta.json stays in the draft (not modelled as a file).
+                m.drafts.entry(n).or_default();
+            }
+        }
+        Op::Delete { n } => {
+            let n = node(n);
+            let exists = m.writer_view(&n).is_some();
+            let Ok(dir) = sut.resolve(WRITER, &n) else {
+                assert!(!exists, "{n} should resolve");
+                return;
+            };
+            for name in sut.list(WRITER, &n).unwrap() {
+                sut.fs.unlink(WRITER, dir, &name).unwrap();
+            }
+            let parent = sut.resolve(WRITER, CAT).unwrap();
+            sut.fs
+                .rmdir(WRITER, parent, n.rsplit('/').next().unwrap())
+                .unwrap();
+            m.committed.remove(&n);
+            m.drafts.remove(&n);
+            m.persisted.remove(&n);
+        }
+        Op::Move { a, b } => {
+            let (na, nb) = (node(a), node(b));
+            let Ok(parent) = sut.resolve(WRITER, CAT) else {
+                return;
+            };
+            let r = sut.fs.rename(
+                WRITER,
+                parent,
+                &format!("n{a}"),
+                parent,
+                &format!("n{b}"),
+                false,
+            );
+            let src = m.writer_view(&na).is_some();
+            let dst = m.writer_view(&nb).is_some();
+            if a == b {
+                return;
+            }
+            assert_eq!(r.is_ok(), src && !dst, "move {na} -> {nb}: {r:?}");
+            if r.is_ok() {
+                if let Some((v, f)) = m.committed.remove(&na) {
+                    m.committed.insert(nb.clone(), (v + 1, f));
+                }
+                if let Some(d) = m.drafts.remove(&na) {
+                    m.drafts.insert(nb, d);
+                }
+                m.persisted.remove(&na);
+            }
+        }
+        Op::Restart => {
+            sut.reopen(true);
+            m.persisted = m.drafts.clone();
+        }
+        Op::Crash => {
+            sut.reopen(false);
+            m.drafts = m.persisted.clone();
+        }
+    }
+}
+
+fn check(sut: &Sut, m: &Model) {
+    for i in 0..3 {
+        let n = node(i);
+        // Reader: exactly the committed version, or nothing.
+        match m.committed.get(&n) {
+            Some((version, files)) => {
+                for (name, val) in files {
+                    assert_eq!(
+                        &sut.read(READER, &format!("{n}/{name}")).unwrap(),
+                        val,
+                        "reader {n}/{name}"
+                    );
+                }
+                let mut listed = sut.list(READER, &n).unwrap();
+                listed.retain(|x| x != ".meta.json");
+                assert_eq!(listed.len(), files.len(), "reader listing of {n}");
+                let meta = sut.read(READER, &format!("{n}/.meta.json")).unwrap();
+                let v: serde_json::Value = serde_json::from_str(&meta).unwrap();
+                assert_eq!(v["version"], *version, "{n} version");
+                assert!(sut.list(READER, CAT).unwrap().contains(&format!("n{i}")));
+            }
+            None => {
+                assert_eq!(
+                    sut.resolve(READER, &n).err(),
+                    Some(Error::NotFound),
+                    "reader must not see {n}"
+                );
+                if let Ok(names) = sut.list(READER, CAT) {
+                    assert!(!names.contains(&format!("n{i}")), "reader lists {n}");
+                }
+            }
+        }
+        // Writer: committed + draft.
+        match m.writer_view(&n) {
+            Some(files) => {
+                for (name, val) in &files {
+                    assert_eq!(
+                        &sut.read(WRITER, &format!("{n}/{name}")).unwrap(),
+                        val,
+                        "writer {n}/{name}"
+                    );
+                }
+                for name in FILES {
+                    if !files.contains_key(name) {
+                        assert!(
+                            sut.read(WRITER, &format!("{n}/{name}")).is_err(),
+                            "writer sees deleted {n}/{name}"
+                        );
+                    }
+                }
+            }
+            None => assert!(sut.resolve(WRITER, &n).is_err(), "writer must not see {n}"),
+        }
+    }
+    // Listings of a category never show draft-only nodes.
+    if let Ok(names) = sut.list(WRITER, CAT) {
+        for name in names {
+            assert!(
+                m.committed.contains_key(&format!("{CAT}/{name}")),
+                "listed uncommitted {name}"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn commit_semantics_match_the_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let mut sut = Sut::new();
+        let mut m = Model::default();
+        for op in &ops {
+            apply(&mut sut, &mut m, op);
+            check(&sut, &m);
+        }
+        sut.reopen(true);
+        let v = ctxfs::store::fsck(&sut.store).unwrap();
+        prop_assert!(v.is_empty(), "fsck: {:?}", v);
+    }
+}
+
+#[test]
+fn regression_update_then_delete_then_recreate() {
+    let mut sut = Sut::new();
+    let mut m = Model::default();
+    for op in [
+        Op::Write { n: 0, f: 0, v: 1 },
+        Op::Commit { n: 0, valid: true },
+        Op::Write { n: 0, f: 1, v: 2 },
+        Op::Delete { n: 0 },
+        Op::Write { n: 0, f: 0, v: 3 },
+        Op::Commit { n: 0, valid: true },
+        Op::Crash,
+        Op::Move { a: 0, b: 1 },
+        Op::Restart,
+    ] {
+        apply(&mut sut, &mut m, &op);
+        check(&sut, &m);
+    }
+}
