@@ -285,10 +285,7 @@ mod tests {
         ] {
             assert!(cl(bad).is_err(), "{bad} should be refused");
         }
-        assert_eq!(
-            cl(&format!("acme/users/{}", "a".repeat(129))),
-            Err(Error::NameTooLong)
-        );
+        assert!(matches!(cl(&format!("acme/users/{}", "a".repeat(129))), Err(Error::Invalid(_))));
         assert!(cl(&format!("acme/users/{}", "a".repeat(128))).is_ok());
     }
 
