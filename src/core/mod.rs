@@ -66,6 +66,8 @@ pub struct Opened {
     pub direct_io: bool,
     /// The bytes of this inode never change (a committed version): keep the cache.
     pub keep_cache: bool,
+    /// Nothing happens at close (read-only handles): the kernel may skip FLUSH.
+    pub no_flush: bool,
 }
 
 /// Attribute changes of `setattr`.

@@ -638,7 +638,7 @@ impl Fs {
                     json: self.event(seq, "DELETE_CONTEXT", node, json!({})),
                 },
                 Op::HighWater {
-                    key: "event",
+                    key: "event".into(),
                     value: seq,
                 },
             ]);
@@ -714,6 +714,7 @@ impl Fs {
             fh,
             direct_io: true,
             keep_cache: false,
+            no_flush: !(writable && name == META),
         })
     }
 
@@ -729,6 +730,7 @@ impl Fs {
                 fh,
                 direct_io: true,
                 keep_cache: false,
+                no_flush: true,
             })
         };
         match &key {
@@ -762,6 +764,7 @@ impl Fs {
                     fh,
                     direct_io: false,
                     keep_cache: true,
+                    no_flush: true,
                 })
             }
             Key::Draft { node, name } => {
@@ -1217,7 +1220,7 @@ impl Fs {
                             data: Arc::from(bytes),
                         });
                         ops.push(Op::HighWater {
-                            key: "blob",
+                            key: "blob".into(),
                             value: id,
                         });
                     }
@@ -1256,7 +1259,7 @@ impl Fs {
                     ),
                 },
                 Op::HighWater {
-                    key: "event",
+                    key: "event".into(),
                     value: seq,
                 },
             ]);
@@ -1496,15 +1499,15 @@ impl Fs {
                 path: node.to_string(),
             },
             Op::HighWater {
-                key: "node",
+                key: "node".into(),
                 value: id,
             },
             Op::HighWater {
-                key: "event",
+                key: "event".into(),
                 value: max_seq,
             },
             Op::HighWater {
-                key: "blob",
+                key: "blob".into(),
                 value: max_blob,
             },
         ]);

@@ -285,7 +285,10 @@ mod tests {
         ] {
             assert!(cl(bad).is_err(), "{bad} should be refused");
         }
-        assert!(matches!(cl(&format!("acme/users/{}", "a".repeat(129))), Err(Error::Invalid(_))));
+        assert!(matches!(
+            cl(&format!("acme/users/{}", "a".repeat(129))),
+            Err(Error::Invalid(_))
+        ));
         assert!(cl(&format!("acme/users/{}", "a".repeat(128))).is_ok());
     }
 

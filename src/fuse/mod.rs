@@ -44,6 +44,8 @@ pub fn config(threads: usize) -> Config {
     // Other uids are served; the core decides what each may do.
     c.acl = SessionACL::All;
     c.n_threads = Some(threads);
+    // One /dev/fuse fd per worker: without it, all workers wake on one queue.
+    c.clone_fd = true;
     c
 }
 
@@ -101,6 +103,9 @@ fn fopen(o: &crate::core::Opened) -> FopenFlags {
     }
     if o.keep_cache {
         f |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if o.no_flush {
+        f |= FopenFlags::FOPEN_NOFLUSH;
     }
     f
 }

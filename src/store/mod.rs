@@ -4,6 +4,7 @@
 
 mod fsck;
 mod redb;
+mod wal;
 
 pub use self::fsck::{fsck, Violation};
 pub use self::redb::RedbStore;
@@ -62,8 +63,8 @@ impl NodeRec {
     }
 }
 
-/// One change inside a transaction.
-#[derive(Debug, Clone)]
+/// One change inside a transaction (also the unit of the write-ahead log).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Op {
     PutNode {
         path: String,
@@ -109,7 +110,7 @@ pub enum Op {
     },
     /// Raise an id high-water mark (ids are allocated in memory).
     HighWater {
-        key: &'static str,
+        key: String,
         value: u64,
     },
 }

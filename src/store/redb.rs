@@ -2,9 +2,12 @@
 //! `docs/ARCHITECTURE.md` ("Storage"); `fsck.rs` checks their invariants.
 //!
 //! Writes go through one committer thread that groups the operations of
-//! concurrent callers into one transaction: with N writers committing at once,
-//! the cost of one fsync is shared by N commits.
+//! concurrent callers into one batch: with N writers committing at once, the
+//! cost of one sync is shared by N commits. A batch is made durable by the
+//! write-ahead log (`wal.rs`), then applied to redb without a sync; a
+//! checkpoint (`Immediate` commit, log truncated) runs at least every second.
 
+use super::wal::{Record, Wal};
 use super::{NodeRec, Op, Store, StoredEvent};
 use crate::error::{Error, Result};
 use ::redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -12,6 +15,12 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
+
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+const CHECKPOINT_BYTES: u64 = 64 << 20;
+/// High-water key of the last log record applied to redb.
+const WAL_SEQ: &str = "wal";
 
 /// (parent, name) → postcard `NodeRec` of the current version.
 pub(super) const NODES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("nodes");
@@ -89,11 +98,37 @@ impl RedbStore {
         }
         txn.commit().map_err(se)?;
 
+        // Replay what the log holds beyond redb's last durable state.
+        let (wal, records) = Wal::open(&path.with_extension("wal"))?;
+        let applied = {
+            let t = db.begin_read().map_err(se)?;
+            let hw = t.open_table(HIGH_WATER).map_err(se)?;
+            let v = hw.get(WAL_SEQ).map_err(se)?.map(|g| g.value()).unwrap_or(0);
+            v
+        };
+        let mut seq = applied;
+        let mut replayed = 0;
+        for r in records.iter().filter(|r| r.seq > applied) {
+            apply_record(&db, &r.ops, r.seq, Durability::None)?;
+            seq = r.seq;
+            replayed += 1;
+        }
+        let mut committer = Committer {
+            db: db.clone(),
+            wal,
+            seq,
+            dirty: true,
+            last_checkpoint: Instant::now(),
+        };
+        committer.checkpoint()?;
+        if replayed > 0 {
+            tracing::info!(replayed, "write-ahead log replayed into the store");
+        }
+
         let (tx, rx) = mpsc::channel::<Job>();
-        let cdb = db.clone();
         let committer = thread::Builder::new()
             .name("ctxfs-commit".into())
-            .spawn(move || committer_loop(cdb, rx))
+            .spawn(move || committer.run(rx))
             .map_err(se)?;
         Ok(Arc::new(RedbStore {
             db,
@@ -127,36 +162,99 @@ impl Drop for RedbStore {
     }
 }
 
-fn committer_loop(db: Arc<Database>, rx: mpsc::Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        // Everything that queued while the previous transaction was syncing
-        // rides in this one.
-        while batch.len() < 512 {
-            match rx.try_recv() {
-                Ok(j) => batch.push(j),
-                Err(_) => break,
+struct Committer {
+    db: Arc<Database>,
+    wal: Wal,
+    seq: u64,
+    dirty: bool,
+    last_checkpoint: Instant,
+}
+
+impl Committer {
+    fn run(mut self, rx: mpsc::Receiver<Job>) {
+        loop {
+            match rx.recv_timeout(CHECKPOINT_EVERY) {
+                Ok(first) => {
+                    let mut batch = vec![first];
+                    // Everything that queued while the previous batch was
+                    // syncing rides in this one.
+                    while batch.len() < 512 {
+                        match rx.try_recv() {
+                            Ok(j) => batch.push(j),
+                            Err(_) => break,
+                        }
+                    }
+                    let result = self.batch(&mut batch);
+                    if let Err(e) = &result {
+                        tracing::error!(error = %e, jobs = batch.len(), "store batch failed");
+                    }
+                    for j in batch {
+                        let _ = j.done.send(result.clone());
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            let due = self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+                || self.wal.bytes() >= CHECKPOINT_BYTES;
+            if self.dirty && due {
+                if let Err(e) = self.checkpoint() {
+                    tracing::error!(error = %e, "checkpoint failed; the log keeps the changes");
+                }
             }
         }
+        if let Err(e) = self.checkpoint() {
+            tracing::error!(error = %e, "final checkpoint failed; the log keeps the changes");
+        }
+    }
+
+    fn batch(&mut self, batch: &mut [Job]) -> Result<()> {
         let durable = batch.iter().any(|j| j.durable);
-        let result = run_batch(&db, &batch, durable);
-        if let Err(e) = &result {
-            tracing::error!(error = %e, jobs = batch.len(), "store transaction failed");
+        let ops: Vec<Op> = batch
+            .iter_mut()
+            .flat_map(|j| std::mem::take(&mut j.ops))
+            .collect();
+        let rec = Record {
+            seq: self.seq + 1,
+            ops,
+        };
+        let before = self.wal.bytes();
+        self.wal.append(&rec, durable)?;
+        if let Err(e) = apply_record(&self.db, &rec.ops, rec.seq, Durability::None) {
+            // Not applied: the log must not replay it either.
+            let _ = self.wal.rewind(before);
+            return Err(e);
         }
-        for j in batch {
-            let _ = j.done.send(result.clone());
+        self.seq = rec.seq;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Make redb durable up to the last applied record, then drop the log.
+    fn checkpoint(&mut self) -> Result<()> {
+        if self.dirty {
+            apply_record(&self.db, &[], self.seq, Durability::Immediate)?;
+            self.wal.truncate()?;
+            self.dirty = false;
         }
+        self.last_checkpoint = Instant::now();
+        Ok(())
     }
 }
 
-fn run_batch(db: &Database, batch: &[Job], durable: bool) -> Result<()> {
+/// Apply ops in one redb transaction, recording the log sequence number.
+fn apply_record(db: &Database, ops: &[Op], seq: u64, durability: Durability) -> Result<()> {
     let mut txn = db.begin_write().map_err(se)?;
-    txn.set_durability(if durable {
-        Durability::Immediate
-    } else {
-        Durability::None
-    })
-    .map_err(se)?;
+    txn.set_durability(durability).map_err(se)?;
+    apply_ops(&txn, ops)?;
+    {
+        let mut hw = txn.open_table(HIGH_WATER).map_err(se)?;
+        hw.insert(WAL_SEQ, seq).map_err(se)?;
+    }
+    txn.commit().map_err(se)
+}
+
+fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
     {
         let mut nodes = txn.open_table(NODES).map_err(se)?;
         let mut dirs = txn.open_table(DIRS).map_err(se)?;
@@ -167,7 +265,7 @@ fn run_batch(db: &Database, batch: &[Job], durable: bool) -> Result<()> {
         let mut drafts = txn.open_table(DRAFTS).map_err(se)?;
         let mut counters = txn.open_table(COUNTERS).map_err(se)?;
         let mut hw = txn.open_table(HIGH_WATER).map_err(se)?;
-        for op in batch.iter().flat_map(|j| j.ops.iter()) {
+        for op in ops {
             match op {
                 Op::PutNode { path, rec } => {
                     nodes
@@ -241,15 +339,16 @@ fn run_batch(db: &Database, batch: &[Job], durable: bool) -> Result<()> {
                 }
                 Op::Count { key, delta } => add(&mut counters, key, *delta)?,
                 Op::HighWater { key, value } => {
-                    let cur = hw.get(*key).map_err(se)?.map(|g| g.value()).unwrap_or(0);
+                    let key: &str = key;
+                    let cur = hw.get(key).map_err(se)?.map(|g| g.value()).unwrap_or(0);
                     if *value > cur {
-                        hw.insert(*key, *value).map_err(se)?;
+                        hw.insert(key, *value).map_err(se)?;
                     }
                 }
             }
         }
     }
-    txn.commit().map_err(se)
+    Ok(())
 }
 
 fn add(t: &mut ::redb::Table<&str, i64>, key: &str, delta: i64) -> Result<()> {

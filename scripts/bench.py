@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""ctxfs benchmarks, each printed as a ratio against a baseline measured in the
+same run on a plain local directory on the same disk.
+
+  tree   N ACTIVE nodes (5 files, ~1 KB content): find, grep -r, cat every
+         .abstract.md; warm cache and right after mount (local: caches dropped)
+  commit four-step durable commits, 1 and 8 writers (local: one fsync per node)
+  big    M nodes in one category: create / lookup / listing cost per entry at
+         1k, 10k, ... M; mount time and daemon RSS after a full find
+
+Usage: scripts/bench.py [--nodes N] [--big M] [--only tree,commit,big]
+"""
+import argparse
+import multiprocessing as mp
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "ctxfs")
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+         "november oscar papa quebec romeo sierra tango uniform victor whiskey xray").split()
+
+
+def content(i):
+    rnd = random.Random(i)
+    body = " ".join(rnd.choice(WORDS) for _ in range(170))
+    extra = " needle" if i % 100 == 0 else ""
+    return f"# note {i}\n{body}{extra}\n"[:1024]
+
+
+def node_rel(i, per_cat=100):
+    return f"acme/users/u{i % 10}/memories/c{(i // 10) % max(1, per_cat)}/n{i}"
+
+
+def write_node(base, rel, i, durable_local):
+    n = os.path.join(base, rel)
+    os.makedirs(n, exist_ok=True)
+    files = [("content.md", content(i)), (".relations.json", "[]\n"),
+             (".abstract.md", f"abstract {i}\n"), (".overview.md", f"# overview {i}\n")]
+    for name, data in files:
+        with open(os.path.join(n, name), "w") as f:
+            f.write(data)
+    fd = os.open(os.path.join(n, ".meta.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b'{"status":"ACTIVE"}\n')
+    if durable_local:
+        os.fsync(fd)  # the local baseline's one fsync per node
+    os.close(fd)      # on ctxfs: the commit point, durable when close returns
+
+
+def _writer(args):
+    base, ids, durable_local, rel_fn = args
+    for i in ids:
+        write_node(base, rel_fn(i), i, durable_local)
+    return len(ids)
+
+
+def rel_flat(i):
+    return f"acme/agents/bot/memories/events/e{i:07d}"
+
+
+def populate(base, ids, writers, durable_local, rel_fn=node_rel):
+    chunks = [ids[k::writers] for k in range(writers)]
+    t = time.perf_counter()
+    if writers == 1:
+        _writer((base, ids, durable_local, rel_fn))
+    else:
+        with mp.Pool(writers) as p:
+            p.map(_writer, [(base, c, durable_local, rel_fn) for c in chunks])
+    return time.perf_counter() - t
+
+
+class Ctxfs:
+    def __init__(self, work):
+        self.mnt = os.path.join(work, "mnt")
+        self.data = os.path.join(work, "data")
+        os.makedirs(self.mnt, exist_ok=True)
+
+    def mount(self):
+        t = time.perf_counter()
+        subprocess.run([BIN, "mount", self.mnt, "--data", self.data], check=True,
+                       stdout=subprocess.DEVNULL)
+        return time.perf_counter() - t
+
+    def umount(self):
+        subprocess.run([BIN, "umount", self.mnt], check=True, stdout=subprocess.DEVNULL)
+
+    def pid(self):
+        with open(os.path.join(self.mnt, ".ctxfs/pid")) as f:
+            return int(f.read())
+
+    def rss_mb(self):
+        with open(f"/proc/{self.pid()}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def base(self):
+        return os.path.join(self.mnt, "accounts")
+
+
+def drop_caches():
+    subprocess.run(["sync"])
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        print(f"  (cannot drop caches: {e})")
+
+
+def timed(cmd, reps=3):
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        subprocess.run(cmd, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+TREE_OPS = {
+    "find": "find {d} | wc -l",
+    "grep -r": "grep -r needle {d} | wc -l",
+    "cat .abstract.md": "find {d} -name .abstract.md -exec cat {{}} + | wc -l",
+}
+
+
+def report(rows, title):
+    print(f"\n{title}")
+    print(f"  {'workload':34} {'local':>10} {'ctxfs':>10} {'ratio':>8}")
+    for name, local, fs, unit in rows:
+        if unit == "s":
+            print(f"  {name:34} {local:9.3f}s {fs:9.3f}s {fs / local:7.2f}x")
+        else:
+            print(f"  {name:34} {local:8.0f}/s {fs:8.0f}/s {fs / local:7.2f}x")
+
+
+def bench_tree(work, n):
+    local = os.path.join(work, "local")
+    fs = Ctxfs(work)
+    fs.mount()
+    ids = list(range(n))
+    tl = populate(local, ids, 8, False)
+    tf = populate(fs.base(), ids, 8, False)
+    print(f"  populated {n} nodes: local {tl:.1f}s, ctxfs {tf:.1f}s")
+    rows = []
+    for name, cmd in TREE_OPS.items():
+        timed(cmd.format(d=local), 1)
+        timed(cmd.format(d=fs.base()), 1)
+        rows.append((f"{name} (warm)", timed(cmd.format(d=local)), timed(cmd.format(d=fs.base())), "s"))
+    for name, cmd in TREE_OPS.items():
+        drop_caches()
+        tl = timed(cmd.format(d=local), 1)
+        fs.umount()
+        drop_caches()
+        fs.mount()
+        tf = timed(cmd.format(d=fs.base()), 1)
+        rows.append((f"{name} (after mount / cold)", tl, tf, "s"))
+    report(rows, f"tree: {n} ACTIVE nodes, 5 files each")
+    fs.umount()
+
+
+def bench_commit(work, n):
+    rows = []
+    for writers in (1, 8):
+        local = os.path.join(work, f"clocal{writers}")
+        fs = Ctxfs(os.path.join(work, f"c{writers}"))
+        fs.mount()
+        ids = list(range(n))
+        tl = populate(local, ids, writers, True)
+        tf = populate(fs.base(), ids, writers, False)
+        rows.append((f"commits/s, {writers} writer(s)", n / tl, n / tf, "rate"))
+        fs.umount()
+    report(rows, f"commit: {n} four-step commits, each durable")
+
+
+def bench_big(work, total):
+    fs = Ctxfs(os.path.join(work, "big"))
+    local = os.path.join(work, "biglocal")
+    fs.mount()
+    marks = [m for m in (1000, 10000, 100000, 1000000) if m <= total]
+    done = 0
+    rows = []
+    cat_l = os.path.join(local, "acme/agents/bot/memories/events")
+    cat_f = os.path.join(fs.base(), "acme/agents/bot/memories/events")
+    for m in marks:
+        batch = list(range(done, m))
+        # the cost of the last 1000 creates before the mark
+        head, tail = batch[:-1000], batch[-1000:]
+        if head:
+            populate(local, head, 8, False, rel_flat)
+            populate(fs.base(), head, 8, False, rel_flat)
+        tl = populate(local, tail, 8, False, rel_flat)
+        tf = populate(fs.base(), tail, 8, False, rel_flat)
+        rows.append((f"create/s at {m} entries", len(tail) / tl, len(tail) / tf, "rate"))
+        sample = [rel_flat(random.randrange(m)) for _ in range(2000)]
+        def stat_all(base):
+            t = time.perf_counter()
+            for r in sample:
+                os.stat(os.path.join(base, r, "content.md"))
+            return len(sample) / (time.perf_counter() - t)
+        rows.append((f"lookup/s at {m} entries", stat_all(local), stat_all(fs.base()), "rate"))
+        def ls(d):
+            t = time.perf_counter()
+            k = len(os.listdir(d))
+            return k / (time.perf_counter() - t)
+        rows.append((f"listing entries/s at {m} entries", ls(cat_l), ls(cat_f), "rate"))
+        done = m
+    report(rows, f"big: up to {total} nodes in one category")
+    fs.umount()
+    t = fs.mount()
+    print(f"\n  mount ready with {total} nodes stored: {t * 1000:.0f} ms (target < 1000 ms)")
+    t0 = time.perf_counter()
+    subprocess.run(f"find {fs.base()} | wc -l", shell=True, check=True, stdout=subprocess.DEVNULL)
+    print(f"  full find: {time.perf_counter() - t0:.1f}s; daemon RSS after it: {fs.rss_mb():.0f} MB (target < 300 MB)")
+    fs.umount()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=10000)
+    ap.add_argument("--commits", type=int, default=1000)
+    ap.add_argument("--big", type=int, default=100000)
+    ap.add_argument("--only", default="tree,commit,big")
+    ap.add_argument("--work", default=os.environ.get("BENCH_DIR", "/var/tmp/ctxfs-bench"))
+    a = ap.parse_args()
+    if not os.path.exists(BIN):
+        sys.exit(f"{BIN} missing: run `cargo build --release` (make bench does)")
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    print(f"ctxfs bench: work dir {a.work} (local baseline on the same disk)")
+    only = a.only.split(",")
+    try:
+        if "tree" in only:
+            bench_tree(os.path.join(a.work, "tree"), a.nodes)
+        if "commit" in only:
+            bench_commit(os.path.join(a.work, "commit"), a.commits)
+        if "big" in only:
+            bench_big(os.path.join(a.work, "big"), a.big)
+    finally:
+        subprocess.run(f"for m in $(grep {a.work} /proc/mounts | cut -d' ' -f2); do {BIN} umount $m || umount -l $m; done",
+                       shell=True, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        shutil.rmtree(a.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
