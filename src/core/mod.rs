@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::store::{NodeRec, Op, Status, Store};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Largest file a node may hold (a write past it fails with EFBIG).
@@ -49,6 +49,11 @@ pub struct Attr {
     pub gid: u32,
     pub mtime: SystemTime,
     pub ctime: SystemTime,
+    /// The same answer holds for every caller allowed into the account, so
+    /// the kernel may cache it (its dentry and attribute caches are shared by
+    /// all uids). Answers that depend on the caller (account-level entries,
+    /// drafts, PENDING and BROKEN nodes, virtual files) are never cached.
+    pub shared: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,8 +132,15 @@ pub struct Fs {
     next_node: AtomicU64,
     next_event: AtomicU64,
     started: SystemTime,
+    /// Owner shown on every file: attributes must not depend on the caller.
+    owner: (u32, u32),
+    /// Kernel dentries to drop (parent inode, name), sent to the invalidation
+    /// thread; with a reply channel, the sender waits until it is done.
+    inval: Mutex<Option<mpsc::Sender<Inval>>>,
     pub stats: Stats,
 }
+
+type Inval = (Vec<(u64, String)>, Option<mpsc::SyncSender<()>>);
 
 pub fn now_ns() -> i128 {
     SystemTime::now()
@@ -174,6 +186,8 @@ impl Fs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             started: SystemTime::now(),
+            owner: unsafe { (libc::geteuid(), libc::getegid()) },
+            inval: Mutex::new(None),
             stats: Stats::default(),
         };
         for (path, bytes) in fs.store.drafts()? {
@@ -334,6 +348,59 @@ impl Fs {
         all.dedup();
         all.retain(|a| self.access_of(caller, a) != Access::None);
         Ok(all)
+    }
+
+    // ---- kernel cache invalidation -----------------------------------------
+
+    /// Install the function that drops a kernel dentry (the FUSE notifier).
+    /// It runs on its own thread: notifying from inside a request that holds
+    /// the directory's lock in the kernel would deadlock.
+    pub fn set_invalidator(&self, f: impl Fn(u64, &str) + Send + 'static) {
+        let (tx, rx) = mpsc::channel::<Inval>();
+        let spawned = std::thread::Builder::new()
+            .name("ctxfs-inval".into())
+            .spawn(move || {
+                for (entries, done) in rx {
+                    for (parent, name) in entries {
+                        f(parent, &name);
+                    }
+                    if let Some(d) = done {
+                        let _ = d.send(());
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => *lock(&self.inval) = Some(tx),
+            Err(e) => tracing::error!(error = %e, "no invalidation thread; caching stays off"),
+        }
+    }
+
+    /// Is anything cached by the kernel at all (an invalidator is installed)?
+    pub fn caching(&self) -> bool {
+        lock(&self.inval).is_some()
+    }
+
+    /// Drop the kernel's dentries for `names` in directory `dir` (if the
+    /// kernel knows it). With `wait`, return once done: only call it so
+    /// when holding no lock a FUSE request may need.
+    fn invalidate(&self, dir: &str, names: &[&str], wait: bool) {
+        let Some(parent) = lock(&self.inodes).peek(&Key::Dir(Arc::from(dir))) else {
+            tracing::trace!(dir, "invalidate: directory unknown to the kernel");
+            return;
+        };
+        tracing::trace!(dir, parent, ?names, wait, "invalidate");
+        let entries = names.iter().map(|n| (parent, n.to_string())).collect();
+        let Some(tx) = lock(&self.inval).clone() else {
+            return;
+        };
+        if wait {
+            let (done, waited) = mpsc::sync_channel(1);
+            if tx.send((entries, Some(done))).is_ok() {
+                let _ = waited.recv_timeout(Duration::from_secs(5));
+            }
+        } else {
+            let _ = tx.send((entries, None));
+        }
     }
 
     // ---- persistence of drafts --------------------------------------------

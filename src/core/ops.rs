@@ -24,6 +24,9 @@ enum Content {
     Keep(crate::store::FileRec),
 }
 
+/// Entries handed to one readdir reply at most (a reply buffer holds fewer).
+const READDIR_BATCH: usize = 1024;
+
 fn arc(s: &str) -> Arc<str> {
     Arc::from(s)
 }
@@ -56,65 +59,67 @@ fn write_lock(f: &RwLock<DFile>) -> std::sync::RwLockWriteGuard<'_, DFile> {
 impl Fs {
     // ---- attributes --------------------------------------------------------
 
-    fn dir_attr(&self, c: Caller, ino: u64, writable: bool, mtime: SystemTime) -> Attr {
+    fn dir_attr(&self, ino: u64, perm: u16, mtime: SystemTime, shared: bool) -> Attr {
         Attr {
             ino,
             kind: Kind::Dir,
             size: 0,
-            perm: if writable { 0o755 } else { 0o555 },
-            uid: c.uid,
-            gid: c.gid,
+            perm,
+            uid: self.owner.0,
+            gid: self.owner.1,
             mtime,
             ctime: mtime,
+            shared,
         }
     }
 
-    fn file_attr(
-        &self,
-        c: Caller,
-        ino: u64,
-        size: u64,
-        mode: u16,
-        writable: bool,
-        mtime: SystemTime,
-    ) -> Attr {
-        let mode = if mode == 0 { 0o644 } else { mode & 0o7777 };
+    fn file_attr(&self, ino: u64, size: u64, mode: u16, mtime: SystemTime, shared: bool) -> Attr {
         Attr {
             ino,
             kind: Kind::File,
             size,
-            perm: if writable { mode } else { mode & !0o222 },
-            uid: c.uid,
-            gid: c.gid,
+            perm: if mode == 0 { 0o644 } else { mode & 0o7777 },
+            uid: self.owner.0,
+            gid: self.owner.1,
             mtime,
             ctime: mtime,
+            shared,
         }
     }
 
     /// Attributes of `key` as `c` sees it; `NotFound` when it is not there for `c`.
+    /// Attributes never depend on the caller (see `Attr::shared`); whether
+    /// the thing is there at all may.
     fn attr_of(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
         match key {
             Key::Root | Key::Accounts | Key::CtxfsDir => {
-                Ok(self.dir_attr(c, ino, false, self.started))
+                Ok(self.dir_attr(ino, 0o555, self.started, true))
             }
-            Key::CtxfsFile(_) => Ok(self.file_attr(c, ino, 0, 0o444, false, SystemTime::now())),
+            Key::CtxfsFile(_) => Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false)),
             Key::Dir(path) => {
                 let comps = place::split(path);
                 let access = self.gate(c, comps[0], false)?;
-                let writable = access == Access::Write;
+                // Whether an account is there depends on the caller.
+                let shared = comps.len() > 1;
                 match place::classify_dir(&comps)? {
                     DirPlace::Node => {
                         let (rec, draft) = self.node_for(path, access)?;
-                        let mtime = match (&draft, &rec) {
-                            (Some(d), _) => time_of(lock(d).modified_ns),
-                            (None, Some(r)) => time_of(r.updated_ns),
-                            (None, None) => return Err(Error::NotFound),
-                        };
-                        Ok(self.dir_attr(c, ino, writable, mtime))
+                        match (&rec, &draft) {
+                            (Some(r), _) if r.status != Status::Broken => {
+                                Ok(self.dir_attr(ino, 0o755, time_of(r.updated_ns), shared))
+                            }
+                            (_, Some(d)) => {
+                                Ok(self.dir_attr(ino, 0o755, time_of(lock(d).modified_ns), false))
+                            }
+                            (Some(r), None) => {
+                                Ok(self.dir_attr(ino, 0o755, time_of(r.updated_ns), false))
+                            }
+                            (None, None) => Err(Error::NotFound),
+                        }
                     }
                     _ => {
                         if self.dir_present(path, &comps)? {
-                            Ok(self.dir_attr(c, ino, writable, self.started))
+                            Ok(self.dir_attr(ino, 0o755, self.started, shared))
                         } else {
                             Err(Error::NotFound)
                         }
@@ -130,32 +135,26 @@ impl Fs {
                 let access = self.gate(c, Self::account_of(node), false)?;
                 let rec = self.version_rec(node, *id, *version, access)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
-                Ok(self.file_attr(
-                    c,
-                    ino,
-                    f.size,
-                    f.mode,
-                    access == Access::Write,
-                    time_of(f.mtime_ns),
-                ))
+                let shared = rec.status != Status::Broken;
+                Ok(self.file_attr(ino, f.size, f.mode, time_of(f.mtime_ns), shared))
             }
             Key::Draft { node, name } => {
                 let file = self.draft_file(c, node, name)?;
                 let f = read_lock(&file);
-                Ok(self.file_attr(c, ino, f.data.len() as u64, f.mode, true, f.mtime))
+                Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
             }
             Key::CommitError(node) => {
                 let text = self.commit_error_text(c, node)?;
-                Ok(self.file_attr(c, ino, text.len() as u64, 0o444, false, SystemTime::now()))
+                Ok(self.file_attr(ino, text.len() as u64, 0o444, SystemTime::now(), false))
             }
             Key::Outbox(node) | Key::OutboxDlq(node) => {
                 let access = self.gate(c, Self::account_of(node), false)?;
                 self.node_for(node, access)?;
-                Ok(self.dir_attr(c, ino, false, self.started))
+                Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
             Key::Event { node, seq } => {
                 let json = self.event_json(c, node, *seq)?;
-                Ok(self.file_attr(c, ino, json.len() as u64, 0o444, false, self.started))
+                Ok(self.file_attr(ino, json.len() as u64, 0o444, self.started, false))
             }
         }
     }
@@ -342,14 +341,7 @@ impl Fs {
             if let Ok(h) = self.handle(fh) {
                 if let Handle::Draft(d) = &*h {
                     let f = read_lock(&d.file);
-                    return Ok(self.file_attr(
-                        c,
-                        ino,
-                        f.data.len() as u64,
-                        f.mode,
-                        d.writable,
-                        f.mtime,
-                    ));
+                    return Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false));
                 }
             }
         }
@@ -490,10 +482,12 @@ impl Fs {
         let Handle::Dir(entries) = &*h else {
             return Err(Error::BadHandle);
         };
+        // One reply holds a few hundred entries; never copy the whole rest.
         Ok(entries
             .iter()
             .enumerate()
             .skip(offset as usize)
+            .take(READDIR_BATCH)
             .map(|(i, e)| (i as u64 + 1, e.clone()))
             .collect())
     }
@@ -682,6 +676,10 @@ impl Fs {
         };
         d.files.insert(name.to_string(), Slot::File(file.clone()));
         d.touch();
+        if rec.as_ref().and_then(|r| r.file(name)).is_some() {
+            // The writer's next lookup must find the draft, not the cached version.
+            self.invalidate(node, &[name], false);
+        }
         Ok(file)
     }
 
@@ -951,7 +949,7 @@ impl Fs {
             }
         }
         let f = read_lock(&file);
-        Ok(self.file_attr(c, ino, f.data.len() as u64, f.mode, true, f.mtime))
+        Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
     }
 
     pub fn access(&self, c: Caller, ino: u64, mask: i32) -> Result<()> {
@@ -1151,6 +1149,8 @@ impl Fs {
                 }
                 return Err(e);
             }
+            // The kernel holds this directory's lock until rename returns.
+            self.invalidate(dn, &NODE_FILES, false);
         }
         Ok(())
     }
@@ -1275,6 +1275,12 @@ impl Fs {
             }
             drafts.insert(dst.to_string(), d);
         }
+        drop(drafts);
+        // The kernel moved its dentry to an inode named by the old path.
+        for path in [src, dst] {
+            let (parent, name) = place::parent_name(path);
+            self.invalidate(parent, &[name], false);
+        }
         self.stats.moves.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -1291,14 +1297,20 @@ impl Fs {
     /// Commit the draft of `node`; `closing` is the file whose close commits
     /// (its own open reference does not keep it in the draft).
     pub fn commit(&self, node: &str, closing: Option<&Arc<RwLock<DFile>>>) -> Result<Committed> {
-        let _g = self.stripe(node);
-        match self.draft(node) {
-            Some(d) => self.commit_locked(node, &d, None, closing),
-            None => Ok(Committed::StillPending),
+        let done = {
+            let _g = self.stripe(node);
+            match self.draft(node) {
+                Some(d) => self.commit_locked(node, &d, None, closing)?,
+                None => Committed::StillPending,
+            }
+        };
+        if let Committed::Version(_) = done {
+            // Readers must meet the new version as soon as close returns.
+            self.invalidate(node, &NODE_FILES, true);
         }
+        Ok(done)
     }
 
-    /// Turn the draft of `node` into its next version (caller holds the stripe).
     /// With `broken`, the files as they are become a BROKEN version (Repair Job).
     pub(super) fn commit_locked(
         &self,

@@ -14,11 +14,19 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// Every answer depends on the caller's uid (tenancy, drafts), and the
-/// kernel's dentry and attribute caches are shared by all uids: nothing may
-/// be cached by name. Committed file contents are cached (their inode names
-/// one immutable version).
-const TTL: Duration = Duration::ZERO;
+/// The kernel's dentry and attribute caches are shared by all uids, while
+/// some answers depend on the caller (tenancy, drafts): those get TTL 0.
+/// Answers the core marks `shared` (the same for every caller allowed into
+/// the account) are cached this long; commits and moves invalidate them.
+const TTL_SHARED: Duration = Duration::from_secs(10);
+
+fn ttl(a: &Attr) -> Duration {
+    if a.shared {
+        TTL_SHARED
+    } else {
+        Duration::ZERO
+    }
+}
 
 pub struct Adapter {
     fs: Arc<Fs>,
@@ -54,7 +62,15 @@ pub fn spawn(
     mountpoint: &Path,
     threads: usize,
 ) -> std::io::Result<fuser::BackgroundSession> {
-    fuser::spawn_mount(Adapter::new(fs), mountpoint, &config(threads))
+    let session = fuser::spawn_mount(Adapter::new(fs.clone()), mountpoint, &config(threads))?;
+    let notifier = session.notifier();
+    fs.set_invalidator(move |parent, name| {
+        // fuser already treats ENOENT (no such dentry) as done.
+        if let Err(e) = notifier.inval_entry(INodeNo(parent), OsStr::new(name)) {
+            tracing::debug!(parent, name, error = %e, "inval_entry failed");
+        }
+    });
+    Ok(session)
 }
 
 fn caller(req: &Request) -> Caller {
@@ -134,7 +150,7 @@ impl Filesystem for Adapter {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_or!(name, reply);
         match self.fs.lookup(caller(req), parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
             Err(e) => reply.error(errno("lookup", &e)),
         }
     }
@@ -145,7 +161,7 @@ impl Filesystem for Adapter {
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(caller(req), ino.0, fh.map(|f| f.0)) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
             Err(e) => reply.error(errno("getattr", &e)),
         }
     }
@@ -176,7 +192,7 @@ impl Filesystem for Adapter {
             mtime: mtime.map(time),
         };
         match self.fs.setattr(caller(req), ino.0, fh.map(|f| f.0), sa) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
             Err(e) => reply.error(errno("setattr", &e)),
         }
     }
@@ -193,7 +209,7 @@ impl Filesystem for Adapter {
     ) {
         let name = name_or!(name, reply);
         match self.fs.mknod(caller(req), parent.0, name, mode) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
             Err(e) => reply.error(errno("mknod", &e)),
         }
     }
@@ -209,7 +225,7 @@ impl Filesystem for Adapter {
     ) {
         let name = name_or!(name, reply);
         match self.fs.mkdir(caller(req), parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
             Err(e) => reply.error(errno("mkdir", &e)),
         }
     }
@@ -453,9 +469,13 @@ impl Filesystem for Adapter {
     ) {
         let name = name_or!(name, reply);
         match self.fs.create(caller(req), parent.0, name, mode, flags) {
-            Ok((a, o)) => {
-                reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(o.fh), fopen(&o))
-            }
+            Ok((a, o)) => reply.created(
+                &ttl(&a),
+                &fattr(&a),
+                Generation(0),
+                FileHandle(o.fh),
+                fopen(&o),
+            ),
             Err(e) => reply.error(errno("create", &e)),
         }
     }
