@@ -799,3 +799,125 @@ os.write(fd, b'fsynced draft'); os.fsync(fd); os.close(fd)\"",
     m.umount();
     m.fsck();
 }
+
+#[test]
+fn sigterm_unmounts_cleanly_and_saves_drafts() {
+    let mut m = Mount::new();
+    m.ok(0, &four_steps(N1, "kept", ACTIVE));
+    m.ok(0, "mkdir -p $M/accounts/acme/users/alice/memories/events/wip && echo draft > $M/accounts/acme/users/alice/memories/events/wip/content.md");
+    let pid = m.daemon_pid();
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while unsafe { libc::kill(pid, 0) } == 0 || is_mounted(&m.mnt) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon did not exit on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    m.fsck();
+    m.mount();
+    assert_eq!(m.ok(0, &format!("cat $M/accounts/{N1}/content.md")), "kept");
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/alice/memories/events/wip/content.md"
+        ),
+        "draft\n"
+    );
+}
+
+#[test]
+fn repair_job_branches() {
+    let mut m = Mount::new();
+    let base = "$M/accounts/acme/users/r/memories/rep";
+    // fsync'd drafts in the states of seed 000's failure table.
+    let py = |node: &str, files: &[&str]| {
+        let writes: String = files
+            .iter()
+            .map(|f| {
+                let body = match *f {
+                    ".relations.json" => "[]",
+                    ".meta.json" => "{\"status\": \"PENDING\"}",
+                    _ => "text",
+                };
+                format!("w('{f}', '{body}')\n")
+            })
+            .collect();
+        format!(
+            "mkdir -p {base}/{node} && /usr/bin/python3 - <<'EOF'\nimport os\nd = os.path.expandvars('{base}/{node}')\n\
+             def w(n, t):\n    fd = os.open(os.path.join(d, n), os.O_CREAT | os.O_WRONLY | os.O_TRUNC)\n    os.write(fd, t.encode()); os.fsync(fd); os.close(fd)\n{writes}EOF"
+        )
+    };
+    let all = [
+        "content.md",
+        ".relations.json",
+        ".abstract.md",
+        ".overview.md",
+    ];
+    m.ok(0, &py("orphan", &["content.md"]));
+    m.ok(0, &py("complete", &all));
+    m.ok(
+        0,
+        &py("pending_meta", &[&all[..], &[".meta.json"]].concat()),
+    );
+    m.ok(
+        0,
+        &py("partial", &["content.md", ".relations.json", ".meta.json"]),
+    );
+    m.ok(0, &py("nothing", &[".abstract.md"]));
+    m.kill9();
+    let out = std::process::Command::new(BIN)
+        .args(["repair", "--data", m.data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("rep/orphan: orphan content.md, .meta.json recreated"),
+        "{report}"
+    );
+    assert!(report.contains("rep/orphan: PENDING with missing .relations.json, .abstract.md, .overview.md; marked BROKEN"), "{report}");
+    assert!(
+        report.contains("rep/complete: PENDING with all files, activated as version 1"),
+        "{report}"
+    );
+    assert!(
+        report.contains("rep/pending_meta: PENDING with all files, activated"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "rep/partial: PENDING with missing .abstract.md, .overview.md; marked BROKEN"
+        ),
+        "{report}"
+    );
+    assert!(!report.contains("rep/nothing"), "{report}");
+    m.fsck();
+    m.mount();
+    // Activated nodes are ACTIVE; BROKEN ones are shown to writers only.
+    assert_eq!(
+        m.ok(0, &format!("ls {base}")),
+        "complete\norphan\npartial\npending_meta\n"
+    );
+    assert!(m
+        .ok(0, &format!("cat {base}/partial/.meta.json"))
+        .contains("\"BROKEN\""));
+    assert!(m
+        .ok(0, &format!("cat {base}/partial/.meta.json"))
+        .contains("broken_reason"));
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["ACTIVE"], 2);
+    assert_eq!(s["nodes"]["BROKEN"], 2);
+    // A BROKEN node is fixed by rewriting it.
+    m.ok(0, &format!("echo a > {base}/partial/.abstract.md; echo o > {base}/partial/.overview.md; /bin/echo '{ACTIVE}' > {base}/partial/.meta.json"));
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["BROKEN"], 1);
+    // A second repair has nothing to do.
+    m.umount();
+    let out = std::process::Command::new(BIN)
+        .args(["repair", "--data", m.data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("repair: 0 action(s)"));
+}
