@@ -152,6 +152,22 @@ impl Mount {
             .expect("run sh")
     }
 
+    /// Start a shell script as `uid` in the background.
+    pub fn spawn_as(&self, uid: u32, script: &str) -> std::process::Child {
+        Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "/bin/sh",
+                "-c",
+                script,
+            ])
+            .env("M", &self.mnt)
+            .spawn()
+            .expect("spawn as uid")
+    }
+
     /// Run and require success; returns stdout.
     pub fn ok(&self, uid: u32, script: &str) -> String {
         let o = self.sh(uid, script);

@@ -79,18 +79,7 @@ fn reader_never_sees_pending_node_or_draft() {
          done > {log}",
         log = log.display()
     );
-    let mut reader = std::process::Command::new("setpriv")
-        .args([
-            &format!("--reuid={READER}"),
-            &format!("--regid={READER}"),
-            "--clear-groups",
-            "/bin/sh",
-            "-c",
-            &poll,
-        ])
-        .env("M", &m.mnt)
-        .spawn()
-        .unwrap();
+    let mut reader = m.spawn_as(READER, &poll);
     std::thread::sleep(Duration::from_millis(300));
     let steps = [
         format!("mkdir -p $M/accounts/{N1}"),
@@ -185,18 +174,7 @@ fn update_is_invisible_until_commit() {
         "exec 3< $M/accounts/{N1}/content.md; head -c 4 <&3 > {h}; sleep 1; cat <&3 >> {h}",
         h = held.display()
     );
-    let mut r = std::process::Command::new("setpriv")
-        .args([
-            &format!("--reuid={READER}"),
-            &format!("--regid={READER}"),
-            "--clear-groups",
-            "/bin/sh",
-            "-c",
-            &script,
-        ])
-        .env("M", &m.mnt)
-        .spawn()
-        .unwrap();
+    let mut r = m.spawn_as(READER, &script);
     std::thread::sleep(Duration::from_millis(300));
     m.ok(
         WRITER,

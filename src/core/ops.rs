@@ -492,34 +492,38 @@ impl Fs {
             .collect())
     }
 
-    pub fn mkdir(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
-        let pkey = self.key_of(parent)?;
-        let path = match &pkey {
-            Key::Accounts => {
-                place::check_name(name)?;
-                name.to_string()
+    /// The path of directory `name` in `parent`, for a change by writer `c`
+    /// (mkdir, rmdir). Node directories hold no directories: `Invalid`.
+    fn dir_child(&self, c: Caller, parent: u64, name: &str) -> Result<String> {
+        let path = match self.key_of(parent)? {
+            Key::Accounts => name.to_string(),
+            Key::Dir(p) => {
+                self.gate(c, place::split(&p)[0], true)?;
+                if place::classify_dir(&place::split(&p))? == DirPlace::Node {
+                    return Err(Error::Invalid("node directories hold files only".into()));
+                }
+                join(&p, name)
             }
-            Key::Dir(p) => join(p, name),
             Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
             _ => return Err(Error::NotPermitted("virtual directory")),
         };
-        let comps = place::split(&path);
-        self.gate(c, comps[0], true)?;
-        if let Key::Dir(p) = &pkey {
-            if place::classify_dir(&place::split(p))? == DirPlace::Node {
-                return Err(Error::Invalid("node directories hold files only".into()));
-            }
+        self.gate(c, place::split(&path)[0], true)?;
+        Ok(path)
+    }
+
+    pub fn mkdir(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
+        if self.key_of(parent)? == Key::Accounts {
+            place::check_name(name)?;
         }
+        let path = self.dir_child(c, parent, name)?;
+        let comps = place::split(&path);
         match place::classify_dir(&comps)? {
             DirPlace::Fixed(_) => return Err(Error::Exists),
             DirPlace::Account | DirPlace::Container => {
                 if self.dir_present(&path, &comps)? {
                     return Err(Error::Exists);
                 }
-                let mut ops: Vec<Op> = place::ancestor_containers(&comps)
-                    .into_iter()
-                    .map(|(p, n)| Op::PutDir { path: join(&p, &n) })
-                    .collect();
+                let mut ops = self.container_ops(&path);
                 ops.push(Op::PutDir { path: path.clone() });
                 self.store.apply(ops, false)?;
             }
@@ -535,24 +539,14 @@ impl Fs {
     }
 
     pub fn rmdir(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
-        let pkey = self.key_of(parent)?;
-        let path = match &pkey {
-            Key::Accounts => name.to_string(),
-            Key::Dir(p) => join(p, name),
-            Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
-            _ => return Err(Error::NotPermitted("virtual directory")),
+        let path = match self.dir_child(c, parent, name) {
+            Err(Error::Invalid(_)) if name == place::OUTBOX => {
+                return Err(Error::NotPermitted("virtual directory"))
+            }
+            Err(Error::Invalid(_)) => return Err(Error::NotFound),
+            r => r?,
         };
         let comps = place::split(&path);
-        self.gate(c, comps[0], true)?;
-        if let Key::Dir(p) = &pkey {
-            if place::classify_dir(&place::split(p))? == DirPlace::Node {
-                return Err(if name == place::OUTBOX {
-                    Error::NotPermitted("virtual directory")
-                } else {
-                    Error::NotFound
-                });
-            }
-        }
         let placed = match place::classify_dir(&comps) {
             Ok(p) => p,
             Err(_) => return Err(Error::NotFound),
