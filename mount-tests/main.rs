@@ -712,11 +712,15 @@ fn kill9_during_commit_stream_loses_nothing_acknowledged() {
     // A writer streams commits and records each one whose close returned 0.
     let script = format!(
         "i=0; while true; do i=$((i+1)); N=$M/accounts/acme/users/w/memories/stream/n$i; \
-         mkdir -p $N 2>/dev/null && printf 'content %d' $i > $N/content.md 2>/dev/null && echo '[]' > $N/.relations.json 2>/dev/null \
+         mkdir $N 2>/dev/null && printf 'content %d' $i > $N/content.md 2>/dev/null && echo '[]' > $N/.relations.json 2>/dev/null \
          && echo a > $N/.abstract.md 2>/dev/null && echo o > $N/.overview.md 2>/dev/null \
          && /bin/echo '{ACTIVE}' > $N/.meta.json 2>/dev/null && echo $i >> {a} || exit 0; done",
         a = acked.display()
     );
+    // The writer creates only node dirs: their parent exists only inside the
+    // mount, so once the daemon is gone it fails instead of writing to the
+    // plain directory under the mountpoint.
+    m.ok(0, "mkdir -p $M/accounts/acme/users/w/memories/stream");
     let mut w = std::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(&script)

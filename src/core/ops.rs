@@ -98,7 +98,7 @@ impl Fs {
             Key::CtxfsFile(_) => Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false)),
             Key::Dir(path) => {
                 let comps = place::split(path);
-                let access = self.gate(c, comps[0], false)?;
+                let access = self.gate(c, Self::account_of(path), false)?;
                 // Whether an account is there depends on the caller.
                 let shared = comps.len() > 1;
                 match place::classify_dir(&comps)? {
@@ -269,7 +269,7 @@ impl Fs {
             }
             Key::Dir(path) => {
                 let comps = place::split(path);
-                let access = self.gate(c, comps[0], false)?;
+                let access = self.gate(c, Self::account_of(path), false)?;
                 if place::classify_dir(&comps)? == DirPlace::Node {
                     return self.node_child_key(c, path, name, access);
                 }
@@ -391,7 +391,7 @@ impl Fs {
             }
             Key::Dir(path) => {
                 let comps = place::split(path);
-                let access = self.gate(c, comps[0], false)?;
+                let access = self.gate(c, Self::account_of(path), false)?;
                 let placed = place::classify_dir(&comps)?;
                 if placed == DirPlace::Node {
                     for (name, k) in self.node_listing(path, access)? {
@@ -498,7 +498,7 @@ impl Fs {
         let path = match self.key_of(parent)? {
             Key::Accounts => name.to_string(),
             Key::Dir(p) => {
-                self.gate(c, place::split(&p)[0], true)?;
+                self.gate(c, Self::account_of(&p), true)?;
                 if place::classify_dir(&place::split(&p))? == DirPlace::Node {
                     return Err(Error::Invalid("node directories hold files only".into()));
                 }
@@ -507,7 +507,7 @@ impl Fs {
             Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
             _ => return Err(Error::NotPermitted("virtual directory")),
         };
-        self.gate(c, place::split(&path)[0], true)?;
+        self.gate(c, Self::account_of(&path), true)?;
         Ok(path)
     }
 
@@ -901,7 +901,7 @@ impl Fs {
             }
             Key::Dir(path) => {
                 // Directory attributes are not stored; accepted for writers.
-                self.gate(c, place::split(path)[0], true)?;
+                self.gate(c, Self::account_of(path), true)?;
                 return self.attr_of(c, &key, ino);
             }
             Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
@@ -952,7 +952,7 @@ impl Fs {
         if mask & libc::W_OK != 0 {
             match &key {
                 Key::Dir(p) => {
-                    self.gate(c, place::split(p)[0], true)?;
+                    self.gate(c, Self::account_of(p), true)?;
                 }
                 Key::File { node, .. } | Key::Draft { node, .. } => {
                     self.gate(c, Self::account_of(node), true)?;
