@@ -903,3 +903,47 @@ fn repair_job_branches() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("repair: 0 action(s)"));
 }
+
+#[test]
+fn cached_listings_follow_commits_and_hide_drafts() {
+    let m = Mount::with_config(Some(CONFIG));
+    let cat = "$M/accounts/acme/users/alice/memories/events";
+    m.ok(WRITER, &four_steps(N1, "one", ACTIVE));
+    // Readers list (and the kernel may cache) the category and the node.
+    for _ in 0..2 {
+        assert_eq!(m.ok(READER, &format!("ls {cat}")), "e1\n");
+        assert_eq!(m.ok(READER, &format!("ls -U -A {cat}/e1 | wc -l")), "5\n");
+    }
+    // A new node appears in the reader's listing as soon as its commit returns.
+    m.ok(
+        WRITER,
+        &four_steps("acme/users/alice/memories/events/e2", "two", ACTIVE),
+    );
+    assert_eq!(m.ok(READER, &format!("ls {cat}")), "e1\ne2\n");
+    // A writer's draft file never shows in a reader's listing, cached or not.
+    m.ok(WRITER, &format!("echo tmp > {cat}/e1/scratch.txt"));
+    for _ in 0..2 {
+        assert_eq!(
+            m.ok(READER, &format!("ls -A {cat}/e1 | grep -c scratch; true")),
+            "0\n"
+        );
+        assert_eq!(
+            m.ok(WRITER, &format!("ls -A {cat}/e1 | grep -c scratch; true")),
+            "1\n"
+        );
+    }
+    // A file added by a commit appears in readers' listings of the node.
+    m.ok(WRITER, &format!("rm {cat}/e1/scratch.txt; rm {cat}/e1/.overview.md; /bin/echo '{ACTIVE}' > {cat}/e1/.meta.json"));
+    assert_eq!(m.ok(READER, &format!("ls -U -A {cat}/e1 | wc -l")), "4\n");
+    m.ok(
+        WRITER,
+        &format!("echo ov > {cat}/e1/.overview.md; /bin/echo '{ACTIVE}' > {cat}/e1/.meta.json"),
+    );
+    assert_eq!(m.ok(READER, &format!("ls -U -A {cat}/e1 | wc -l")), "5\n");
+    // Deletes and moves by the writer show at once.
+    m.ok(WRITER, &format!("rm -r {cat}/e2"));
+    assert_eq!(m.ok(READER, &format!("ls {cat}")), "e1\n");
+    m.ok(WRITER, &format!("mv {cat}/e1 {cat}/e3"));
+    assert_eq!(m.ok(READER, &format!("ls {cat}")), "e3\n");
+    assert_eq!(m.ok(READER, &format!("cat {cat}/e3/content.md")), "one");
+}

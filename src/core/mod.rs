@@ -69,7 +69,9 @@ pub struct Opened {
     pub fh: u64,
     /// Bytes change under this handle (drafts, generated files): bypass the page cache.
     pub direct_io: bool,
-    /// The bytes of this inode never change (a committed version): keep the cache.
+    /// The bytes of this inode never change (a committed version): keep the
+    /// cache. For a directory: its listing is the same for every caller and
+    /// the kernel may cache it.
     pub keep_cache: bool,
     /// Nothing happens at close (read-only handles): the kernel may skip FLUSH.
     pub no_flush: bool,
@@ -140,7 +142,16 @@ pub struct Fs {
     pub stats: Stats,
 }
 
-type Inval = (Vec<(u64, String)>, Option<mpsc::SyncSender<()>>);
+type Inval = (Vec<Target>, Option<mpsc::SyncSender<()>>);
+
+/// A kernel cache entry to drop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The dentry `name` in directory inode `parent`.
+    Entry { parent: u64, name: String },
+    /// The cached attributes and pages (for a directory: its listing) of an inode.
+    Inode(u64),
+}
 
 pub fn now_ns() -> i128 {
     SystemTime::now()
@@ -352,17 +363,17 @@ impl Fs {
 
     // ---- kernel cache invalidation -----------------------------------------
 
-    /// Install the function that drops a kernel dentry (the FUSE notifier).
-    /// It runs on its own thread: notifying from inside a request that holds
-    /// the directory's lock in the kernel would deadlock.
-    pub fn set_invalidator(&self, f: impl Fn(u64, &str) + Send + 'static) {
+    /// Install the function that drops kernel cache entries (the FUSE
+    /// notifier). It runs on its own thread: notifying from inside a request
+    /// that holds the directory's lock in the kernel would deadlock.
+    pub fn set_invalidator(&self, f: impl Fn(&Target) + Send + 'static) {
         let (tx, rx) = mpsc::channel::<Inval>();
         let spawned = std::thread::Builder::new()
             .name("ctxfs-inval".into())
             .spawn(move || {
-                for (entries, done) in rx {
-                    for (parent, name) in entries {
-                        f(parent, &name);
+                for (targets, done) in rx {
+                    for t in &targets {
+                        f(t);
                     }
                     if let Some(d) = done {
                         let _ = d.send(());
@@ -375,32 +386,62 @@ impl Fs {
         }
     }
 
-    /// Is anything cached by the kernel at all (an invalidator is installed)?
-    pub fn caching(&self) -> bool {
-        lock(&self.inval).is_some()
+    fn dir_ino(&self, dir: &str) -> Option<u64> {
+        lock(&self.inodes).peek(&Key::Dir(Arc::from(dir)))
     }
 
-    /// Drop the kernel's dentries for `names` in directory `dir` (if the
-    /// kernel knows it). With `wait`, return once done: only call it so
+    /// Dentries of `names` in directory `dir` (if the kernel knows `dir`).
+    fn entry_targets(&self, dir: &str, names: &[&str]) -> Vec<Target> {
+        match self.dir_ino(dir) {
+            Some(parent) => names
+                .iter()
+                .map(|n| Target::Entry {
+                    parent,
+                    name: n.to_string(),
+                })
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Cached attributes and listings of directories `dirs`.
+    fn listing_targets(&self, dirs: &[&str]) -> Vec<Target> {
+        dirs.iter()
+            .filter_map(|d| self.dir_ino(d))
+            .map(Target::Inode)
+            .collect()
+    }
+
+    /// Send invalidations. With `wait`, return once done: only call it so
     /// when holding no lock a FUSE request may need.
-    fn invalidate(&self, dir: &str, names: &[&str], wait: bool) {
-        let Some(parent) = lock(&self.inodes).peek(&Key::Dir(Arc::from(dir))) else {
-            tracing::trace!(dir, "invalidate: directory unknown to the kernel");
+    fn send_inval(&self, targets: Vec<Target>, wait: bool) {
+        if targets.is_empty() {
             return;
-        };
-        tracing::trace!(dir, parent, ?names, wait, "invalidate");
-        let entries = names.iter().map(|n| (parent, n.to_string())).collect();
+        }
         let Some(tx) = lock(&self.inval).clone() else {
             return;
         };
+        tracing::trace!(n = targets.len(), wait, "invalidate");
         if wait {
             let (done, waited) = mpsc::sync_channel(1);
-            if tx.send((entries, Some(done))).is_ok() {
+            if tx.send((targets, Some(done))).is_ok() {
                 let _ = waited.recv_timeout(Duration::from_secs(5));
             }
         } else {
-            let _ = tx.send((entries, None));
+            let _ = tx.send((targets, None));
         }
+    }
+
+    fn invalidate(&self, dir: &str, names: &[&str], wait: bool) {
+        self.send_inval(self.entry_targets(dir, names), wait);
+    }
+
+    /// After a commit of `node`: its files' dentries, its listing and its
+    /// parent's (a new node appears there).
+    fn invalidate_commit(&self, node: &str, wait: bool) {
+        let mut t = self.entry_targets(node, &place::NODE_FILES);
+        t.extend(self.listing_targets(&[node, place::parent_name(node).0]));
+        self.send_inval(t, wait);
     }
 
     // ---- persistence of drafts --------------------------------------------

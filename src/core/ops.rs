@@ -352,6 +352,14 @@ impl Fs {
     // ---- directories -----------------------------------------------------------
 
     pub fn opendir(&self, c: Caller, ino: u64) -> Result<u64> {
+        Ok(self.opendir_cached(c, ino)?.fh)
+    }
+
+    /// Open a directory; `keep_cache` says its listing is the same for every
+    /// caller (no draft, no BROKEN node in it, not `accounts/`), so the
+    /// kernel may keep it. Changes the kernel does not see itself (commits)
+    /// invalidate it.
+    pub fn opendir_cached(&self, c: Caller, ino: u64) -> Result<Opened> {
         let key = self.key_of(ino)?;
         let attr = self.attr_of(c, &key, ino)?;
         if attr.kind != Kind::Dir {
@@ -374,6 +382,7 @@ impl Fs {
             name: name.to_string(),
             kind,
         };
+        let mut shared = true;
         match &key {
             Key::Root => {
                 entries.push(d(Key::Accounts, "accounts", Kind::Dir));
@@ -385,6 +394,7 @@ impl Fs {
                 }
             }
             Key::Accounts => {
+                shared = false;
                 for a in self.accounts_visible(c)? {
                     entries.push(d(Key::Dir(arc(&a)), &a, Kind::Dir));
                 }
@@ -394,6 +404,11 @@ impl Fs {
                 let access = self.gate(c, Self::account_of(path), false)?;
                 let placed = place::classify_dir(&comps)?;
                 if placed == DirPlace::Node {
+                    shared = self.draft(path).is_none()
+                        && self
+                            .store
+                            .get_node(path)?
+                            .is_some_and(|r| r.status != Status::Broken);
                     for (name, k) in self.node_listing(path, access)? {
                         entries.push(d(k, &name, Kind::File));
                     }
@@ -403,13 +418,13 @@ impl Fs {
                         .map(|f| f.name().to_string())
                         .collect();
                     names.extend(self.store.list_dirs(path)?);
-                    names.extend(
-                        self.store
-                            .list_nodes(path)?
-                            .into_iter()
-                            .filter(|(_, r)| Self::shows(r.status, access))
-                            .map(|(n, _)| n),
-                    );
+                    for (n, r) in self.store.list_nodes(path)? {
+                        // BROKEN nodes are listed for writers only.
+                        shared &= r.status != Status::Broken;
+                        if Self::shows(r.status, access) {
+                            names.push(n);
+                        }
+                    }
                     names.sort();
                     names.dedup();
                     for n in names {
@@ -419,6 +434,7 @@ impl Fs {
                 }
             }
             Key::Outbox(node) => {
+                shared = false;
                 entries.push(d(Key::OutboxDlq(node.clone()), "dlq", Kind::Dir));
                 for e in self.store.node_events(node)? {
                     let k = Key::Event {
@@ -428,10 +444,15 @@ impl Fs {
                     entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
                 }
             }
-            Key::OutboxDlq(_) => {}
+            Key::OutboxDlq(_) => shared = false,
             _ => return Err(Error::NotDir),
         }
-        Ok(self.new_handle(Handle::Dir(entries)))
+        Ok(Opened {
+            fh: self.new_handle(Handle::Dir(entries)),
+            direct_io: false,
+            keep_cache: shared,
+            no_flush: true,
+        })
     }
 
     /// An inode number for a directory entry: the real one if the kernel
@@ -1144,7 +1165,7 @@ impl Fs {
                 return Err(e);
             }
             // The kernel holds this directory's lock until rename returns.
-            self.invalidate(dn, &NODE_FILES, false);
+            self.invalidate_commit(dn, false);
         }
         Ok(())
     }
@@ -1300,7 +1321,7 @@ impl Fs {
         };
         if let Committed::Version(_) = done {
             // Readers must meet the new version as soon as close returns.
-            self.invalidate(node, &NODE_FILES, true);
+            self.invalidate_commit(node, true);
         }
         Ok(done)
     }

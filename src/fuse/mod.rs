@@ -1,7 +1,7 @@
 //! The one module that knows fuser: each callback converts its arguments,
 //! calls the core and replies. Errors are logged once, here.
 
-use crate::core::{Attr, Caller, Fs, Kind, SetAttr};
+use crate::core::{Attr, Caller, Fs, Kind, SetAttr, Target};
 use crate::error::Error;
 use fuser::{
     AccessFlags, BsdFileFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem,
@@ -48,6 +48,9 @@ pub fn config(threads: usize) -> Config {
         MountOption::AutoUnmount,
         MountOption::NoDev,
         MountOption::NoSuid,
+        // atime is not stored; with it, every read and readdir would mark the
+        // cached attributes stale and cost a GETATTR round trip.
+        MountOption::NoAtime,
     ];
     // Other uids are served; the core decides what each may do.
     c.acl = SessionACL::All;
@@ -64,10 +67,16 @@ pub fn spawn(
 ) -> std::io::Result<fuser::BackgroundSession> {
     let session = fuser::spawn_mount(Adapter::new(fs.clone()), mountpoint, &config(threads))?;
     let notifier = session.notifier();
-    fs.set_invalidator(move |parent, name| {
-        // fuser already treats ENOENT (no such dentry) as done.
-        if let Err(e) = notifier.inval_entry(INodeNo(parent), OsStr::new(name)) {
-            tracing::debug!(parent, name, error = %e, "inval_entry failed");
+    fs.set_invalidator(move |t| {
+        // fuser already treats ENOENT (nothing cached) as done.
+        let r = match t {
+            Target::Entry { parent, name } => {
+                notifier.inval_entry(INodeNo(*parent), OsStr::new(name))
+            }
+            Target::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, 0),
+        };
+        if let Err(e) = r {
+            tracing::debug!(target = ?t, error = %e, "invalidation failed");
         }
     });
     Ok(session)
@@ -387,8 +396,13 @@ impl Filesystem for Adapter {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(caller(req), ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+        match self.fs.opendir_cached(caller(req), ino.0) {
+            // Without KEEP_CACHE the kernel drops a listing it cached before.
+            Ok(o) if o.keep_cache => reply.opened(
+                FileHandle(o.fh),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Ok(o) => reply.opened(FileHandle(o.fh), FopenFlags::empty()),
             Err(e) => reply.error(errno("opendir", &e)),
         }
     }
