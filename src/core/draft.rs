@@ -59,7 +59,8 @@ impl Draft {
         self.modified_ns = now_ns();
     }
 
-    pub fn to_rec(&self) -> DraftRec {
+    /// When the draft last changed: its own changes or a write to one of its files.
+    pub fn last_modified_ns(&self) -> i128 {
         let newest_file = self
             .files
             .values()
@@ -69,9 +70,13 @@ impl Draft {
             })
             .max()
             .unwrap_or(0);
+        self.modified_ns.max(newest_file)
+    }
+
+    pub fn to_rec(&self) -> DraftRec {
         DraftRec {
             base: self.base,
-            modified_ns: self.modified_ns.max(newest_file),
+            modified_ns: self.last_modified_ns(),
             files: self
                 .files
                 .iter()

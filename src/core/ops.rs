@@ -462,8 +462,10 @@ impl Fs {
         if let Some(i) = lock(&self.inodes).peek(k) {
             return i;
         }
-        let s = format!("{k:?}");
-        fnv(&s) | (1 << 63)
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        k.hash(&mut h);
+        h.finish() | (1 << 63)
     }
 
     /// Files of a node directory in protocol order, as `access` sees them.

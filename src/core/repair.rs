@@ -28,11 +28,10 @@ impl Fs {
             }
             let (has, modified) = {
                 let d = lock(&draft);
-                let rec = d.to_rec();
                 let has = |n: &str| matches!(d.files.get(n), Some(Slot::File(_)));
                 (
                     [CONTENT, RELATIONS, ABSTRACT, OVERVIEW, META].map(has),
-                    rec.modified_ns,
+                    d.last_modified_ns(),
                 )
             };
             if modified > cutoff {
