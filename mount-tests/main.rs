@@ -947,3 +947,60 @@ fn cached_listings_follow_commits_and_hide_drafts() {
     assert_eq!(m.ok(READER, &format!("ls {cat}")), "e3\n");
     assert_eq!(m.ok(READER, &format!("cat {cat}/e3/content.md")), "one");
 }
+
+#[test]
+fn umount_refuses_a_busy_mount_unless_lazy() {
+    let mut m = Mount::new();
+    m.ok(0, &four_steps(N1, "still here", ACTIVE));
+    // A process with its working directory inside the mount.
+    let mut busy = std::process::Command::new("/bin/sh")
+        .args(["-c", "cd \"$M/accounts/acme\" && exec sleep 30"])
+        .env("M", &m.mnt)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = std::process::Command::new(BIN)
+        .arg("umount")
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is busy"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing was disturbed.
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
+        "still here"
+    );
+    // --lazy detaches now; the daemon finishes when the last user leaves.
+    let pid = m.daemon_pid();
+    let out = std::process::Command::new(BIN)
+        .args(["umount", "--lazy"])
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = busy.kill();
+    let _ = busy.wait();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while unsafe { libc::kill(pid, 0) } == 0 || is_mounted(&m.mnt) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon did not finish after a lazy unmount"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    m.fsck();
+    m.mount();
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
+        "still here"
+    );
+}

@@ -32,12 +32,15 @@ pub enum Cmd {
         #[arg(long, default_value_t = 600)]
         repair_grace: u64,
     },
-    /// Unmount cleanly: everything acknowledged is durable, the daemon exits 0.
+    /// Unmount cleanly: everything acknowledged is durable, the daemon exits 0. Refused while busy unless --lazy.
     Umount {
         mountpoint: PathBuf,
         /// Seconds to wait for the daemon to finish.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+        /// Detach even while processes use the mount; the daemon exits when they leave.
+        #[arg(long)]
+        lazy: bool,
     },
     /// Check the stored invariants of an unmounted data dir (exit 1 on violations).
     Fsck {
@@ -98,7 +101,8 @@ pub fn run() -> i32 {
         Cmd::Umount {
             mountpoint,
             timeout,
-        } => crate::daemon::umount(&mountpoint, timeout),
+            lazy,
+        } => crate::daemon::umount(&mountpoint, timeout, lazy),
         Cmd::Fsck { data } => crate::daemon::fsck(&data),
         Cmd::Repair { data, grace } => {
             crate::daemon::repair(&data, std::time::Duration::from_secs(grace))

@@ -213,18 +213,6 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     Ok(0)
 }
 
-fn is_mounted(mp: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(mp).or_else(|_| Ok::<_, ()>(mp.to_path_buf())) else {
-        return false;
-    };
-    std::fs::read_to_string("/proc/self/mounts")
-        .map(|m| {
-            m.lines()
-                .any(|l| l.split(' ').nth(1) == Some(&*canon.to_string_lossy()))
-        })
-        .unwrap_or(false)
-}
-
 /// Unmount; when something is still inside, detach lazily.
 fn unmount(mp: &Path) -> Result<()> {
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
@@ -255,7 +243,10 @@ fn unmount(mp: &Path) -> Result<()> {
     }
 }
 
-pub fn umount(mp: &Path, timeout: u64) -> Result<i32> {
+/// `ctxfs umount`: unmount like umount(8) (refused while busy), then wait
+/// for the daemon to save its drafts and exit. With `lazy`, detach now and
+/// let the daemon finish when the last process leaves the mount.
+pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
     let pid_file = mp.join(".ctxfs/pid");
     let pid: i32 = match std::fs::read_to_string(&pid_file) {
         Ok(s) => s.trim().parse().context("unreadable daemon pid")?,
@@ -269,25 +260,71 @@ pub fn umount(mp: &Path, timeout: u64) -> Result<i32> {
         }
         Err(e) => bail!("{} is not a ctxfs mount ({e})", mp.display()),
     };
-    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
-        bail!(
-            "cannot signal daemon {pid}: {}",
-            std::io::Error::last_os_error()
+    if lazy {
+        // The daemon detaches the mount and exits once nobody uses it.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            bail!(
+                "cannot signal daemon {pid}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        println!(
+            "{} detached; daemon {pid} saves its drafts and exits when the last process leaves",
+            mp.display()
         );
+        return Ok(0);
     }
+    unmount_strict(mp)?;
     let deadline = Instant::now() + Duration::from_secs(timeout);
     while unsafe { libc::kill(pid, 0) } == 0 {
-        // A zombie child of ours would never vanish; ours are not.
         if Instant::now() > deadline {
-            bail!("daemon {pid} did not exit within {timeout}s");
+            bail!(
+                "{} is unmounted but daemon {pid} did not exit within {timeout}s",
+                mp.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if is_mounted(mp) {
-        bail!("daemon exited but {} is still mounted", mp.display());
-    }
     println!("{} unmounted", mp.display());
     Ok(0)
+}
+
+/// Unmount, refusing (as umount(8) does) while a process uses the mount.
+fn unmount_strict(mp: &Path) -> Result<()> {
+    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    let busy = || {
+        anyhow!(
+            "{} is busy: a process has a file open or its working directory inside; \
+             close them, or use --lazy",
+            mp.display()
+        )
+    };
+    match err.raw_os_error() {
+        Some(libc::EBUSY) => Err(busy()),
+        Some(libc::EPERM) => {
+            // Not root: the setuid helper.
+            let out = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(mp)
+                .output()?;
+            if out.status.success() {
+                Ok(())
+            } else if String::from_utf8_lossy(&out.stderr).contains("busy") {
+                Err(busy())
+            } else {
+                bail!(
+                    "cannot unmount {}: {}",
+                    mp.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            }
+        }
+        _ => bail!("cannot unmount {}: {err}", mp.display()),
+    }
 }
 
 fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {
