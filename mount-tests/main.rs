@@ -1004,3 +1004,36 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
         "still here"
     );
 }
+
+#[test]
+fn cp_r_of_a_node_commits_a_copy() {
+    let m = Mount::new();
+    m.ok(
+        0,
+        &four_steps(N1, "original", r#"{"status":"ACTIVE","tags":["t"]}"#),
+    );
+    // Listings give .meta.json last, so cp -r writes it last: the copy commits.
+    m.ok(
+        0,
+        &format!("cp -r $M/accounts/{N1} $M/accounts/acme/users/alice/memories/events/copy"),
+    );
+    let meta: serde_json::Value = serde_json::from_str(&m.ok(
+        0,
+        "cat $M/accounts/acme/users/alice/memories/events/copy/.meta.json",
+    ))
+    .unwrap();
+    assert_eq!(meta["uri"], "ctx://acme/users/alice/memories/events/copy");
+    assert_eq!(meta["version"], 1);
+    assert_eq!(meta["tags"][0], "t");
+    assert_eq!(
+        m.ok(0, "ls $M/accounts/acme/users/alice/memories/events"),
+        "copy\ne1\n"
+    );
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/alice/memories/events/copy/content.md"
+        ),
+        "original"
+    );
+}

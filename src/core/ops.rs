@@ -409,8 +409,16 @@ impl Fs {
                             .store
                             .get_node(path)?
                             .is_some_and(|r| r.status != Status::Broken);
-                    for (name, k) in self.node_listing(path, access)? {
-                        entries.push(d(k, &name, Kind::File));
+                    // d_ino ascends in protocol order: tools that sort entries
+                    // by inode number before copying (GNU cp) still write
+                    // .meta.json last.
+                    let base = (self.entry_ino(&key) >> 16) << 16;
+                    for (i, (name, _)) in self.node_listing(path, access)?.into_iter().enumerate() {
+                        entries.push(DirEntry {
+                            ino: base | (i as u64 + 1).min(0xffff),
+                            name,
+                            kind: Kind::File,
+                        });
                     }
                 } else {
                     let mut names: Vec<String> = place::fixed_children(&comps, &placed)
