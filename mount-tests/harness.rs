@@ -108,9 +108,14 @@ impl Mount {
     pub fn kill9(&mut self) {
         let pid = self.daemon_pid();
         unsafe { libc::kill(pid, libc::SIGKILL) };
+        self.wait_gone(pid);
+    }
+
+    /// Wait (with a deadline) until daemon `pid` has exited and its mount is gone.
+    pub fn wait_gone(&mut self, pid: i32) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while unsafe { libc::kill(pid, 0) } == 0 || is_mounted(&self.mnt) {
-            assert!(Instant::now() < deadline, "killed daemon did not go away");
+            assert!(Instant::now() < deadline, "daemon {pid} did not go away");
             std::thread::sleep(Duration::from_millis(20));
         }
         self.mounted = false;

@@ -789,14 +789,7 @@ fn sigterm_unmounts_cleanly_and_saves_drafts() {
     m.ok(0, "mkdir -p $M/accounts/acme/users/alice/memories/events/wip && echo draft > $M/accounts/acme/users/alice/memories/events/wip/content.md");
     let pid = m.daemon_pid();
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while unsafe { libc::kill(pid, 0) } == 0 || is_mounted(&m.mnt) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "daemon did not exit on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    m.wait_gone(pid);
     m.fsck();
     m.mount();
     assert_eq!(m.ok(0, &format!("cat $M/accounts/{N1}/content.md")), "kept");
@@ -989,14 +982,7 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
     );
     let _ = busy.kill();
     let _ = busy.wait();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while unsafe { libc::kill(pid, 0) } == 0 || is_mounted(&m.mnt) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "daemon did not finish after a lazy unmount"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    m.wait_gone(pid);
     m.fsck();
     m.mount();
     assert_eq!(
