@@ -111,11 +111,25 @@ impl Mount {
         self.wait_gone(pid);
     }
 
-    /// Wait (with a deadline) until daemon `pid` has exited and its mount is gone.
+    /// Wait (with a deadline) until daemon `pid` has exited (a zombie not yet
+    /// reaped counts as exited) and its mount is gone or dead (`ENOTCONN`:
+    /// the next `ctxfs mount` detaches a dead mount itself).
     pub fn wait_gone(&mut self, pid: i32) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while unsafe { libc::kill(pid, 0) } == 0 || is_mounted(&self.mnt) {
-            assert!(Instant::now() < deadline, "daemon {pid} did not go away");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let alive = alive(pid);
+            let dead = std::fs::metadata(&self.mnt)
+                .err()
+                .and_then(|e| e.raw_os_error())
+                == Some(libc::ENOTCONN);
+            let mount_live = is_mounted(&self.mnt) && !dead;
+            if !alive && !mount_live {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon {pid}: alive {alive}, mount still live {mount_live}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         self.mounted = false;
@@ -223,6 +237,18 @@ impl Drop for Mount {
                 let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
             }
         }
+    }
+}
+
+/// Is process `pid` running (not exited, not a zombie awaiting its reaper)?
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the ")" that closes the command name.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .map(|(_, r)| !r.starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
     }
 }
 

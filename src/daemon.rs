@@ -30,8 +30,17 @@ pub struct MountOpts {
 
 /// Checks that need no daemon: fail early with a one-line reason.
 fn precheck(o: &MountOpts) -> Result<Tenancy> {
-    let md = std::fs::metadata(&o.mountpoint)
-        .map_err(|e| anyhow!("mountpoint {} is not usable: {e}", o.mountpoint.display()))?;
+    let md = match std::fs::metadata(&o.mountpoint) {
+        // A FUSE mount whose daemon died (e.g. kill -9): detach it first.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            unmount(&o.mountpoint)
+                .map_err(|e| anyhow!("stale mount at {}: {e}", o.mountpoint.display()))?;
+            tracing::warn!(mountpoint = %o.mountpoint.display(), "detached a stale mount");
+            std::fs::metadata(&o.mountpoint)
+        }
+        r => r,
+    }
+    .map_err(|e| anyhow!("mountpoint {} is not usable: {e}", o.mountpoint.display()))?;
     if !md.is_dir() {
         bail!("mountpoint {} is not a directory", o.mountpoint.display());
     }
