@@ -8,6 +8,11 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ctxfs");
 
+/// Run the ctxfs binary with `args`.
+pub fn ctxfs(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run ctxfs")
+}
+
 pub struct Mount {
     pub dir: tempfile::TempDir,
     pub mnt: PathBuf,
@@ -83,11 +88,7 @@ impl Mount {
     }
 
     pub fn umount(&mut self) {
-        let out = Command::new(BIN)
-            .arg("umount")
-            .arg(&self.mnt)
-            .output()
-            .unwrap();
+        let out = ctxfs(&["umount", self.mnt.to_str().unwrap()]);
         assert!(
             out.status.success(),
             "umount: {}",
@@ -213,12 +214,7 @@ impl Mount {
     }
 
     pub fn fsck(&self) -> String {
-        let out = Command::new(BIN)
-            .arg("fsck")
-            .arg("--data")
-            .arg(&self.data)
-            .output()
-            .unwrap();
+        let out = ctxfs(&["fsck", "--data", self.data.to_str().unwrap()]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),

@@ -648,15 +648,12 @@ fn daemon_cli_refusals() {
     // A second daemon on the same data dir.
     let other = m.dir.path().join("mnt2");
     std::fs::create_dir(&other).unwrap();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "mount",
-            other.to_str().unwrap(),
-            "--data",
-            m.data.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = ctxfs(&[
+        "mount",
+        other.to_str().unwrap(),
+        "--data",
+        m.data.to_str().unwrap(),
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -665,43 +662,31 @@ fn daemon_cli_refusals() {
     );
     assert_eq!(err.trim().lines().count(), 1, "one-line reason: {err}");
     // Missing mountpoint, bad config.
-    let out = std::process::Command::new(BIN)
-        .args(["mount", "/nonexistent/x", "--data", "/tmp/x"])
-        .output()
-        .unwrap();
+    let out = ctxfs(&["mount", "/nonexistent/x", "--data", "/tmp/x"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("mountpoint"));
     let bad = m.dir.path().join("bad.toml");
     std::fs::write(&bad, "[[account]]\nid = 'a b'\n").unwrap();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "mount",
-            other.to_str().unwrap(),
-            "--data",
-            "/tmp/unused",
-            "--config",
-            bad.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = ctxfs(&[
+        "mount",
+        other.to_str().unwrap(),
+        "--data",
+        "/tmp/unused",
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("bad config"));
-    let out = std::process::Command::new(BIN)
-        .args([
-            "mount",
-            other.to_str().unwrap(),
-            "--config",
-            "/nonexistent.toml",
-        ])
-        .output()
-        .unwrap();
+    let out = ctxfs(&[
+        "mount",
+        other.to_str().unwrap(),
+        "--config",
+        "/nonexistent.toml",
+    ]);
     assert!(
         !out.status.success()
             && String::from_utf8_lossy(&out.stderr).contains("cannot read config")
     );
     // fsck refuses a data dir that is being served.
-    let out = std::process::Command::new(BIN)
-        .args(["fsck", "--data", m.data.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = ctxfs(&["fsck", "--data", m.data.to_str().unwrap()]);
     assert!(!out.status.success());
 }
 
@@ -842,10 +827,7 @@ fn repair_job_branches() {
     );
     m.ok(0, &py("nothing", &[".abstract.md"]));
     m.kill9();
-    let out = std::process::Command::new(BIN)
-        .args(["repair", "--data", m.data.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = ctxfs(&["repair", "--data", m.data.to_str().unwrap()]);
     assert!(out.status.success());
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -890,10 +872,7 @@ fn repair_job_branches() {
     assert_eq!(s["nodes"]["BROKEN"], 1);
     // A second repair has nothing to do.
     m.umount();
-    let out = std::process::Command::new(BIN)
-        .args(["repair", "--data", m.data.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = ctxfs(&["repair", "--data", m.data.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("repair: 0 action(s)"));
 }
 
@@ -952,11 +931,7 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let out = std::process::Command::new(BIN)
-        .arg("umount")
-        .arg(&m.mnt)
-        .output()
-        .unwrap();
+    let out = ctxfs(&["umount", m.mnt.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("is busy"),
@@ -970,11 +945,7 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
     );
     // --lazy detaches now; the daemon finishes when the last user leaves.
     let pid = m.daemon_pid();
-    let out = std::process::Command::new(BIN)
-        .args(["umount", "--lazy"])
-        .arg(&m.mnt)
-        .output()
-        .unwrap();
+    let out = ctxfs(&["umount", "--lazy", m.mnt.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",

@@ -33,7 +33,7 @@ fn precheck(o: &MountOpts) -> Result<Tenancy> {
     let md = match std::fs::metadata(&o.mountpoint) {
         // A FUSE mount whose daemon died (e.g. kill -9): detach it first.
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            unmount(&o.mountpoint)
+            unmount(&o.mountpoint, true)
                 .map_err(|e| anyhow!("stale mount at {}: {e}", o.mountpoint.display()))?;
             tracing::warn!(mountpoint = %o.mountpoint.display(), "detached a stale mount");
             std::fs::metadata(&o.mountpoint)
@@ -204,7 +204,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         if stop.load(Ordering::Relaxed) && !unmounting {
             unmounting = true;
             tracing::info!("signal received, unmounting");
-            if let Err(e) = unmount(&o.mountpoint) {
+            if let Err(e) = unmount(&o.mountpoint, true) {
                 tracing::error!(error = %e, "unmount failed");
             }
         }
@@ -222,14 +222,23 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     Ok(0)
 }
 
-/// Unmount; when something is still inside, detach lazily.
-fn unmount(mp: &Path) -> Result<()> {
+/// Unmount. While a process uses the mount, `lazy` detaches it anyway;
+/// otherwise the unmount is refused, as umount(8) does.
+fn unmount(mp: &Path, lazy: bool) -> Result<()> {
+    let busy = || {
+        anyhow!(
+            "{} is busy: a process has a file open or its working directory inside; \
+             close them, or use --lazy",
+            mp.display()
+        )
+    };
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
     if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
         return Ok(());
     }
     let err = std::io::Error::last_os_error();
     match err.raw_os_error() {
+        Some(libc::EBUSY) if !lazy => return Err(busy()),
         Some(libc::EBUSY) => {
             tracing::warn!("mount busy; detaching lazily");
             if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
@@ -237,18 +246,22 @@ fn unmount(mp: &Path) -> Result<()> {
             }
         }
         Some(libc::EPERM) => {}
-        _ => {}
+        _ => bail!("cannot unmount {}: {err}", mp.display()),
     }
     // Not root: the setuid helper.
-    let st = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg("-z")
-        .arg(mp)
-        .status()?;
-    if st.success() {
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd.arg(mp).output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
         Ok(())
+    } else if !lazy && stderr.contains("busy") {
+        Err(busy())
     } else {
-        bail!("cannot unmount {}: {err}", mp.display())
+        bail!("cannot unmount {}: {}", mp.display(), stderr.trim())
     }
 }
 
@@ -260,7 +273,7 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
     let pid: i32 = match std::fs::read_to_string(&pid_file) {
         Ok(s) => s.trim().parse().context("unreadable daemon pid")?,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            unmount(mp)?;
+            unmount(mp, true)?;
             println!(
                 "{}: the daemon was gone; stale mount detached",
                 mp.display()
@@ -283,7 +296,7 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
         );
         return Ok(0);
     }
-    unmount_strict(mp)?;
+    unmount(mp, false)?;
     let deadline = Instant::now() + Duration::from_secs(timeout);
     while unsafe { libc::kill(pid, 0) } == 0 {
         if Instant::now() > deadline {
@@ -296,44 +309,6 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
     }
     println!("{} unmounted", mp.display());
     Ok(0)
-}
-
-/// Unmount, refusing (as umount(8) does) while a process uses the mount.
-fn unmount_strict(mp: &Path) -> Result<()> {
-    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    let busy = || {
-        anyhow!(
-            "{} is busy: a process has a file open or its working directory inside; \
-             close them, or use --lazy",
-            mp.display()
-        )
-    };
-    match err.raw_os_error() {
-        Some(libc::EBUSY) => Err(busy()),
-        Some(libc::EPERM) => {
-            // Not root: the setuid helper.
-            let out = std::process::Command::new("fusermount3")
-                .arg("-u")
-                .arg(mp)
-                .output()?;
-            if out.status.success() {
-                Ok(())
-            } else if String::from_utf8_lossy(&out.stderr).contains("busy") {
-                Err(busy())
-            } else {
-                bail!(
-                    "cannot unmount {}: {}",
-                    mp.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )
-            }
-        }
-        _ => bail!("cannot unmount {}: {err}", mp.display()),
-    }
 }
 
 fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {

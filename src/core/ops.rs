@@ -135,8 +135,7 @@ impl Fs {
                 let access = self.gate(c, Self::account_of(node), false)?;
                 let rec = self.version_rec(node, *id, *version, access)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
-                let shared = rec.status != Status::Broken;
-                Ok(self.file_attr(ino, f.size, f.mode, time_of(f.mtime_ns), shared))
+                Ok(self.committed_file_attr(ino, &rec, f))
             }
             Key::Draft { node, name } => {
                 let file = self.draft_file(c, node, name)?;
@@ -248,7 +247,20 @@ impl Fs {
     // ---- lookup, getattr ----------------------------------------------------
 
     /// The key of `name` in directory `parent` for caller `c`.
-    fn child_key(&self, c: Caller, parent: &Key, name: &str) -> Result<Key> {
+    /// The key of `name` in `parent` for caller `c`, with its attributes
+    /// when they were already at hand.
+    fn child_key(&self, c: Caller, parent: &Key, name: &str) -> Result<(Key, Option<Attr>)> {
+        if let Key::Dir(path) = parent {
+            let access = self.gate(c, Self::account_of(path), false)?;
+            if place::classify_dir(&place::split(path))? == DirPlace::Node {
+                return self.node_child_key(path, name, access);
+            }
+        }
+        Ok((self.structural_child_key(c, parent, name)?, None))
+    }
+
+    /// `child_key` outside node directories.
+    fn structural_child_key(&self, c: Caller, parent: &Key, name: &str) -> Result<Key> {
         match parent {
             Key::Root => match name {
                 "accounts" => Ok(Key::Accounts),
@@ -268,11 +280,7 @@ impl Fs {
                 Ok(Key::Dir(arc(name)))
             }
             Key::Dir(path) => {
-                let comps = place::split(path);
-                let access = self.gate(c, Self::account_of(path), false)?;
-                if place::classify_dir(&comps)? == DirPlace::Node {
-                    return self.node_child_key(c, path, name, access);
-                }
+                self.gate(c, Self::account_of(path), false)?;
                 let child = join(path, name);
                 match place::classify_dir(&place::split(&child)) {
                     Ok(_) => Ok(Key::Dir(arc(&child))),
@@ -298,40 +306,57 @@ impl Fs {
         }
     }
 
-    fn node_child_key(&self, c: Caller, node: &str, name: &str, access: Access) -> Result<Key> {
+    /// The key of file `name` in node directory `node`; for a committed file
+    /// also its attributes (from the record read here, not read again).
+    fn node_child_key(
+        &self,
+        node: &str,
+        name: &str,
+        access: Access,
+    ) -> Result<(Key, Option<Attr>)> {
         match name {
-            place::OUTBOX => return Ok(Key::Outbox(arc(node))),
-            place::COMMIT_ERROR => return Ok(Key::CommitError(arc(node))),
+            place::OUTBOX => return Ok((Key::Outbox(arc(node)), None)),
+            place::COMMIT_ERROR => return Ok((Key::CommitError(arc(node)), None)),
             _ => {}
         }
         let (rec, draft) = self.node_for(node, access)?;
-        let _ = c;
         if let Some(d) = draft {
             match lock(&d).files.get(name) {
                 Some(Slot::File(_)) => {
-                    return Ok(Key::Draft {
+                    let key = Key::Draft {
                         node: arc(node),
                         name: arc(name),
-                    })
+                    };
+                    return Ok((key, None));
                 }
                 Some(Slot::Whiteout) => return Err(Error::NotFound),
                 None => {}
             }
         }
         let rec = rec.ok_or(Error::NotFound)?;
-        rec.file(name).ok_or(Error::NotFound)?;
-        Ok(Key::File {
+        let f = rec.file(name).ok_or(Error::NotFound)?;
+        let attr = self.committed_file_attr(0, &rec, f);
+        let key = Key::File {
             node: arc(node),
             name: arc(name),
             id: rec.id,
             version: rec.version,
-        })
+        };
+        Ok((key, Some(attr)))
+    }
+
+    fn committed_file_attr(&self, ino: u64, rec: &NodeRec, f: &crate::store::FileRec) -> Attr {
+        let shared = rec.status != Status::Broken;
+        self.file_attr(ino, f.size, f.mode, time_of(f.mtime_ns), shared)
     }
 
     pub fn lookup(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
         let pkey = self.key_of(parent)?;
-        let key = self.child_key(c, &pkey, name)?;
-        let attr = self.attr_of(c, &key, 0)?;
+        let (key, known) = self.child_key(c, &pkey, name)?;
+        let attr = match known {
+            Some(a) => a,
+            None => self.attr_of(c, &key, 0)?,
+        };
         let ino = self.ino_lookup(key);
         Ok(Attr { ino, ..attr })
     }
@@ -826,7 +851,7 @@ impl Fs {
         let file = {
             let _g = self.stripe(&node);
             self.node_for(&node, Access::Write)?;
-            let exists = self.node_child_key(c, &node, name, Access::Write).is_ok();
+            let exists = self.node_child_key(&node, name, Access::Write).is_ok();
             if exists && flags & libc::O_EXCL != 0 {
                 return Err(Error::Exists);
             }
