@@ -31,6 +31,40 @@ pub enum Cmd {
         /// The mount-time Repair Job leaves drafts touched within this many seconds to their writer.
         #[arg(long, default_value_t = 600)]
         repair_grace: u64,
+        /// Embedder: auto (MiniLM if its files are there, else hashing), minilm, hash, http.
+        #[arg(long)]
+        embedder: Option<String>,
+        /// Directory holding MiniLM's files. Default: DATA/models/all-MiniLM-L6-v2.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+    },
+    /// Rebuild the search indexes of an unmounted data dir from its committed nodes.
+    Reindex {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        embedder: Option<String>,
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+    },
+    /// Search a mounted ctxfs: QUERY among the nodes under DIR (a directory inside an account).
+    Search {
+        /// What to look for.
+        query: String,
+        /// Directory inside the mount to search under.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Number of results (default 10).
+        #[arg(short, long)]
+        k: Option<usize>,
+        /// JSON instead of tab-separated lines.
+        #[arg(long)]
+        json: bool,
+        /// hybrid (default), vector or lexical.
+        #[arg(long)]
+        mode: Option<String>,
     },
     /// Unmount cleanly: everything acknowledged is durable, the daemon exits 0. Refused while busy unless --lazy.
     Umount {
@@ -84,6 +118,8 @@ pub fn run() -> i32 {
             foreground,
             threads,
             repair_grace,
+            embedder,
+            model_dir,
         } => {
             let opts = crate::daemon::MountOpts {
                 mountpoint,
@@ -91,6 +127,8 @@ pub fn run() -> i32 {
                 config,
                 threads: threads.clamp(1, 256),
                 repair_grace: std::time::Duration::from_secs(repair_grace),
+                embedder,
+                model_dir,
             };
             if foreground {
                 crate::daemon::run_foreground(opts)
@@ -104,6 +142,24 @@ pub fn run() -> i32 {
             lazy,
         } => crate::daemon::umount(&mountpoint, timeout, lazy),
         Cmd::Fsck { data } => crate::daemon::fsck(&data),
+        Cmd::Reindex {
+            data,
+            config,
+            embedder,
+            model_dir,
+        } => crate::daemon::reindex(
+            &data,
+            config.as_deref(),
+            embedder.as_ref(),
+            model_dir.as_ref(),
+        ),
+        Cmd::Search {
+            query,
+            dir,
+            k,
+            json,
+            mode,
+        } => crate::daemon::search(&dir, &query, k, json, mode.as_deref()),
         Cmd::Repair { data, grace } => {
             crate::daemon::repair(&data, std::time::Duration::from_secs(grace))
         }

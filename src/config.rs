@@ -3,13 +3,111 @@
 use crate::core::place::check_name;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     #[serde(default)]
     pub account: Vec<AccountConfig>,
+    #[serde(default)]
+    pub index: IndexSection,
+}
+
+/// The `[index]` table: the embedder and the indexer's knobs (all optional).
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct IndexSection {
+    /// `auto` (MiniLM when its files are there, else hashing), `minilm`, `hash` or `http`.
+    pub embedder: Option<String>,
+    /// Directory with MiniLM's `config.json`, `tokenizer.json`, `model.safetensors`.
+    pub model_dir: Option<PathBuf>,
+    /// OpenAI-compatible server (`http://host:port` or its `/v1/embeddings`).
+    pub http_url: Option<String>,
+    pub http_model: Option<String>,
+    pub http_dim: Option<usize>,
+    pub http_timeout_ms: Option<u64>,
+    pub hash_dim: Option<usize>,
+    pub max_retries: Option<u32>,
+    pub retry_backoff_ms: Option<u64>,
+    pub sync_timeout_s: Option<u64>,
+    pub hnsw_m: Option<usize>,
+    pub hnsw_ef_construction: Option<usize>,
+    pub hnsw_ef_search: Option<usize>,
+}
+
+impl IndexSection {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        match self.embedder.as_deref() {
+            None | Some("auto" | "minilm" | "hash") => {}
+            Some("http") => {
+                if self.http_url.is_none() || self.http_model.is_none() || self.http_dim.is_none() {
+                    anyhow::bail!(
+                        "[index] embedder = \"http\" needs http_url, http_model and http_dim"
+                    );
+                }
+            }
+            Some(x) => {
+                anyhow::bail!("[index] embedder = {x:?}: expected auto, minilm, hash or http")
+            }
+        }
+        if let Some(d) = self.http_dim.or(self.hash_dim) {
+            if !(8..=8192).contains(&d) {
+                anyhow::bail!("[index] vector dimension {d} is outside 8..=8192");
+            }
+        }
+        if let Some(r) = self.max_retries {
+            if !(1..=100).contains(&r) {
+                anyhow::bail!("[index] max_retries = {r} (must be 1..=100)");
+            }
+        }
+        self.ann()
+            .validate()
+            .map_err(|e| anyhow::anyhow!("[index] {e}"))
+    }
+
+    pub fn ann(&self) -> crate::index::ann::AnnParams {
+        let d = crate::index::ann::AnnParams::default();
+        crate::index::ann::AnnParams {
+            m: self.hnsw_m.unwrap_or(d.m),
+            ef_construction: self.hnsw_ef_construction.unwrap_or(d.ef_construction),
+            ef_search: self.hnsw_ef_search.unwrap_or(d.ef_search),
+        }
+    }
+}
+
+/// Everything a config file sets.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub tenancy: Tenancy,
+    pub index: IndexSection,
+}
+
+impl Settings {
+    pub fn load(path: &Path) -> anyhow::Result<Settings> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("bad config {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<Settings> {
+        let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        file.index.validate()?;
+        let mut map = BTreeMap::new();
+        for a in file.account {
+            check_name(&a.id).map_err(|e| anyhow::anyhow!("account id {:?}: {e}", a.id))?;
+            if let Some(uid) = a.writers.iter().find(|u| a.readers.contains(u)) {
+                anyhow::bail!("account {:?}: uid {uid} is both writer and reader", a.id);
+            }
+            if map.insert(a.id.clone(), (a.writers, a.readers)).is_some() {
+                anyhow::bail!("account {:?} is listed twice", a.id);
+            }
+        }
+        Ok(Settings {
+            tenancy: Tenancy::Accounts(map),
+            index: file.index,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,25 +137,8 @@ pub enum Tenancy {
 }
 
 impl Tenancy {
-    pub fn load(path: &Path) -> anyhow::Result<Tenancy> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| anyhow::anyhow!("bad config {}: {e}", path.display()))
-    }
-
     pub fn parse(text: &str) -> anyhow::Result<Tenancy> {
-        let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mut map = BTreeMap::new();
-        for a in file.account {
-            check_name(&a.id).map_err(|e| anyhow::anyhow!("account id {:?}: {e}", a.id))?;
-            if let Some(uid) = a.writers.iter().find(|u| a.readers.contains(u)) {
-                anyhow::bail!("account {:?}: uid {uid} is both writer and reader", a.id);
-            }
-            if map.insert(a.id.clone(), (a.writers, a.readers)).is_some() {
-                anyhow::bail!("account {:?} is listed twice", a.id);
-            }
-        }
-        Ok(Tenancy::Accounts(map))
+        Ok(Settings::parse(text)?.tenancy)
     }
 
     pub fn access(&self, uid: u32, account: &str) -> Access {
@@ -113,6 +194,12 @@ mod tests {
         assert!(Tenancy::parse("[[account]]\nid = \"a\"\n[[account]]\nid = \"a\"\n").is_err());
         assert!(Tenancy::parse("[[account]]\nid = \"a\"\nwritres=[1]\n").is_err());
         assert!(Tenancy::parse("not toml [").is_err());
+        assert!(Settings::parse("[index]\nembedder = \"magic\"\n").is_err());
+        assert!(Settings::parse("[index]\nembedder = \"http\"\n").is_err());
+        assert!(Settings::parse("[index]\nhnsw_m = 300\n").is_err());
+        assert!(Settings::parse("[index]\nmax_retries = 0\n").is_err());
+        let s = Settings::parse("[index]\nembedder = \"hash\"\nhnsw_ef_search = 128\n").unwrap();
+        assert_eq!(s.index.ann().ef_search, 128);
     }
 
     #[test]

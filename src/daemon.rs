@@ -2,7 +2,7 @@
 //! the data dir lock, serve until unmounted or signalled, then make every
 //! draft durable and close the store.
 
-use crate::config::Tenancy;
+use crate::config::{IndexSection, Settings, Tenancy};
 use crate::core::Fs;
 use crate::store::{RedbStore, Store};
 use anyhow::{anyhow, bail, Context, Result};
@@ -26,10 +26,54 @@ pub struct MountOpts {
     pub config: Option<PathBuf>,
     pub threads: usize,
     pub repair_grace: Duration,
+    /// Overrides of the config's `[index] embedder` and `model_dir`.
+    pub embedder: Option<String>,
+    pub model_dir: Option<PathBuf>,
+}
+
+/// The config (or the single-owner default) with the command line's overrides.
+fn settings(
+    config: Option<&Path>,
+    embedder: Option<&String>,
+    model_dir: Option<&PathBuf>,
+) -> Result<Settings> {
+    let mut s = match config {
+        Some(p) => Settings::load(p)?,
+        None => Settings {
+            tenancy: Tenancy::Owner(unsafe { libc::getuid() }),
+            index: IndexSection::default(),
+        },
+    };
+    if let Some(e) = embedder {
+        s.index.embedder = Some(e.clone());
+    }
+    if let Some(d) = model_dir {
+        s.index.model_dir = Some(d.clone());
+    }
+    s.index.validate()?;
+    Ok(s)
+}
+
+/// The search index over `store`, with the embedder the settings choose.
+fn open_index(
+    store: &Arc<RedbStore>,
+    data: &Path,
+    sec: &IndexSection,
+) -> Result<Arc<crate::index::Index>> {
+    let (emb, note) = crate::index::choose_embedder(sec, data).map_err(|e| anyhow!("{e}"))?;
+    tracing::info!(model = emb.id(), "{note}");
+    crate::index::Index::new(
+        store.clone() as Arc<dyn Store>,
+        &data.join("index"),
+        emb,
+        note,
+        crate::index::IndexConfig::from_section(sec),
+    )
+    .map_err(|e| anyhow!("{e}"))
 }
 
 /// Checks that need no daemon: fail early with a one-line reason.
-fn precheck(o: &MountOpts) -> Result<Tenancy> {
+fn precheck(o: &MountOpts) -> Result<Settings> {
     let md = match std::fs::metadata(&o.mountpoint) {
         // A FUSE mount whose daemon died (e.g. kill -9): detach it first.
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
@@ -47,13 +91,14 @@ fn precheck(o: &MountOpts) -> Result<Tenancy> {
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse is missing: FUSE is not available on this machine (install fuse3)");
     }
-    let tenancy = match &o.config {
-        Some(p) => Tenancy::load(p)?,
-        None => Tenancy::Owner(unsafe { libc::getuid() }),
-    };
+    let s = settings(
+        o.config.as_deref(),
+        o.embedder.as_ref(),
+        o.model_dir.as_ref(),
+    )?;
     std::fs::create_dir_all(&o.data)
         .map_err(|e| anyhow!("cannot create data dir {}: {e}", o.data.display()))?;
-    Ok(tenancy)
+    Ok(s)
 }
 
 /// `ctxfs mount` without `--foreground`: run the daemon as a child and return
@@ -83,6 +128,12 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
         .arg(o.repair_grace.as_secs().to_string());
     if let Some(c) = &o.config {
         cmd.arg("--config").arg(c);
+    }
+    if let Some(e) = &o.embedder {
+        cmd.arg("--embedder").arg(e);
+    }
+    if let Some(d) = &o.model_dir {
+        cmd.arg("--model-dir").arg(d);
     }
     cmd.env(READY_FD, wfd.to_string())
         .stdin(std::process::Stdio::null())
@@ -176,10 +227,11 @@ pub fn run_foreground(o: MountOpts) -> Result<i32> {
 }
 
 fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
-    let tenancy = precheck(o)?;
+    let settings = precheck(o)?;
     let _lock = lock_data_dir(&o.data)?;
     let store = RedbStore::open(&o.data.join(DB_FILE)).map_err(|e| anyhow!("{e}"))?;
-    let fs = Fs::new(store.clone() as Arc<dyn Store>, tenancy).map_err(|e| anyhow!("{e}"))?;
+    let fs =
+        Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy).map_err(|e| anyhow!("{e}"))?;
     let t = Instant::now();
     let actions = fs
         .repair(o.repair_grace)
@@ -189,6 +241,10 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         ms = t.elapsed().as_millis() as u64,
         "repair job at mount"
     );
+
+    let index = open_index(&store, &o.data, &settings.index)?;
+    index.start().map_err(|e| anyhow!("{e}"))?;
+    fs.set_index(index.clone());
 
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
@@ -214,6 +270,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let drafts = fs
         .persist_all_drafts()
         .map_err(|e| anyhow!("saving drafts: {e}"))?;
+    index.shutdown();
     store.close();
     tracing::info!(drafts, "unmounted; drafts saved, store closed");
     if let Err(e) = served {
@@ -352,5 +409,78 @@ pub fn repair(data: &Path, grace: Duration) -> Result<i32> {
     println!("repair: {} action(s)", actions.len());
     drop(fs);
     store.close();
+    Ok(0)
+}
+
+/// `ctxfs reindex`: rebuild every search index of an unmounted data dir
+/// from its committed nodes, with a progress bar.
+pub fn reindex(
+    data: &Path,
+    config: Option<&Path>,
+    embedder: Option<&String>,
+    model_dir: Option<&PathBuf>,
+) -> Result<i32> {
+    let s = settings(config, embedder, model_dir)?;
+    let (_lock, store) = open_offline(data)?;
+    let index = open_index(&store, data, &s.index)?;
+    println!(
+        "embedder: {} ({})",
+        index.embedder().id(),
+        index.embedder().kind()
+    );
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} nodes  {per_sec}  eta {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t = Instant::now();
+    let n = index
+        .reindex_all(&mut |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })
+        .map_err(|e| anyhow!("{e}"))?;
+    bar.finish_and_clear();
+    index.shutdown();
+    store.close();
+    println!("reindexed {n} node(s) in {:.1}s", t.elapsed().as_secs_f64());
+    Ok(0)
+}
+
+/// `ctxfs search`: ask a mounted ctxfs through its search files.
+pub fn search(
+    dir: &Path,
+    query: &str,
+    k: Option<usize>,
+    json: bool,
+    mode: Option<&str>,
+) -> Result<i32> {
+    if query.contains('/') {
+        bail!("a query cannot contain '/' (it is a file name)");
+    }
+    let mut opts = Vec::new();
+    if let Some(k) = k {
+        opts.push(format!("k={k}"));
+    }
+    if json {
+        opts.push("format=json".into());
+    }
+    if let Some(m) = mode {
+        opts.push(format!("mode={m}"));
+    }
+    let mut name = query.to_string();
+    if !opts.is_empty() {
+        name.push('?');
+        name.push_str(&opts.join("&"));
+    }
+    let path = dir.join(crate::core::search::SEARCH_DIR).join(&name);
+    let bytes = std::fs::read(&path).map_err(|e| {
+        anyhow!(
+            "{}: {e} (is {} a directory inside a ctxfs account?)",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    std::io::stdout().write_all(&bytes)?;
     Ok(0)
 }

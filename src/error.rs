@@ -48,6 +48,12 @@ pub enum Error {
     /// Storage failed; nothing of the request was applied.
     #[error("storage error: {0}")]
     Store(String),
+    /// `.ctxfs/sync` waited longer than its timeout.
+    #[error("timed out")]
+    TimedOut,
+    /// A service a search needs (the embedder) failed; try again later.
+    #[error("temporarily unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl Error {
@@ -75,12 +81,14 @@ impl Error {
             Error::Unsupported => libc::ENOTSUP,
             Error::BadHandle => libc::EBADF,
             Error::Store(_) => libc::EIO,
+            Error::TimedOut => libc::ETIMEDOUT,
+            Error::Unavailable(_) => libc::EAGAIN,
         }
     }
 
     /// Expected refusals are logged at debug; storage failures at error.
     pub fn is_expected(&self) -> bool {
-        !matches!(self, Error::Store(_))
+        !matches!(self, Error::Store(_) | Error::Unavailable(_))
     }
 }
 
@@ -107,6 +115,8 @@ mod tests {
             (Error::Unsupported, libc::ENOTSUP, "ENOTSUP"),
             (Error::BadHandle, libc::EBADF, "EBADF"),
             (Error::Store("x".into()), libc::EIO, "EIO"),
+            (Error::TimedOut, libc::ETIMEDOUT, "ETIMEDOUT"),
+            (Error::Unavailable("x".into()), libc::EAGAIN, "EAGAIN"),
         ];
         let doc = include_str!("../docs/SEMANTICS.md");
         for (err, errno, name) in table {

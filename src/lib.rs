@@ -6,4 +6,5 @@ pub mod core;
 pub mod daemon;
 pub mod error;
 pub mod fuse;
+pub mod index;
 pub mod store;

@@ -34,6 +34,18 @@ pub enum Key {
         node: Arc<str>,
         seq: u64,
     },
+    /// A dead letter of a node (`.outbox/dlq/{event_id}.json`).
+    DeadEvent {
+        node: Arc<str>,
+        seq: u64,
+    },
+    /// `DIR/.search/`: reached by path, lists nothing.
+    SearchDir(Arc<str>),
+    /// `DIR/.search/QUERY`: results computed at open.
+    Search {
+        dir: Arc<str>,
+        name: Arc<str>,
+    },
 }
 
 #[derive(Default)]

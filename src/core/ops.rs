@@ -90,7 +90,7 @@ impl Fs {
     /// Attributes of `key` as `c` sees it; `NotFound` when it is not there for `c`.
     /// Attributes never depend on the caller (see `Attr::shared`); whether
     /// the thing is there at all may.
-    fn attr_of(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
+    pub(super) fn attr_of(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
         match key {
             Key::Root | Key::Accounts | Key::CtxfsDir => {
                 Ok(self.dir_attr(ino, 0o555, self.started, true))
@@ -154,6 +154,19 @@ impl Fs {
             Key::Event { node, seq } => {
                 let json = self.event_json(c, node, *seq)?;
                 Ok(self.file_attr(ino, json.len() as u64, 0o444, self.started, false))
+            }
+            Key::DeadEvent { node, seq } => {
+                let json = self.dead_event_json(c, node, *seq)?;
+                Ok(self.file_attr(ino, json.len() as u64, 0o644, self.started, false))
+            }
+            Key::SearchDir(dir) => {
+                self.gate(c, Self::account_of(dir), false)?;
+                Ok(self.dir_attr(ino, 0o555, self.started, false))
+            }
+            Key::Search { dir, name } => {
+                self.gate(c, Self::account_of(dir), false)?;
+                super::search::parse_query_name(name)?;
+                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
             }
         }
     }
@@ -270,6 +283,7 @@ impl Fs {
             Key::CtxfsDir => match name {
                 "status" => Ok(Key::CtxfsFile("status")),
                 "pid" => Ok(Key::CtxfsFile("pid")),
+                "sync" => Ok(Key::CtxfsFile("sync")),
                 _ => Err(Error::NotFound),
             },
             Key::Accounts => {
@@ -278,6 +292,18 @@ impl Fs {
                 }
                 self.gate(c, name, false)?;
                 Ok(Key::Dir(arc(name)))
+            }
+            Key::Dir(path) if name == super::search::SEARCH_DIR => {
+                self.gate(c, Self::account_of(path), false)?;
+                Ok(Key::SearchDir(path.clone()))
+            }
+            Key::SearchDir(dir) => {
+                self.gate(c, Self::account_of(dir), false)?;
+                super::search::parse_query_name(name)?;
+                Ok(Key::Search {
+                    dir: dir.clone(),
+                    name: arc(name),
+                })
             }
             Key::Dir(path) => {
                 self.gate(c, Self::account_of(path), false)?;
@@ -292,16 +318,19 @@ impl Fs {
                 if name == "dlq" {
                     return Ok(Key::OutboxDlq(node.clone()));
                 }
-                let seq = name
-                    .strip_suffix(".json")
-                    .and_then(|h| u64::from_str_radix(h, 16).ok())
-                    .ok_or(Error::NotFound)?;
+                let seq = super::search::event_seq(name).ok_or(Error::NotFound)?;
                 Ok(Key::Event {
                     node: node.clone(),
                     seq,
                 })
             }
-            Key::OutboxDlq(_) => Err(Error::NotFound),
+            Key::OutboxDlq(node) => {
+                let seq = super::search::event_seq(name).ok_or(Error::NotFound)?;
+                Ok(Key::DeadEvent {
+                    node: node.clone(),
+                    seq,
+                })
+            }
             _ => Err(Error::NotDir),
         }
     }
@@ -316,6 +345,10 @@ impl Fs {
     ) -> Result<(Key, Option<Attr>)> {
         match name {
             place::OUTBOX => return Ok((Key::Outbox(arc(node)), None)),
+            super::search::SEARCH_DIR => {
+                self.node_for(node, access)?;
+                return Ok((Key::SearchDir(arc(node)), None));
+            }
             place::COMMIT_ERROR => return Ok((Key::CommitError(arc(node)), None)),
             _ => {}
         }
@@ -414,7 +447,7 @@ impl Fs {
                 entries.push(d(Key::CtxfsDir, ".ctxfs", Kind::Dir));
             }
             Key::CtxfsDir => {
-                for n in ["status", "pid"] {
+                for n in ["status", "pid", "sync"] {
                     entries.push(d(Key::CtxfsFile(n), n, Kind::File));
                 }
             }
@@ -477,7 +510,17 @@ impl Fs {
                     entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
                 }
             }
-            Key::OutboxDlq(_) => shared = false,
+            Key::OutboxDlq(node) => {
+                shared = false;
+                for e in self.store.dead_events(node)? {
+                    let k = Key::DeadEvent {
+                        node: node.clone(),
+                        seq: e.seq,
+                    };
+                    entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
+                }
+            }
+            Key::SearchDir(_) => shared = false,
             _ => return Err(Error::NotDir),
         }
         Ok(Opened {
@@ -688,6 +731,7 @@ impl Fs {
             ]);
         }
         self.store.apply(ops, true)?;
+        self.notify_index();
         lock(&self.drafts).remove(node);
         self.stats.deletes.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -783,6 +827,9 @@ impl Fs {
         };
         match &key {
             Key::CtxfsFile("status") => data(self.status_json(c)?),
+            Key::CtxfsFile("sync") => data(self.sync_file()?),
+            Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
+            Key::Search { dir, name } => data(self.search_file(c, dir, name)?),
             Key::CtxfsFile(_) => data(format!("{}\n", std::process::id()).into_bytes()),
             Key::CommitError(node) => data(self.commit_error_text(c, node)?),
             Key::Event { node, seq } => data(self.event_json(c, node, *seq)?),
@@ -1024,6 +1071,9 @@ impl Fs {
 
     pub fn unlink(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         let pkey = self.key_of(parent)?;
+        if let Key::OutboxDlq(node) = &pkey {
+            return self.drop_dead(c, node, name);
+        }
         let Key::Dir(node) = &pkey else {
             return Err(Error::NotPermitted("virtual directory"));
         };
@@ -1075,6 +1125,11 @@ impl Fs {
         newname: &str,
         noreplace: bool,
     ) -> Result<()> {
+        if let (Key::OutboxDlq(sn), Key::Outbox(dn)) =
+            (self.key_of(parent)?, self.key_of(newparent)?)
+        {
+            return self.revive_dead(c, &sn, name, &dn, newname);
+        }
         let (Key::Dir(sp), Key::Dir(dp)) = (self.key_of(parent)?, self.key_of(newparent)?) else {
             return Err(Error::NotPermitted(
                 "only files and directories of accounts can be renamed",
@@ -1318,6 +1373,7 @@ impl Fs {
             ops.extend(self.container_ops(dst));
         }
         self.store.apply(ops, true)?;
+        self.notify_index();
         let mut drafts = lock(&self.drafts);
         if let Some(d) = drafts.remove(src) {
             if new_base.is_some() {
@@ -1574,6 +1630,7 @@ impl Fs {
             },
         ]);
         self.store.apply(ops, true)?;
+        self.notify_index();
 
         // The version is durable: the node files leave the draft, except those
         // still open for writing (later bytes start the next edit).
@@ -1627,7 +1684,7 @@ impl Fs {
             "payload": payload,
             "status": "PENDING",
             "retry_count": 0,
-            "created_at": rfc3339(now_ns()),
+            "created_at": super::rfc3339_ms(now_ns()),
         }))
         .unwrap_or_default()
     }

@@ -2,8 +2,8 @@
 //! invariants") and one checker for them, used by `ctxfs fsck` and the tests.
 
 use super::redb::{
-    decode, split_key, BLOBS, COUNTERS, DIRS, DRAFTS, HIGH_WATER, NODES, OUTBOX, OUTBOX_BY_NODE,
-    VERSIONS,
+    decode, split_key, BLOBS, COUNTERS, DIRS, DLQ, DLQ_BY_NODE, DRAFTS, HIGH_WATER, NODES, OUTBOX,
+    OUTBOX_BY_NODE, VERSIONS,
 };
 use super::{DraftRec, RedbStore, Status};
 use crate::core::place::{self, DirPlace};
@@ -216,6 +216,41 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
                 *recount.entry(format!("outbox:{account}")).or_default() += 1;
             }
             _ => bad(9, format!("event {seq} is not a valid event")),
+        }
+    }
+
+    // Dead letters: indexed by node, counted per account.
+    let dlq = txn.open_table(DLQ).map_err(se)?;
+    let dlq_by_node = txn.open_table(DLQ_BY_NODE).map_err(se)?;
+    let mut dead_indexed = HashSet::new();
+    for item in dlq_by_node.iter().map_err(se)? {
+        let (k, _) = item.map_err(se)?;
+        let (node, seq) = k.value();
+        dead_indexed.insert(seq);
+        if dlq.get(seq).map_err(se)?.is_none() {
+            bad(9, format!("dlq_by_node ({node}, {seq}) has no dead letter"));
+        }
+    }
+    for item in dlq.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        let seq = k.value();
+        max_event = max_event.max(seq);
+        if !dead_indexed.contains(&seq) {
+            bad(9, format!("dead letter {seq} is not indexed by node"));
+        }
+        if outbox.get(seq).map_err(se)?.is_some() {
+            bad(9, format!("event {seq} is both pending and dead"));
+        }
+        match serde_json::from_slice::<serde_json::Value>(val.value()) {
+            Ok(e) if e["event_id"].is_string() => {
+                let account = e["uri"]
+                    .as_str()
+                    .and_then(place::node_of_uri)
+                    .and_then(|p| p.split('/').next())
+                    .unwrap_or("");
+                *recount.entry(format!("dlq:{account}")).or_default() += 1;
+            }
+            _ => bad(9, format!("dead letter {seq} is not a valid event")),
         }
     }
 

@@ -113,6 +113,51 @@ pub enum Op {
         key: String,
         value: u64,
     },
+    /// The indexer is done with a pending event: remove it.
+    DoneEvent {
+        seq: u64,
+        node_path: String,
+        account: String,
+    },
+    /// Rewrite a pending event in place (retry count, next try, last error).
+    UpdateEvent {
+        seq: u64,
+        json: Vec<u8>,
+    },
+    /// Move a pending event to the dead-letter queue (with its final JSON).
+    DeadEvent {
+        seq: u64,
+        node_path: String,
+        account: String,
+        json: Vec<u8>,
+    },
+    /// Move a dead letter back to the pending outbox (a retry asked by a user).
+    ReviveEvent {
+        seq: u64,
+        node_path: String,
+        account: String,
+        json: Vec<u8>,
+    },
+    /// Drop a dead letter for good.
+    DropDead {
+        seq: u64,
+        node_path: String,
+        account: String,
+    },
+    /// The indexed state of one node (postcard, owned by `crate::index`).
+    PutIx {
+        path: String,
+        data: Vec<u8>,
+    },
+    DelIx {
+        path: String,
+    },
+    /// An embedding, by model and content hash (embeddings are never computed twice).
+    PutVec {
+        model: String,
+        hash: u128,
+        data: Vec<u8>,
+    },
 }
 
 /// A pending index event as stored.
@@ -137,6 +182,17 @@ pub trait Store: Send + Sync {
     fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>>;
     fn counter(&self, key: &str) -> Result<i64>;
     fn high_water(&self, key: &str) -> Result<u64>;
+    /// The first `limit` pending outbox events, in sequence order.
+    fn outbox_head(&self, limit: usize) -> Result<Vec<StoredEvent>>;
+    /// The dead letters of a node, in sequence order.
+    fn dead_events(&self, node_path: &str) -> Result<Vec<StoredEvent>>;
+    /// A stored index document.
+    fn get_ix(&self, path: &str) -> Result<Option<Vec<u8>>>;
+    /// Every index document whose path starts with `prefix`, in path order.
+    fn scan_ix(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8]) -> Result<()>) -> Result<()>;
+    fn get_vec(&self, model: &str, hash: u128) -> Result<Option<Vec<u8>>>;
+    /// Every current node record (any status), in no particular order.
+    fn scan_nodes(&self, f: &mut dyn FnMut(NodeRec) -> Result<()>) -> Result<()>;
     /// Apply ops atomically; `durable` waits until they are on disk. Concurrent
     /// callers may share one transaction (group commit).
     fn apply(&self, ops: Vec<Op>, durable: bool) -> Result<()>;

@@ -35,6 +35,15 @@ pub(super) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("out
 /// (node path, seq) → (): the events of a node, for `.outbox/`.
 pub(super) const OUTBOX_BY_NODE: TableDefinition<(&str, u64), ()> =
     TableDefinition::new("outbox_by_node");
+/// event seq → event JSON of a dead letter (retries exhausted).
+pub(super) const DLQ: TableDefinition<u64, &[u8]> = TableDefinition::new("dlq");
+/// (node path, seq) → (): the dead letters of a node, for `.outbox/dlq/`.
+pub(super) const DLQ_BY_NODE: TableDefinition<(&str, u64), ()> =
+    TableDefinition::new("dlq_by_node");
+/// node path → postcard index document (`crate::index::IxDoc`).
+pub(super) const IX_DOCS: TableDefinition<&str, &[u8]> = TableDefinition::new("ix_docs");
+/// (model id, xxh3-128 of the text) → little-endian f32 vector.
+pub(super) const VECS: TableDefinition<(&str, u128), &[u8]> = TableDefinition::new("vecs");
 /// node path → postcard draft (persisted on fsync and at unmount).
 pub(super) const DRAFTS: TableDefinition<&str, &[u8]> = TableDefinition::new("drafts");
 /// counter name → value (`nodes:{account}:{STATUS}`, `outbox:{account}`).
@@ -95,6 +104,10 @@ impl RedbStore {
             txn.open_table(DRAFTS).map_err(se)?;
             txn.open_table(COUNTERS).map_err(se)?;
             txn.open_table(HIGH_WATER).map_err(se)?;
+            txn.open_table(DLQ).map_err(se)?;
+            txn.open_table(DLQ_BY_NODE).map_err(se)?;
+            txn.open_table(IX_DOCS).map_err(se)?;
+            txn.open_table(VECS).map_err(se)?;
         }
         txn.commit().map_err(se)?;
 
@@ -265,6 +278,10 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
         let mut drafts = txn.open_table(DRAFTS).map_err(se)?;
         let mut counters = txn.open_table(COUNTERS).map_err(se)?;
         let mut hw = txn.open_table(HIGH_WATER).map_err(se)?;
+        let mut dlq = txn.open_table(DLQ).map_err(se)?;
+        let mut dlq_by_node = txn.open_table(DLQ_BY_NODE).map_err(se)?;
+        let mut ix = txn.open_table(IX_DOCS).map_err(se)?;
+        let mut vecs = txn.open_table(VECS).map_err(se)?;
         for op in ops {
             match op {
                 Op::PutNode { path, rec } => {
@@ -327,9 +344,78 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     account,
                     json,
                 } => {
-                    outbox.insert(*seq, json.as_slice()).map_err(se)?;
+                    let fresh = outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none();
                     by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
-                    add(&mut counters, &format!("outbox:{account}"), 1)?;
+                    if fresh {
+                        add(&mut counters, &format!("outbox:{account}"), 1)?;
+                    }
+                }
+                Op::DoneEvent {
+                    seq,
+                    node_path,
+                    account,
+                } => {
+                    if outbox.remove(*seq).map_err(se)?.is_some() {
+                        add(&mut counters, &format!("outbox:{account}"), -1)?;
+                    }
+                    by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
+                }
+                Op::UpdateEvent { seq, json } => {
+                    if outbox.get(*seq).map_err(se)?.is_some() {
+                        outbox.insert(*seq, json.as_slice()).map_err(se)?;
+                    }
+                }
+                Op::DeadEvent {
+                    seq,
+                    node_path,
+                    account,
+                    json,
+                } => {
+                    if outbox.remove(*seq).map_err(se)?.is_some() {
+                        add(&mut counters, &format!("outbox:{account}"), -1)?;
+                    }
+                    by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
+                    if dlq.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
+                        add(&mut counters, &format!("dlq:{account}"), 1)?;
+                    }
+                    dlq_by_node
+                        .insert((node_path.as_str(), *seq), ())
+                        .map_err(se)?;
+                }
+                Op::ReviveEvent {
+                    seq,
+                    node_path,
+                    account,
+                    json,
+                } => {
+                    if dlq.remove(*seq).map_err(se)?.is_some() {
+                        add(&mut counters, &format!("dlq:{account}"), -1)?;
+                    }
+                    dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
+                    if outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
+                        add(&mut counters, &format!("outbox:{account}"), 1)?;
+                    }
+                    by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
+                }
+                Op::DropDead {
+                    seq,
+                    node_path,
+                    account,
+                } => {
+                    if dlq.remove(*seq).map_err(se)?.is_some() {
+                        add(&mut counters, &format!("dlq:{account}"), -1)?;
+                    }
+                    dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
+                }
+                Op::PutIx { path, data } => {
+                    ix.insert(path.as_str(), data.as_slice()).map_err(se)?;
+                }
+                Op::DelIx { path } => {
+                    ix.remove(path.as_str()).map_err(se)?;
+                }
+                Op::PutVec { model, hash, data } => {
+                    vecs.insert((model.as_str(), *hash), data.as_slice())
+                        .map_err(se)?;
                 }
                 Op::PutDraft { path, data } => {
                     drafts.insert(path.as_str(), data.as_slice()).map_err(se)?;
@@ -455,6 +541,72 @@ impl Store for RedbStore {
             }
         }
         Ok(out)
+    }
+
+    fn outbox_head(&self, limit: usize) -> Result<Vec<StoredEvent>> {
+        let t = self.read()?.open_table(OUTBOX).map_err(se)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(se)?.take(limit) {
+            let (k, v) = item.map_err(se)?;
+            out.push(StoredEvent {
+                seq: k.value(),
+                json: v.value().to_vec(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn dead_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
+        let txn = self.read()?;
+        let idx = txn.open_table(DLQ_BY_NODE).map_err(se)?;
+        let ev = txn.open_table(DLQ).map_err(se)?;
+        let mut out = Vec::new();
+        for item in idx
+            .range((node_path, 0)..=(node_path, u64::MAX))
+            .map_err(se)?
+        {
+            let seq = item.map_err(se)?.0.value().1;
+            if let Some(g) = ev.get(seq).map_err(se)? {
+                out.push(StoredEvent {
+                    seq,
+                    json: g.value().to_vec(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn get_ix(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        let t = self.read()?.open_table(IX_DOCS).map_err(se)?;
+        Ok(t.get(path).map_err(se)?.map(|g| g.value().to_vec()))
+    }
+
+    fn scan_ix(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8]) -> Result<()>) -> Result<()> {
+        let t = self.read()?.open_table(IX_DOCS).map_err(se)?;
+        for item in t.range(prefix..).map_err(se)? {
+            let (k, v) = item.map_err(se)?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            f(k.value(), v.value())?;
+        }
+        Ok(())
+    }
+
+    fn get_vec(&self, model: &str, hash: u128) -> Result<Option<Vec<u8>>> {
+        let t = self.read()?.open_table(VECS).map_err(se)?;
+        Ok(t.get((model, hash))
+            .map_err(se)?
+            .map(|g| g.value().to_vec()))
+    }
+
+    fn scan_nodes(&self, f: &mut dyn FnMut(NodeRec) -> Result<()>) -> Result<()> {
+        let t = self.read()?.open_table(NODES).map_err(se)?;
+        for item in t.iter().map_err(se)? {
+            let (_, v) = item.map_err(se)?;
+            f(decode(v.value())?)?;
+        }
+        Ok(())
     }
 
     fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>> {

@@ -1,0 +1,281 @@
+//! Search files (`DIR/.search/QUERY`), `.ctxfs/sync`, and the dead-letter
+//! file operations of `.outbox/dlq/`.
+
+use super::inodes::Key;
+use super::{Caller, Fs};
+use crate::error::{Error, Result};
+use crate::index::{Index, Mode, Query};
+use crate::store::Op;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The virtual search directory inside every directory of an account.
+pub const SEARCH_DIR: &str = ".search";
+/// Results when the query name asks for no number.
+pub const DEFAULT_K: usize = 10;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryName {
+    pub text: String,
+    pub k: usize,
+    pub json: bool,
+    pub mode: Mode,
+    pub expand: bool,
+}
+
+/// `QUERY` or `QUERY?k=20&format=json&mode=vector&expand=1`. The part after
+/// the last `?` is read as options only when every `&`-separated piece has
+/// an `=`; otherwise the whole name is the query.
+pub fn parse_query_name(name: &str) -> Result<QueryName> {
+    let mut q = QueryName {
+        text: name.to_string(),
+        k: DEFAULT_K,
+        json: false,
+        mode: Mode::Hybrid,
+        expand: false,
+    };
+    if let Some(i) = name.rfind('?') {
+        let opts = &name[i + 1..];
+        if !opts.is_empty() && opts.split('&').all(|p| p.contains('=')) {
+            q.text = name[..i].to_string();
+            for p in opts.split('&') {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                let bad = || Error::Invalid(format!("search option {p:?}"));
+                match k {
+                    "k" => {
+                        q.k = v.parse().map_err(|_| bad())?;
+                        if !(1..=crate::index::MAX_K).contains(&q.k) {
+                            return Err(bad());
+                        }
+                    }
+                    "format" => {
+                        q.json = match v {
+                            "json" => true,
+                            "tsv" => false,
+                            _ => return Err(bad()),
+                        }
+                    }
+                    "mode" => {
+                        q.mode = match v {
+                            "hybrid" => Mode::Hybrid,
+                            "vector" => Mode::Vector,
+                            "lexical" => Mode::Lexical,
+                            _ => return Err(bad()),
+                        }
+                    }
+                    "expand" => {
+                        q.expand = match v {
+                            "1" | "true" => true,
+                            "0" | "false" => false,
+                            _ => return Err(bad()),
+                        }
+                    }
+                    _ => return Err(bad()),
+                }
+            }
+        }
+    }
+    if q.text.trim().is_empty() {
+        return Err(Error::Invalid("empty search query".into()));
+    }
+    Ok(q)
+}
+
+/// `{event_id}.json` → sequence number.
+pub fn event_seq(name: &str) -> Option<u64> {
+    let h = name.strip_suffix(".json")?;
+    (h.len() == 16).then(|| u64::from_str_radix(h, 16).ok())?
+}
+
+impl Fs {
+    pub fn set_index(&self, index: Arc<Index>) {
+        let _ = self.index.set(index);
+    }
+
+    pub fn index(&self) -> Option<&Arc<Index>> {
+        self.index.get()
+    }
+
+    /// Wake the indexer after a change that wrote outbox events.
+    pub(super) fn notify_index(&self) {
+        if let Some(ix) = self.index.get() {
+            ix.notify();
+        }
+    }
+
+    fn indexer(&self) -> Result<&Arc<Index>> {
+        self.index
+            .get()
+            .ok_or_else(|| Error::Unavailable("no indexer runs in this process".into()))
+    }
+
+    /// The bytes of `DIR/.search/NAME` for `c`.
+    pub(super) fn search_file(&self, c: Caller, dir: &Arc<str>, name: &str) -> Result<Vec<u8>> {
+        // The directory must be there for the caller (readers: committed only).
+        self.attr_of(c, &Key::Dir(dir.clone()), 0)?;
+        let qn = parse_query_name(name)?;
+        let ix = self.indexer()?;
+        let q = Query {
+            text: qn.text.clone(),
+            k: qn.k,
+            mode: qn.mode,
+            expand: qn.expand,
+        };
+        let hits = ix.search(dir, &q)?;
+        if qn.json {
+            let mode = match qn.mode {
+                Mode::Hybrid => "hybrid",
+                Mode::Vector => "vector",
+                Mode::Lexical => "lexical",
+            };
+            let v = json!({
+                "query": qn.text,
+                "scope": format!("accounts/{dir}"),
+                "k": qn.k,
+                "mode": mode,
+                "model": ix.embedder().id(),
+                "results": hits.iter().enumerate().map(|(i, h)| {
+                    let mut o = serde_json::to_value(h).unwrap_or(Value::Null);
+                    o["rank"] = (i + 1).into();
+                    o
+                }).collect::<Vec<_>>(),
+            });
+            let mut out = serde_json::to_vec_pretty(&v).map_err(|e| Error::Store(e.to_string()))?;
+            out.push(b'\n');
+            return Ok(out);
+        }
+        let mut out = String::new();
+        for (i, h) in hits.iter().enumerate() {
+            out.push_str(&format!(
+                "{}\t{:.4}\t{}\t{}\t{}",
+                i + 1,
+                h.score,
+                h.path,
+                h.uri,
+                crate::index::text::one_line(&h.abstract_)
+            ));
+            if let Some(v) = &h.via {
+                out.push_str(&format!("\trelated:{v}"));
+            }
+            out.push('\n');
+        }
+        Ok(out.into_bytes())
+    }
+
+    /// `.ctxfs/sync`: wait until everything committed so far is searchable.
+    pub(super) fn sync_file(&self) -> Result<Vec<u8>> {
+        let target = self.next_event.load(Ordering::SeqCst).saturating_sub(1);
+        self.indexer()?.sync(target)?;
+        Ok(b"ok\n".to_vec())
+    }
+
+    pub(super) fn dead_event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
+        self.gate(c, Self::account_of(node), false)?;
+        let e = self
+            .store
+            .dead_events(node)?
+            .into_iter()
+            .find(|e| e.seq == seq)
+            .ok_or(Error::NotFound)?;
+        let mut j = e.json;
+        j.push(b'\n');
+        Ok(j)
+    }
+
+    /// `mv NODE/.outbox/dlq/ID.json NODE/.outbox/`: try the event again.
+    pub(super) fn revive_dead(
+        &self,
+        c: Caller,
+        src_node: &str,
+        name: &str,
+        dst_node: &str,
+        newname: &str,
+    ) -> Result<()> {
+        self.gate(c, Self::account_of(src_node), true)?;
+        if src_node != dst_node || name != newname {
+            return Err(Error::Invalid(
+                "a dead letter can only move back to its own node's .outbox/, under its name"
+                    .into(),
+            ));
+        }
+        let seq = event_seq(name).ok_or(Error::NotFound)?;
+        let e = self
+            .store
+            .dead_events(src_node)?
+            .into_iter()
+            .find(|e| e.seq == seq)
+            .ok_or(Error::NotFound)?;
+        let mut j: Value = serde_json::from_slice(&e.json).unwrap_or(Value::Null);
+        if let Some(o) = j.as_object_mut() {
+            o.insert("status".into(), "PENDING".into());
+            o.insert("retry_count".into(), 0.into());
+            o.remove("next_retry_ms");
+        }
+        self.store.apply(
+            vec![Op::ReviveEvent {
+                seq,
+                node_path: src_node.to_string(),
+                account: Self::account_of(src_node).to_string(),
+                json: serde_json::to_vec(&j).unwrap_or(e.json),
+            }],
+            true,
+        )?;
+        self.notify_index();
+        Ok(())
+    }
+
+    /// `rm NODE/.outbox/dlq/ID.json`: give up on the event.
+    pub(super) fn drop_dead(&self, c: Caller, node: &str, name: &str) -> Result<()> {
+        self.gate(c, Self::account_of(node), true)?;
+        let seq = event_seq(name).ok_or(Error::NotFound)?;
+        if !self.store.dead_events(node)?.iter().any(|e| e.seq == seq) {
+            return Err(Error::NotFound);
+        }
+        self.store.apply(
+            vec![Op::DropDead {
+                seq,
+                node_path: node.to_string(),
+                account: Self::account_of(node).to_string(),
+            }],
+            true,
+        )
+    }
+
+    /// The indexer's part of `.ctxfs/status`, and the dead letters of `accounts`.
+    pub(super) fn index_status(&self, accounts: &[String]) -> Result<(i64, Value)> {
+        let mut dead = 0;
+        for a in accounts {
+            dead += self.store.counter(&format!("dlq:{a}"))?;
+        }
+        let v = match self.index.get() {
+            Some(ix) => ix.status(accounts),
+            None => json!({"running": false, "note": "no indexer in this process"}),
+        };
+        Ok((dead, v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_names() {
+        let q = parse_query_name("rust async?k=25&format=json").unwrap();
+        assert_eq!((q.text.as_str(), q.k, q.json), ("rust async", 25, true));
+        let q = parse_query_name("what is rust?").unwrap();
+        assert_eq!((q.text.as_str(), q.k), ("what is rust?", 10));
+        let q = parse_query_name("a?b").unwrap();
+        assert_eq!(q.text, "a?b");
+        assert!(parse_query_name("x?k=0").is_err());
+        assert!(parse_query_name("x?k=abc").is_err());
+        assert!(parse_query_name("x?color=red").is_err());
+        assert!(parse_query_name("?k=3").is_err());
+        assert!(parse_query_name("  ").is_err());
+        let q = parse_query_name("x?mode=lexical&expand=1").unwrap();
+        assert_eq!((q.mode, q.expand), (Mode::Lexical, true));
+        assert_eq!(event_seq("000000000000000a.json"), Some(10));
+        assert_eq!(event_seq("a.json"), None);
+    }
+}

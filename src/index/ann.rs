@@ -1,0 +1,271 @@
+//! The approximate nearest-neighbour graph of one account: hnsw_rs with a
+//! clamped dot-product distance on unit vectors, persisted with its own dump
+//! format, rebuilt when tombstones pile up. Exact search over the same
+//! vectors is here too (small scopes and the recall benchmark).
+
+use hnsw_rs::prelude::*;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// `1 - dot` of unit vectors, clamped at 0 (rounding can put a self-dot
+/// above 1; hnsw_rs's own `DistDot` asserts on that). Four accumulators.
+#[derive(Default, Clone, Copy)]
+pub struct DistUnitDot;
+
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut s = [0f32; 8];
+    let chunks = n / 8;
+    for i in 0..chunks {
+        let (x, y) = (&a[i * 8..i * 8 + 8], &b[i * 8..i * 8 + 8]);
+        for j in 0..8 {
+            s[j] += x[j] * y[j];
+        }
+    }
+    let mut t = 0f32;
+    for i in chunks * 8..n {
+        t += a[i] * b[i];
+    }
+    s.iter().sum::<f32>() + t
+}
+
+impl Distance<f32> for DistUnitDot {
+    fn eval(&self, va: &[f32], vb: &[f32]) -> f32 {
+        (1.0 - dot(va, vb)).max(0.0)
+    }
+}
+
+pub type Graph = Hnsw<'static, f32, DistUnitDot>;
+/// Vectors by label.
+pub type Vectors = HashMap<usize, Arc<[f32]>>;
+
+/// HNSW parameters (validated: hnsw_rs exits the process on some bad ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnnParams {
+    /// Links per node and layer (hnsw_rs `max_nb_connection`), 4..=64.
+    pub m: usize,
+    /// Candidate list while building, 16..=1000.
+    pub ef_construction: usize,
+    /// Candidate list while searching, 10..=2000.
+    pub ef_search: usize,
+}
+
+impl Default for AnnParams {
+    fn default() -> Self {
+        AnnParams {
+            m: 16,
+            ef_construction: 100,
+            ef_search: 64,
+        }
+    }
+}
+
+impl AnnParams {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(4..=64).contains(&self.m) {
+            return Err(format!("hnsw_m = {} (must be 4..=64)", self.m));
+        }
+        if !(16..=1000).contains(&self.ef_construction) {
+            return Err(format!(
+                "hnsw_ef_construction = {} (must be 16..=1000)",
+                self.ef_construction
+            ));
+        }
+        if !(10..=2000).contains(&self.ef_search) {
+            return Err(format!(
+                "hnsw_ef_search = {} (must be 10..=2000)",
+                self.ef_search
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub fn new_graph(p: &AnnParams, capacity: usize) -> Graph {
+    Hnsw::new(p.m, capacity.max(1024), 16, p.ef_construction, DistUnitDot)
+}
+
+/// Build a fresh graph from vectors (several threads).
+pub fn build(p: &AnnParams, items: &[(usize, Arc<[f32]>)]) -> Graph {
+    let g = new_graph(p, items.len());
+    let data: Vec<(&[f32], usize)> = items.iter().map(|(l, v)| (&v[..], *l)).collect();
+    if !data.is_empty() {
+        g.parallel_insert_slice(&data);
+    }
+    g
+}
+
+/// Nearest `k` labels to `q` by the graph, those for which `keep` holds.
+pub fn search(
+    g: &Graph,
+    p: &AnnParams,
+    q: &[f32],
+    k: usize,
+    keep: &dyn Fn(usize) -> bool,
+) -> Vec<(usize, f32)> {
+    if g.get_nb_point() == 0 || k == 0 {
+        return Vec::new();
+    }
+    let ef = p.ef_search.max(k);
+    let filter = |id: &usize| keep(*id);
+    g.search_filter(q, k, ef, Some(&filter))
+        .into_iter()
+        .map(|n| (n.d_id, 1.0 - n.distance))
+        .collect()
+}
+
+/// Exact top `k` of `q` among `items` (similarity = dot of unit vectors).
+pub fn exact<'a>(
+    q: &[f32],
+    k: usize,
+    items: impl Iterator<Item = (usize, &'a [f32])>,
+) -> Vec<(usize, f32)> {
+    let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<(OrdF32, usize)>> =
+        Default::default();
+    for (l, v) in items {
+        let s = OrdF32(dot(q, v));
+        if heap.len() < k {
+            heap.push(std::cmp::Reverse((s, l)));
+        } else if heap.peek().is_some_and(|m| s > m.0 .0) {
+            heap.pop();
+            heap.push(std::cmp::Reverse((s, l)));
+        }
+    }
+    let mut out: Vec<(usize, f32)> = heap.into_iter().map(|r| (r.0 .1, r.0 .0 .0)).collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    out
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct OrdF32(f32);
+impl Eq for OrdF32 {}
+impl PartialOrd for OrdF32 {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for OrdF32 {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0)
+    }
+}
+
+/// Write the graph into `dir` (replacing what was there) with hnsw_rs's
+/// dump, through a temporary directory renamed into place.
+pub fn dump(g: &Graph, dir: &Path) -> Result<(), String> {
+    let tmp = dir.with_extension("tmp");
+    let old = dir.with_extension("old");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    if g.get_nb_point() > 0 {
+        g.file_dump(&tmp, "hnsw")
+            .map_err(|e| format!("hnsw dump: {e}"))?;
+    }
+    for f in std::fs::read_dir(&tmp).map_err(|e| e.to_string())? {
+        let f = f.map_err(|e| e.to_string())?;
+        std::fs::File::open(f.path())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| e.to_string())?;
+    }
+    let _ = std::fs::remove_dir_all(&old);
+    if dir.exists() {
+        std::fs::rename(dir, &old).map_err(|e| e.to_string())?;
+    }
+    std::fs::rename(&tmp, dir).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// Load a dump written by `dump`, with the vectors of its points by label.
+/// A missing, empty or damaged dump gives `None` (the caller rebuilds).
+pub fn load(dir: &Path, dim: usize) -> Option<(Graph, Vectors)> {
+    if !dir.join("hnsw.hnsw.graph").exists() {
+        return None;
+    }
+    let dir = dir.to_path_buf();
+    // hnsw_rs asserts on damaged files; a damaged dump must not take the daemon down.
+    std::panic::catch_unwind(move || {
+        // The loaded graph borrows its loader for its whole life.
+        let io: &'static mut HnswIo = Box::leak(Box::new(HnswIo::new(&dir, "hnsw")));
+        let g: Graph = io.load_hnsw::<f32, DistUnitDot>().ok()?;
+        let mut vecs = HashMap::new();
+        if g.get_nb_point() > 0 {
+            for p in g.get_point_indexation() {
+                let v = p.get_v();
+                if v.len() != dim {
+                    return None;
+                }
+                vecs.insert(p.get_origin_id(), Arc::from(v));
+            }
+        }
+        Some((g, vecs))
+    })
+    .ok()
+    .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(seed: u64, dim: usize) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let mut v: Vec<f32> = (0..dim)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+            })
+            .collect();
+        crate::index::embed::normalize(&mut v);
+        v
+    }
+
+    #[test]
+    fn params_are_checked() {
+        assert!(AnnParams::default().validate().is_ok());
+        let bad = AnnParams {
+            m: 300,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn graph_matches_exact_and_survives_dump() {
+        let p = AnnParams::default();
+        let items: Vec<(usize, Arc<[f32]>)> = (0..2000)
+            .map(|i| (i + 10, Arc::from(unit(i as u64, 32))))
+            .collect();
+        let g = build(&p, &items);
+        let q = unit(99_999, 32);
+        let truth = exact(&q, 10, items.iter().map(|(l, v)| (*l, &v[..])));
+        let got = search(&g, &p, &q, 10, &|_| true);
+        let hit = got
+            .iter()
+            .filter(|(l, _)| truth.iter().any(|t| t.0 == *l))
+            .count();
+        assert!(hit >= 9, "recall {hit}/10");
+        // Filter: only even labels.
+        let even = search(&g, &p, &q, 10, &|l| l % 2 == 0);
+        assert!(even.iter().all(|(l, _)| l % 2 == 0));
+
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("acct");
+        dump(&g, &d).unwrap();
+        dump(&g, &d).unwrap(); // replacing works
+        let (g2, vecs) = load(&d, 32).expect("loads");
+        assert_eq!(vecs.len(), 2000);
+        assert_eq!(&vecs[&10][..], &items[0].1[..]);
+        let got2 = search(&g2, &p, &q, 10, &|_| true);
+        assert_eq!(got2.len(), 10);
+        // A damaged dump is refused, not fatal.
+        std::fs::write(d.join("hnsw.hnsw.data"), b"garbage").unwrap();
+        assert!(load(&d, 32).is_none());
+        assert!(load(&dir.path().join("missing"), 32).is_none());
+    }
+}

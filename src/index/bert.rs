@@ -1,0 +1,223 @@
+//! all-MiniLM-L6-v2 in-process: a small BERT encoder on candle, mean
+//! pooling with the attention mask and L2 normalisation, as
+//! sentence-transformers computes it. The files come from the model
+//! directory (`config.json`, `tokenizer.json`, `model.safetensors`).
+
+use super::embed::{normalize, Embedder};
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
+use std::path::Path;
+use std::sync::Mutex;
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+
+pub const MODEL_ID: &str = "all-MiniLM-L6-v2";
+/// Files a model directory must hold.
+pub const FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
+/// Word pieces read per text (sentence-transformers' `max_seq_length`).
+const MAX_TOKENS: usize = 256;
+
+#[derive(serde::Deserialize)]
+struct Config {
+    hidden_size: usize,
+    num_attention_heads: usize,
+    num_hidden_layers: usize,
+    intermediate_size: usize,
+    vocab_size: usize,
+    max_position_embeddings: usize,
+    type_vocab_size: usize,
+    layer_norm_eps: f64,
+}
+
+struct Layer {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    attn_out: Linear,
+    attn_norm: LayerNorm,
+    inter: Linear,
+    out: Linear,
+    out_norm: LayerNorm,
+}
+
+struct Bert {
+    word: Embedding,
+    pos: Embedding,
+    typ: Embedding,
+    norm: LayerNorm,
+    layers: Vec<Layer>,
+    heads: usize,
+}
+
+type CResult<T> = candle_core::Result<T>;
+
+impl Bert {
+    fn load(vb: VarBuilder, c: &Config) -> CResult<Self> {
+        let e = vb.pp("embeddings");
+        let h = c.hidden_size;
+        let mut layers = Vec::new();
+        for i in 0..c.num_hidden_layers {
+            let l = vb.pp(format!("encoder.layer.{i}"));
+            layers.push(Layer {
+                q: linear(h, h, l.pp("attention.self.query"))?,
+                k: linear(h, h, l.pp("attention.self.key"))?,
+                v: linear(h, h, l.pp("attention.self.value"))?,
+                attn_out: linear(h, h, l.pp("attention.output.dense"))?,
+                attn_norm: layer_norm(h, c.layer_norm_eps, l.pp("attention.output.LayerNorm"))?,
+                inter: linear(h, c.intermediate_size, l.pp("intermediate.dense"))?,
+                out: linear(c.intermediate_size, h, l.pp("output.dense"))?,
+                out_norm: layer_norm(h, c.layer_norm_eps, l.pp("output.LayerNorm"))?,
+            });
+        }
+        Ok(Bert {
+            word: embedding(c.vocab_size, h, e.pp("word_embeddings"))?,
+            pos: embedding(c.max_position_embeddings, h, e.pp("position_embeddings"))?,
+            typ: embedding(c.type_vocab_size, h, e.pp("token_type_embeddings"))?,
+            norm: layer_norm(h, c.layer_norm_eps, e.pp("LayerNorm"))?,
+            layers,
+            heads: c.num_attention_heads,
+        })
+    }
+
+    /// Token ids and mask `[batch, seq]` (u32) → hidden states `[batch, seq, h]`.
+    fn forward(&self, ids: &Tensor, mask: &Tensor) -> CResult<Tensor> {
+        let (b, s) = ids.dims2()?;
+        let dev = ids.device();
+        let pos = Tensor::arange(0u32, s as u32, dev)?
+            .unsqueeze(0)?
+            .broadcast_as((b, s))?;
+        let typ = ids.zeros_like()?;
+        let x = self
+            .word
+            .forward(ids)?
+            .add(&self.pos.forward(&pos)?)?
+            .add(&self.typ.forward(&typ)?)?;
+        let mut x = self.norm.forward(&x)?;
+        // Additive mask: 0 for tokens, a large negative for padding.
+        let m = mask.to_dtype(DType::F32)?;
+        let bias = ((m - 1.0)? * 1e4)?.reshape((b, 1, 1, s))?;
+        let h = x.dim(2)?;
+        let hd = h / self.heads;
+        let scale = 1.0 / (hd as f64).sqrt();
+        for l in &self.layers {
+            let split = |t: Tensor| -> CResult<Tensor> {
+                t.reshape((b, s, self.heads, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()
+            };
+            let q = split(l.q.forward(&x)?)?;
+            let k = split(l.k.forward(&x)?)?;
+            let v = split(l.v.forward(&x)?)?;
+            let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&bias)?;
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let ctx = att.matmul(&v)?.transpose(1, 2)?.reshape((b, s, h))?;
+            let a = l.attn_norm.forward(&(l.attn_out.forward(&ctx)? + &x)?)?;
+            let i = l.inter.forward(&a)?.gelu_erf()?;
+            x = l.out_norm.forward(&(l.out.forward(&i)? + &a)?)?;
+        }
+        Ok(x)
+    }
+}
+
+pub struct MiniLm {
+    bert: Bert,
+    tok: Mutex<Tokenizer>,
+    dim: usize,
+}
+
+impl MiniLm {
+    /// Does `dir` hold the model's files?
+    pub fn present(dir: &Path) -> bool {
+        FILES.iter().all(|f| dir.join(f).is_file())
+    }
+
+    pub fn load(dir: &Path) -> Result<Self, String> {
+        let cfg: Config = serde_json::from_slice(
+            &std::fs::read(dir.join("config.json")).map_err(|e| format!("config.json: {e}"))?,
+        )
+        .map_err(|e| format!("config.json: {e}"))?;
+        let mut tok = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| format!("tokenizer.json: {e}"))?;
+        // The shipped tokenizer pads every input to 128: pad to the longest
+        // of a batch instead, and read up to 256 word pieces.
+        tok.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::BatchLongest,
+            ..Default::default()
+        }));
+        tok.with_truncation(Some(TruncationParams {
+            max_length: MAX_TOKENS,
+            ..Default::default()
+        }))
+        .map_err(|e| format!("tokenizer: {e}"))?;
+        // SAFETY: the weights file is mapped read-only and not modified while mapped.
+        let vb = unsafe {
+            VarBuilder::from_mmaped_safetensors(
+                &[dir.join("model.safetensors")],
+                DType::F32,
+                &Device::Cpu,
+            )
+        }
+        .map_err(|e| format!("model.safetensors: {e}"))?;
+        let bert = Bert::load(vb, &cfg).map_err(|e| format!("model.safetensors: {e}"))?;
+        Ok(MiniLm {
+            bert,
+            tok: Mutex::new(tok),
+            dim: cfg.hidden_size,
+        })
+    }
+
+    fn run(&self, texts: &[&str]) -> CResult<Vec<Vec<f32>>> {
+        let enc = {
+            let tok = self.tok.lock().unwrap_or_else(|e| e.into_inner());
+            tok.encode_batch(texts.to_vec(), true)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+        };
+        let b = enc.len();
+        let s = enc
+            .iter()
+            .map(|e| e.get_ids().len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut ids = Vec::with_capacity(b * s);
+        let mut mask = Vec::with_capacity(b * s);
+        for e in &enc {
+            let (i, m) = (e.get_ids(), e.get_attention_mask());
+            ids.extend_from_slice(i);
+            mask.extend_from_slice(m);
+            ids.resize(ids.len() + s - i.len(), 0);
+            mask.resize(mask.len() + s - m.len(), 0);
+        }
+        let dev = Device::Cpu;
+        let ids = Tensor::from_vec(ids, (b, s), &dev)?;
+        let mask = Tensor::from_vec(mask, (b, s), &dev)?;
+        let hidden = self.bert.forward(&ids, &mask)?;
+        // Mean over real tokens.
+        let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let sum = hidden.broadcast_mul(&m)?.sum(1)?;
+        let n = m.sum(1)?.clamp(1e-9, f64::MAX)?;
+        let mean = sum.broadcast_div(&n)?;
+        let mut out: Vec<Vec<f32>> = mean.to_vec2()?;
+        for v in &mut out {
+            normalize(v);
+        }
+        Ok(out)
+    }
+}
+
+impl Embedder for MiniLm {
+    fn id(&self) -> &str {
+        MODEL_ID
+    }
+    fn kind(&self) -> &'static str {
+        "minilm"
+    }
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.run(texts).map_err(|e| format!("MiniLM: {e}"))
+    }
+}

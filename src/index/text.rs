@@ -1,0 +1,192 @@
+//! Text handling shared by both search channels: word tokens for BM25 and
+//! the hashing embedder, and the split of long content into chunks.
+
+use rust_stemmers::{Algorithm, Stemmer};
+use std::sync::OnceLock;
+
+/// Largest chunk of `content.md` embedded as one L2 record (bytes). MiniLM
+/// reads 256 word pieces, about 1,000 characters of English.
+pub const CHUNK_BYTES: usize = 1000;
+/// Most chunks taken from one node (the rest is still found by BM25).
+pub const MAX_CHUNKS: usize = 64;
+
+const STOPWORDS: &[&str] = &[
+    "a", "about", "above", "after", "again", "all", "am", "an", "and", "any", "are", "as", "at",
+    "be", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could",
+    "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had",
+    "has", "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i", "if", "in",
+    "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "no", "nor", "not",
+    "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "out", "over", "own",
+    "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs",
+    "them", "then", "there", "these", "they", "this", "those", "through", "to", "too", "under",
+    "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who",
+    "whom", "why", "will", "with", "would", "you", "your", "yours",
+];
+
+fn stemmer() -> &'static Stemmer {
+    static S: OnceLock<Stemmer> = OnceLock::new();
+    S.get_or_init(|| Stemmer::create(Algorithm::English))
+}
+
+fn is_stopword(w: &str) -> bool {
+    STOPWORDS.binary_search(&w).is_ok()
+}
+
+/// Raw lowercase words: runs of letters and digits (ids such as `ab-12` stay
+/// findable as their parts and, joined by `_`/`-`, as a whole).
+pub fn words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut joined = String::new();
+    let flush = |cur: &mut String, out: &mut Vec<String>| {
+        if !cur.is_empty() {
+            out.push(std::mem::take(cur));
+        }
+    };
+    for ch in text.chars() {
+        if ch.is_alphanumeric() {
+            cur.extend(ch.to_lowercase());
+            joined.extend(ch.to_lowercase());
+        } else if (ch == '-' || ch == '_' || ch == '.') && !cur.is_empty() {
+            flush(&mut cur, &mut out);
+            joined.push(ch);
+        } else {
+            let had_parts = joined.contains(['-', '_', '.']);
+            flush(&mut cur, &mut out);
+            let j = joined.trim_end_matches(['-', '_', '.']);
+            if had_parts && j.contains(['-', '_', '.']) && j.len() <= 64 {
+                out.push(j.to_string());
+            }
+            joined.clear();
+        }
+    }
+    let had_parts = joined.contains(['-', '_', '.']);
+    flush(&mut cur, &mut out);
+    let j = joined.trim_end_matches(['-', '_', '.']);
+    if had_parts && j.contains(['-', '_', '.']) && j.len() <= 64 {
+        out.push(j.to_string());
+    }
+    out
+}
+
+/// BM25 terms: words without stopwords, stemmed (English Snowball).
+pub fn terms(text: &str) -> Vec<String> {
+    let st = stemmer();
+    words(text)
+        .into_iter()
+        .filter(|w| !is_stopword(w) && w.len() <= 64)
+        .map(|w| {
+            if w.chars().all(|c| c.is_ascii_alphabetic()) {
+                st.stem(&w).into_owned()
+            } else {
+                w
+            }
+        })
+        .collect()
+}
+
+/// A piece of `content.md` with the 1-based line it starts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub line: u32,
+    pub text: String,
+}
+
+/// Split content into chunks of at most about `CHUNK_BYTES`, at blank lines
+/// when possible, else at line ends, else inside a line (at a char boundary).
+pub fn chunks(content: &str) -> Vec<Chunk> {
+    let mut out: Vec<Chunk> = Vec::new();
+    let mut cur = String::new();
+    let mut cur_line = 1u32;
+    let mut line_no = 0u32;
+    for line in content.split_inclusive('\n') {
+        line_no += 1;
+        let blank = line.trim().is_empty();
+        if !cur.is_empty()
+            && (cur.len() + line.len() > CHUNK_BYTES || (blank && cur.len() > CHUNK_BYTES / 2))
+        {
+            push_chunk(&mut out, &mut cur, cur_line);
+        }
+        if cur.is_empty() {
+            if blank {
+                continue;
+            }
+            cur_line = line_no;
+        }
+        let mut rest = line;
+        while rest.len() > CHUNK_BYTES {
+            let mut cut = CHUNK_BYTES;
+            while !rest.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            // Prefer a space near the cut.
+            if let Some(sp) = rest[..cut].rfind(' ').filter(|&i| i > CHUNK_BYTES / 2) {
+                cut = sp + 1;
+            }
+            cur.push_str(&rest[..cut]);
+            push_chunk(&mut out, &mut cur, cur_line);
+            cur_line = line_no;
+            rest = &rest[cut..];
+        }
+        cur.push_str(rest);
+        if out.len() >= MAX_CHUNKS {
+            break;
+        }
+    }
+    push_chunk(&mut out, &mut cur, cur_line);
+    out.truncate(MAX_CHUNKS);
+    out
+}
+
+fn push_chunk(out: &mut Vec<Chunk>, cur: &mut String, line: u32) {
+    let t = cur.trim();
+    if !t.is_empty() {
+        out.push(Chunk {
+            line,
+            text: t.to_string(),
+        });
+    }
+    cur.clear();
+}
+
+/// One line of text for a TSV column: tabs and line breaks become spaces.
+pub fn one_line(s: &str) -> String {
+    s.split(['\t', '\n', '\r'])
+        .filter(|p| !p.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stopwords_sorted() {
+        let mut s = STOPWORDS.to_vec();
+        s.sort();
+        assert_eq!(s, STOPWORDS);
+    }
+
+    #[test]
+    fn words_and_terms() {
+        assert_eq!(
+            words("Rust's async-io, ID ab-12."),
+            ["rust", "s", "async", "io", "async-io", "id", "ab", "12", "ab-12"]
+        );
+        assert_eq!(terms("The cats are running"), ["cat", "run"]);
+    }
+
+    #[test]
+    fn chunking_keeps_lines() {
+        let text = "# Title\n\nfirst para\n\n".to_string() + &"word ".repeat(400) + "\nlast\n";
+        let c = chunks(&text);
+        assert!(c.len() >= 2);
+        assert_eq!(c[0].line, 1);
+        assert!(c.iter().all(|c| c.text.len() <= CHUNK_BYTES));
+        assert!(c.last().unwrap().text.ends_with("last"));
+        assert!(chunks("").is_empty());
+        assert_eq!(chunks("é".repeat(2000).as_str()).len(), 4);
+    }
+}
