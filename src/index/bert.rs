@@ -221,3 +221,63 @@ impl Embedder for MiniLm {
         self.run(texts).map_err(|e| format!("MiniLM: {e}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The model directory of the test suite (`make model` fills it).
+    pub fn test_model_dir() -> std::path::PathBuf {
+        std::env::var_os("CTXFS_MODEL_DIR")
+            .map(Into::into)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("models")
+                    .join(MODEL_ID)
+            })
+    }
+
+    /// Vectors of sentence-transformers 5 (mean pooling, L2 norm) for ten
+    /// texts, from `tests/data/minilm_reference.json`: ours must agree to
+    /// 1e-3 in cosine.
+    #[test]
+    fn matches_sentence_transformers() {
+        let dir = test_model_dir();
+        assert!(
+            MiniLm::present(&dir),
+            "MiniLM files missing in {} (run `make model`)",
+            dir.display()
+        );
+        let m = MiniLm::load(&dir).unwrap();
+        let r: serde_json::Value = serde_json::from_str(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/minilm_reference.json"
+        )))
+        .unwrap();
+        let sents: Vec<&str> = r["sentences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        // Batched (padding to the longest) and one by one must both match.
+        let batch = m.embed(&sents).unwrap();
+        for (i, want) in r["vectors"].as_array().unwrap().iter().enumerate() {
+            let want: Vec<f32> = want
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            let single = m.embed(&[sents[i]]).unwrap().remove(0);
+            for got in [&batch[i], &single] {
+                let cos: f32 = got.iter().zip(&want).map(|(a, b)| a * b).sum();
+                assert!(
+                    (1.0 - cos).abs() < 1e-3,
+                    "sentence {i} {:?}: cosine {cos}",
+                    sents[i]
+                );
+            }
+        }
+    }
+}
