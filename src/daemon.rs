@@ -29,6 +29,8 @@ pub struct MountOpts {
     /// Overrides of the config's `[index] embedder` and `model_dir`.
     pub embedder: Option<String>,
     pub model_dir: Option<PathBuf>,
+    /// Run no indexer (also `[index] enabled = false`).
+    pub no_index: bool,
 }
 
 /// The config (or the single-owner default) with the command line's overrides.
@@ -134,6 +136,9 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
     }
     if let Some(d) = &o.model_dir {
         cmd.arg("--model-dir").arg(d);
+    }
+    if o.no_index {
+        cmd.arg("--no-index");
     }
     cmd.env(READY_FD, wfd.to_string())
         .stdin(std::process::Stdio::null())
@@ -242,9 +247,15 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         "repair job at mount"
     );
 
-    let index = open_index(&store, &o.data, &settings.index)?;
-    index.start().map_err(|e| anyhow!("{e}"))?;
-    fs.set_index(index.clone());
+    let index = if o.no_index || settings.index.enabled == Some(false) {
+        tracing::info!("search disabled: no indexer runs");
+        None
+    } else {
+        let index = open_index(&store, &o.data, &settings.index)?;
+        index.start().map_err(|e| anyhow!("{e}"))?;
+        fs.set_index(index.clone());
+        Some(index)
+    };
 
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
@@ -270,7 +281,9 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let drafts = fs
         .persist_all_drafts()
         .map_err(|e| anyhow!("saving drafts: {e}"))?;
-    index.shutdown();
+    if let Some(ix) = &index {
+        ix.shutdown();
+    }
     store.close();
     tracing::info!(drafts, "unmounted; drafts saved, store closed");
     if let Err(e) = served {

@@ -302,6 +302,12 @@ fn parse_event(ev: &StoredEvent) -> Option<Pending> {
         },
         _ => return None,
     };
+    // The store files an event under the node's path after the change (a
+    // move's under its destination).
+    let path = match &work {
+        Work::Move { to, .. } => to.clone(),
+        _ => path,
+    };
     Some(Pending {
         ev: ev.clone(),
         json,
@@ -625,19 +631,19 @@ impl Index {
                 });
                 continue;
             };
-            let to = match &p.work {
-                Work::Move { to, .. } => Some(to.clone()),
-                _ => None,
-            };
-            if blocked.contains(&p.path) || to.as_ref().is_some_and(|t| blocked.contains(t)) {
+            // A move touches its source and its destination.
+            let mut touched = vec![p.path.clone()];
+            if let Work::Move { from, .. } = &p.work {
+                touched.push(from.clone());
+            }
+            if touched.iter().any(|t| blocked.contains(t)) {
                 continue;
             }
             let at = p.json["next_retry_ms"].as_u64().unwrap_or(0);
             if at > now {
                 let t = Instant::now() + Duration::from_millis(at - now);
                 next = Some(next.map_or(t, |n: Instant| n.min(t)));
-                blocked.insert(p.path.clone());
-                blocked.extend(to);
+                blocked.extend(touched);
                 continue;
             }
             out.push(p);
@@ -809,11 +815,15 @@ impl Index {
             j["status"] = "DEAD".into();
             j["last_error"] = why.into();
         }
-        let path = j["uri"]
-            .as_str()
-            .and_then(place::node_of_uri)
-            .unwrap_or("")
-            .to_string();
+        let path = if p.path.is_empty() {
+            j["uri"]
+                .as_str()
+                .and_then(place::node_of_uri)
+                .unwrap_or("")
+                .to_string()
+        } else {
+            p.path.clone()
+        };
         let account = path.split('/').next().unwrap_or("").to_string();
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         ops.push(Op::DeadEvent {
@@ -1220,10 +1230,18 @@ impl Index {
         let account = scope.split('/').next().unwrap_or("");
         let k = q.k.clamp(1, MAX_K);
         let ai = self.account(account)?;
-        let qv = if q.mode == Mode::Lexical {
-            None
-        } else {
-            Some(self.query_vec(&q.text)?)
+        // Hybrid degrades to the lexical channel when the query cannot be
+        // embedded (embedding server down); vector-only fails.
+        let qv = match q.mode {
+            Mode::Lexical => None,
+            Mode::Vector => Some(self.query_vec(&q.text)?),
+            Mode::Hybrid => match self.query_vec(&q.text) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::warn!("{e}; answering from the lexical channel only");
+                    None
+                }
+            },
         };
         let qterms = text::terms(&q.text);
         let cand = (k * 3).max(50);

@@ -1,0 +1,391 @@
+//! Search through the mount: `.search/` files, `.ctxfs/sync`, tenancy of
+//! results, no stale hits, dead letters with the HTTP embedder.
+
+use crate::harness::*;
+use std::io::BufRead;
+use std::time::{Duration, Instant};
+
+const ALICE: &str = "acme/users/alice/memories";
+const BOB: &str = "acme/users/bob/memories";
+
+/// Commit a node with content and abstract as `uid`.
+fn put(m: &Mount, uid: u32, node: &str, content: &str, abs: &str) {
+    m.ok(
+        uid,
+        &format!(
+            "set -e; N=\"$M/accounts/{node}\"; mkdir -p \"$N\"; printf '%s' '{content}' > \"$N/content.md\"; \
+             printf '%s' '{abs}' > \"$N/.abstract.md\"; /bin/echo '{ACTIVE}' > \"$N/.meta.json\""
+        ),
+    );
+}
+
+/// Result paths of `DIR/.search/QUERY` read as `uid`.
+fn search(m: &Mount, uid: u32, dir: &str, query: &str) -> Vec<String> {
+    let out = m.ok(uid, &format!("cat \"$M/accounts/{dir}/.search/{query}\""));
+    out.lines()
+        .map(|l| {
+            let cols: Vec<&str> = l.split('\t').collect();
+            assert!(
+                cols.len() >= 5,
+                "TSV line with {} columns: {l:?}",
+                cols.len()
+            );
+            assert_eq!(cols[2], format!("accounts/{}", &cols[3]["ctx://".len()..]));
+            cols[2].trim_start_matches("accounts/").to_string()
+        })
+        .collect()
+}
+
+fn sync(m: &Mount) {
+    assert_eq!(m.ok(0, "cat $M/.ctxfs/sync"), "ok\n");
+}
+
+fn minilm_config() -> String {
+    format!(
+        "{CONFIG}\n[index]\nembedder = \"minilm\"\nmodel_dir = \"{}\"\n",
+        model_dir().display()
+    )
+}
+
+#[test]
+fn search_finds_paraphrases_and_never_stale_or_foreign_nodes() {
+    let mut m = Mount::with_config(Some(&minilm_config()));
+    let tea = format!("{ALICE}/prefs/tea");
+    let editor = format!("{ALICE}/prefs/editor");
+    let trip = format!("{ALICE}/events/trip");
+    let cat = format!("{BOB}/pets/cat");
+    put(
+        &m,
+        WRITER,
+        &tea,
+        "Alice drinks green tea every morning and avoids coffee.",
+        "Alice prefers green tea",
+    );
+    put(
+        &m,
+        WRITER,
+        &editor,
+        "Alice writes code in vim with a dark colour scheme.",
+        "Alice uses vim",
+    );
+    put(
+        &m,
+        WRITER,
+        &trip,
+        "In May Alice flew to Lisbon for a conference on databases.",
+        "Trip to Lisbon",
+    );
+    put(
+        &m,
+        WRITER,
+        &cat,
+        "Bob has a ginger cat named Biscuit who sleeps all day.",
+        "Bob has cat Biscuit",
+    );
+    // Another account with the same words: never in acme's results.
+    put(
+        &m,
+        STRANGER,
+        "other/users/eve/memories/prefs/tea",
+        "Eve drinks green tea every morning.",
+        "Eve likes tea",
+    );
+    // A PENDING node (no .meta.json): never in results.
+    m.ok(WRITER, &format!("mkdir -p $M/accounts/{ALICE}/prefs/draft && printf 'zanzibar quokka beverage' > $M/accounts/{ALICE}/prefs/draft/content.md"));
+    sync(&m);
+
+    // A paraphrase sharing no content word with the node.
+    let hits = search(
+        &m,
+        READER,
+        "acme",
+        "which hot beverage does she like in the morning",
+    );
+    assert_eq!(hits.first(), Some(&tea), "{hits:?}");
+    let hits = search(&m, READER, "acme", "favourite text editor for programming");
+    assert_eq!(hits.first(), Some(&editor), "{hits:?}");
+    let hits = search(&m, WRITER, "acme", "pet animal");
+    assert_eq!(hits.first(), Some(&cat), "{hits:?}");
+    // Exact rare words go through the lexical channel.
+    assert_eq!(search(&m, READER, "acme", "Biscuit").first(), Some(&cat));
+    for q in ["green tea", "zanzibar quokka", "Eve"] {
+        for h in search(&m, WRITER, "acme", q) {
+            assert!(h.starts_with("acme/") && !h.ends_with("/draft"), "{q}: {h}");
+        }
+    }
+    // Scoped to a subtree.
+    for h in search(&m, READER, "acme/users/bob", "green tea") {
+        assert!(h.starts_with("acme/users/bob/"), "{h}");
+    }
+    assert_eq!(
+        search(&m, READER, &format!("{ALICE}/prefs"), "Lisbon conference").len(),
+        2
+    );
+    // k, JSON.
+    assert_eq!(search(&m, READER, "acme", "tea?k=1").len(), 1);
+    let j: serde_json::Value = serde_json::from_str(&m.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/Lisbon trip?format=json\"",
+    ))
+    .unwrap();
+    assert_eq!(j["results"][0]["path"], format!("accounts/{trip}"));
+    assert_eq!(j["results"][0]["rank"], 1);
+    assert_eq!(j["model"], "all-MiniLM-L6-v2");
+    // Bad options and strangers are refused; nothing matches: empty file.
+    m.fails(
+        READER,
+        "cat \"$M/accounts/acme/.search/tea?k=0\"",
+        "Invalid argument",
+    );
+    m.fails(
+        STRANGER,
+        "cat \"$M/accounts/acme/.search/tea\"",
+        "Permission denied",
+    );
+    assert_eq!(
+        m.ok(
+            READER,
+            "cat \"$M/accounts/acme/users/bob/memories/.search/xqzvj?mode=lexical\""
+        ),
+        ""
+    );
+    // The CLI asks the same files.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "search",
+            "--dir",
+            m.p("accounts/acme").to_str().unwrap(),
+            "-k",
+            "2",
+            "coffee or tea",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.lines().next().unwrap().contains(&tea), "{text}");
+
+    // Update: the old words leave, the new ones come.
+    m.ok(WRITER, &format!("printf 'Alice now drinks espresso.' > $M/accounts/{tea}/content.md && printf 'Alice likes espresso' > $M/accounts/{tea}/.abstract.md && /bin/echo '{ACTIVE}' > $M/accounts/{tea}/.meta.json"));
+    sync(&m);
+    assert!(!search(&m, READER, "acme", "green tea?mode=lexical").contains(&tea));
+    assert_eq!(search(&m, READER, "acme", "espresso").first(), Some(&tea));
+    // Move: found at the new path only.
+    let moved = format!("{BOB}/events/trip");
+    m.ok(
+        WRITER,
+        &format!("mkdir -p $M/accounts/{BOB}/events && mv $M/accounts/{trip} $M/accounts/{moved}"),
+    );
+    sync(&m);
+    let hits = search(&m, READER, "acme", "Lisbon");
+    assert_eq!(hits.first(), Some(&moved), "{hits:?}");
+    assert!(!hits.contains(&trip));
+    // Archive and delete: gone from results.
+    m.ok(
+        WRITER,
+        &format!("/bin/echo '{{\"status\":\"ARCHIVED\"}}' > $M/accounts/{moved}/.meta.json"),
+    );
+    m.ok(WRITER, &format!("rm -r $M/accounts/{cat}"));
+    sync(&m);
+    for q in ["Lisbon", "Biscuit", "cat", "conference"] {
+        let hits = search(&m, READER, "acme", q);
+        assert!(
+            !hits.contains(&moved) && !hits.contains(&cat),
+            "{q}: {hits:?}"
+        );
+    }
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["outbox_depth"], 0, "{s}");
+    assert_eq!(s["indexer"]["embedder"]["kind"], "minilm");
+    assert_eq!(s["indexer"]["indexed_nodes"], 3, "{s}");
+
+    // Restart: the graph is loaded from its dump, results unchanged.
+    m.umount();
+    m.fsck();
+    assert!(m.data.join("index/acme/hnsw.hnsw.graph").exists());
+    m.mount();
+    assert_eq!(
+        search(&m, READER, "acme", "favourite text editor for programming").first(),
+        Some(&editor)
+    );
+    assert_eq!(search(&m, READER, "acme", "espresso").first(), Some(&tea));
+}
+
+/// Kills the server when the test ends, even by a failed assertion.
+struct Server(std::process::Child);
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A local OpenAI-compatible embedding server that fails until `ok_flag`
+/// exists, then answers with deterministic vectors. Returns (server, url, flag).
+fn embed_server(m: &Mount) -> (Server, String, std::path::PathBuf) {
+    let flag = m.dir.path().join("server-ok");
+    let script = m.dir.path().join("server.py");
+    std::fs::write(
+        &script,
+        r#"
+import hashlib, http.server, json, os, sys
+FLAG = sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers['Content-Length'])))
+        if self.path != '/v1/embeddings' or not os.path.exists(FLAG):
+            self.send_response(500); self.end_headers(); self.wfile.write(b'model is loading'); return
+        data = []
+        for i, t in enumerate(body['input']):
+            v = [0.0] * 16
+            for w in t.lower().split():
+                h = hashlib.sha256(w.strip('.,').encode()).digest()
+                v[h[0] % 16] += 1.0
+            data.append({'index': i, 'embedding': v})
+        out = json.dumps({'data': data, 'model': body['model']}).encode()
+        self.send_response(200); self.send_header('Content-Type', 'application/json')
+        self.send_header('Content-Length', str(len(out))); self.end_headers(); self.wfile.write(out)
+s = http.server.HTTPServer(('127.0.0.1', 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#,
+    )
+    .unwrap();
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .arg(&script)
+        .arg(&flag)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (
+        Server(child),
+        format!("http://127.0.0.1:{}", line.trim()),
+        flag,
+    )
+}
+
+#[test]
+fn failed_embeddings_go_to_the_dead_letter_queue_and_retry_by_mv() {
+    // A first mount only to get a temp dir for the server files.
+    let probe = Mount::without_index();
+    let (_server, url, flag) = embed_server(&probe);
+    let config = format!(
+        "{CONFIG}\n[index]\nembedder = \"http\"\nhttp_url = \"{url}\"\nhttp_model = \"test-embed\"\nhttp_dim = 16\n\
+         max_retries = 2\nretry_backoff_ms = 50\n"
+    );
+    let m = Mount::with_config(Some(&config));
+    let node = format!("{ALICE}/notes/n1");
+    let other = format!("{ALICE}/notes/n2");
+    put(
+        &m,
+        WRITER,
+        &node,
+        "the quarterly report is due friday",
+        "report due",
+    );
+    put(&m, WRITER, &other, "buy oat milk", "groceries");
+    // Both events fail twice and become dead letters.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dead = loop {
+        let l = m.ok(
+            READER,
+            &format!("ls $M/accounts/{node}/.outbox/dlq/ $M/accounts/{other}/.outbox/dlq/"),
+        );
+        if l.lines().filter(|x| x.ends_with(".json")).count() == 2 {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no dead letters: {l}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let id = dead
+        .lines()
+        .find(|x| x.ends_with(".json"))
+        .unwrap()
+        .to_string();
+    let ev: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{node}/.outbox/dlq/{id}")))
+            .unwrap();
+    assert_eq!(ev["status"], "DEAD");
+    assert_eq!(ev["retry_count"], 2);
+    assert!(ev["last_error"].as_str().unwrap().contains("500"), "{ev}");
+    let s: serde_json::Value = serde_json::from_str(&m.ok(WRITER, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["dead_letters"], 2, "{s}");
+    assert_eq!(s["outbox_depth"], 0, "{s}");
+    // Dead letters do not hold up sync; the node is not searchable yet.
+    sync(&m);
+    assert!(!search(&m, READER, "acme", "quarterly report").contains(&node));
+    // Readers may not retry or drop.
+    m.fails(
+        READER,
+        &format!("mv $M/accounts/{node}/.outbox/dlq/{id} $M/accounts/{node}/.outbox/"),
+        "Read-only",
+    );
+    // The server recovers; moving the letter back retries it.
+    std::fs::write(&flag, "").unwrap();
+    m.ok(
+        WRITER,
+        &format!("mv $M/accounts/{node}/.outbox/dlq/{id} $M/accounts/{node}/.outbox/"),
+    );
+    sync(&m);
+    assert_eq!(
+        search(&m, READER, "acme", "quarterly report").first(),
+        Some(&node)
+    );
+    assert_eq!(
+        m.ok(READER, &format!("ls $M/accounts/{node}/.outbox/dlq/")),
+        ""
+    );
+    // rm drops the other one for good.
+    let id2 = m.ok(WRITER, &format!("ls $M/accounts/{other}/.outbox/dlq/"));
+    m.ok(
+        WRITER,
+        &format!("rm $M/accounts/{other}/.outbox/dlq/{}", id2.trim()),
+    );
+    let s: serde_json::Value = serde_json::from_str(&m.ok(WRITER, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["dead_letters"], 0, "{s}");
+    assert_eq!(s["indexer"]["embedder"]["kind"], "http");
+    let mut m = m;
+    m.umount();
+    m.fsck();
+}
+
+#[test]
+fn sync_and_search_without_model_use_the_hashing_fallback() {
+    let m = Mount::new();
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["indexer"]["embedder"]["kind"], "hash", "{s}");
+    assert!(s["indexer"]["embedder"]["note"]
+        .as_str()
+        .unwrap()
+        .contains("not found"));
+    for i in 0..30 {
+        put(
+            &m,
+            0,
+            &format!("{ALICE}/facts/f{i}"),
+            &format!("fact number {i} about topic{i}"),
+            &format!("fact {i}"),
+        );
+    }
+    sync(&m);
+    assert_eq!(
+        search(&m, 0, "acme", "topic17").first().map(String::as_str),
+        Some(format!("{ALICE}/facts/f17").as_str())
+    );
+    assert_eq!(search(&m, 0, "acme", "fact number?k=30").len(), 30);
+    // `.search` is not listed, and bad places are refused.
+    assert!(!m.ok(0, "ls -a $M/accounts/acme").contains(".search"));
+    m.fails(0, "cat \"$M/accounts/nosuch/.search/x\"", "No such file");
+    m.fails(0, "echo x > \"$M/accounts/acme/.search/x\"", "");
+}
