@@ -389,3 +389,61 @@ fn sync_and_search_without_model_use_the_hashing_fallback() {
     m.fails(0, "cat \"$M/accounts/nosuch/.search/x\"", "No such file");
     m.fails(0, "echo x > \"$M/accounts/acme/.search/x\"", "");
 }
+
+#[test]
+fn relations_expand_hits_and_a_model_change_reindexes() {
+    let hash_cfg = format!("{CONFIG}\n[index]\nembedder = \"hash\"\n");
+    let mut m = Mount::with_config(Some(&hash_cfg));
+    let a = format!("{ALICE}/projects/apollo");
+    let b = format!("{ALICE}/people/grace");
+    put(
+        &m,
+        WRITER,
+        &b,
+        "Grace is an engineer who likes sailing.",
+        "Grace the engineer",
+    );
+    m.ok(
+        WRITER,
+        &format!(
+            "set -e; N=$M/accounts/{a}; mkdir -p $N; printf 'Apollo is the launch project for the moon lander.' > $N/content.md; \
+             printf 'Apollo launch project' > $N/.abstract.md; \
+             printf '[{{\"from_uri\":\"ctx://{a}\",\"to_uri\":\"ctx://{b}\",\"relation_type\":\"led_by\",\"weight\":0.9}}]' > $N/.relations.json; \
+             /bin/echo '{ACTIVE}' > $N/.meta.json"
+        ),
+    );
+    sync(&m);
+    // Without expansion only Apollo matches; with it, Grace comes along, marked.
+    assert_eq!(
+        search(&m, READER, "acme", "moon lander?mode=lexical"),
+        vec![a.clone()]
+    );
+    let out = m.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/moon lander?mode=lexical&expand=1\"",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[1].contains(&b) && lines[1].ends_with(&format!("related:led_by<-accounts/{a}")),
+        "{out}"
+    );
+    m.umount();
+
+    // Same data, another model: the indexer re-embeds before it reports sync.
+    std::fs::write(m.config.as_ref().unwrap(), minilm_config()).unwrap();
+    m.mount();
+    sync(&m);
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["indexer"]["embedder"]["model"], "all-MiniLM-L6-v2", "{s}");
+    assert_eq!(s["indexer"]["indexed_nodes"], 2, "{s}");
+    let j: serde_json::Value = serde_json::from_str(&m.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/space mission to land on the moon?mode=vector&format=json\"",
+    ))
+    .unwrap();
+    assert_eq!(j["results"][0]["path"], format!("accounts/{a}"), "{j}");
+    assert_eq!(j["model"], "all-MiniLM-L6-v2");
+    m.umount();
+    m.fsck();
+}

@@ -52,6 +52,36 @@ pub enum Cmd {
         #[arg(long)]
         model_dir: Option<PathBuf>,
     },
+    /// Benchmark the ANN graph against exact search (recall@10, queries/s).
+    #[command(hide = true)]
+    BenchAnn {
+        /// A float32 .npy matrix (e.g. GloVe); its last QUERIES rows are the queries.
+        #[arg(long)]
+        npy: Option<PathBuf>,
+        /// Use at most this many rows of the .npy.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Or: an unmounted data dir and one of its accounts (its stored vectors).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[arg(long)]
+        account: Option<String>,
+        /// Query texts, one per line (with --data).
+        #[arg(long)]
+        queries_file: Option<PathBuf>,
+        #[arg(long, default_value_t = 1000)]
+        queries: usize,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        embedder: Option<String>,
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        #[arg(long, default_value_t = 16)]
+        m: usize,
+        #[arg(long, default_value_t = 100)]
+        ef_construction: usize,
+    },
     /// Search a mounted ctxfs: QUERY among the nodes under DIR (a directory inside an account).
     Search {
         /// What to look for.
@@ -109,7 +139,7 @@ pub fn run() -> i32 {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hnsw_rs=warn")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -158,6 +188,31 @@ pub fn run() -> i32 {
             embedder.as_ref(),
             model_dir.as_ref(),
         ),
+        Cmd::BenchAnn {
+            npy,
+            limit,
+            data,
+            account,
+            queries_file,
+            queries,
+            config,
+            embedder,
+            model_dir,
+            m,
+            ef_construction,
+        } => crate::daemon::bench_ann(crate::daemon::BenchAnnOpts {
+            npy,
+            limit,
+            data,
+            account,
+            queries_file,
+            queries,
+            config,
+            embedder,
+            model_dir,
+            m,
+            ef_construction,
+        }),
         Cmd::Search {
             query,
             dir,

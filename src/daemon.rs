@@ -497,3 +497,80 @@ pub fn search(
     std::io::stdout().write_all(&bytes)?;
     Ok(0)
 }
+
+pub struct BenchAnnOpts {
+    pub npy: Option<PathBuf>,
+    pub limit: Option<usize>,
+    pub data: Option<PathBuf>,
+    pub account: Option<String>,
+    pub queries_file: Option<PathBuf>,
+    pub queries: usize,
+    pub config: Option<PathBuf>,
+    pub embedder: Option<String>,
+    pub model_dir: Option<PathBuf>,
+    pub m: usize,
+    pub ef_construction: usize,
+}
+
+/// `ctxfs bench-ann`: recall and speed of the graph against exact search.
+pub fn bench_ann(o: BenchAnnOpts) -> Result<i32> {
+    use crate::index::{ann::AnnParams, annbench, embed::normalize};
+    let p = AnnParams {
+        m: o.m,
+        ef_construction: o.ef_construction,
+        ..AnnParams::default()
+    };
+    p.validate().map_err(|e| anyhow!("{e}"))?;
+    let (base, queries): (Vec<(usize, Arc<[f32]>)>, Vec<Vec<f32>>) = if let Some(npy) = &o.npy {
+        let (rows, dim, data) = annbench::read_npy(npy).map_err(|e| anyhow!("{e}"))?;
+        let rows = o.limit.unwrap_or(rows).min(rows);
+        let mut vs: Vec<Vec<f32>> = (0..rows)
+            .map(|i| {
+                let mut v = data[i * dim..(i + 1) * dim].to_vec();
+                normalize(&mut v);
+                v
+            })
+            .collect();
+        let q = vs.split_off(rows - o.queries.min(rows / 2));
+        (
+            vs.into_iter()
+                .enumerate()
+                .map(|(i, v)| (i, Arc::from(v)))
+                .collect(),
+            q,
+        )
+    } else {
+        let data = o.data.as_ref().context("give --npy or --data")?;
+        let account = o.account.as_ref().context("--data needs --account")?;
+        let s = settings(
+            o.config.as_deref(),
+            o.embedder.as_ref(),
+            o.model_dir.as_ref(),
+        )?;
+        let (_lock, store) = open_offline(data)?;
+        let index = open_index(&store, data, &s.index)?;
+        let base = index.live_vectors(account).map_err(|e| anyhow!("{e}"))?;
+        let file = o
+            .queries_file
+            .as_ref()
+            .context("--data needs --queries-file")?;
+        let texts: Vec<String> = std::fs::read_to_string(file)?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .take(o.queries)
+            .map(String::from)
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let mut q = Vec::new();
+        for part in refs.chunks(32) {
+            q.extend(index.embedder().embed(part).map_err(|e| anyhow!("{e}"))?);
+        }
+        store.close();
+        (base, q)
+    };
+    print!(
+        "{}",
+        annbench::run(base, &queries, p, &[16, 32, 64, 128, 256])
+    );
+    Ok(0)
+}

@@ -122,7 +122,9 @@ impl Fs {
             mode: qn.mode,
             expand: qn.expand,
         };
+        let t = std::time::Instant::now();
         let hits = ix.search(dir, &q)?;
+        let total_us = t.elapsed().as_micros() as u64;
         if qn.json {
             let mode = match qn.mode {
                 Mode::Hybrid => "hybrid",
@@ -135,6 +137,8 @@ impl Fs {
                 "k": qn.k,
                 "mode": mode,
                 "model": ix.embedder().id(),
+                "took_us": {"total": total_us,
+                            "query_embedding": ix.stats.last_embed_us.load(Ordering::Relaxed)},
                 "results": hits.iter().enumerate().map(|(i, h)| {
                     let mut o = serde_json::to_value(h).unwrap_or(Value::Null);
                     o["rank"] = (i + 1).into();

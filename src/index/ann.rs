@@ -98,20 +98,27 @@ pub fn build(p: &AnnParams, items: &[(usize, Arc<[f32]>)]) -> Graph {
     g
 }
 
-/// Nearest `k` labels to `q` by the graph, those for which `keep` holds.
+/// Nearest `k` labels to `q` by the graph; with `keep`, only those it
+/// accepts (hnsw_rs's filtered search, which explores more of the graph).
 pub fn search(
     g: &Graph,
     p: &AnnParams,
     q: &[f32],
     k: usize,
-    keep: &dyn Fn(usize) -> bool,
+    keep: Option<&dyn Fn(usize) -> bool>,
 ) -> Vec<(usize, f32)> {
     if g.get_nb_point() == 0 || k == 0 {
         return Vec::new();
     }
     let ef = p.ef_search.max(k);
-    let filter = |id: &usize| keep(*id);
-    g.search_filter(q, k, ef, Some(&filter))
+    let found = match keep {
+        Some(keep) => {
+            let filter = |id: &usize| keep(*id);
+            g.search_filter(q, k, ef, Some(&filter))
+        }
+        None => g.search(q, k, ef),
+    };
+    found
         .into_iter()
         .map(|n| (n.d_id, 1.0 - n.distance))
         .collect()
@@ -244,14 +251,14 @@ mod tests {
         let g = build(&p, &items);
         let q = unit(99_999, 32);
         let truth = exact(&q, 10, items.iter().map(|(l, v)| (*l, &v[..])));
-        let got = search(&g, &p, &q, 10, &|_| true);
+        let got = search(&g, &p, &q, 10, None);
         let hit = got
             .iter()
             .filter(|(l, _)| truth.iter().any(|t| t.0 == *l))
             .count();
         assert!(hit >= 9, "recall {hit}/10");
         // Filter: only even labels.
-        let even = search(&g, &p, &q, 10, &|l| l % 2 == 0);
+        let even = search(&g, &p, &q, 10, Some(&|l| l % 2 == 0));
         assert!(even.iter().all(|(l, _)| l % 2 == 0));
 
         let dir = tempfile::tempdir().unwrap();
@@ -261,11 +268,43 @@ mod tests {
         let (g2, vecs) = load(&d, 32).expect("loads");
         assert_eq!(vecs.len(), 2000);
         assert_eq!(&vecs[&10][..], &items[0].1[..]);
-        let got2 = search(&g2, &p, &q, 10, &|_| true);
+        let got2 = search(&g2, &p, &q, 10, None);
         assert_eq!(got2.len(), 10);
         // A damaged dump is refused, not fatal.
         std::fs::write(d.join("hnsw.hnsw.data"), b"garbage").unwrap();
         assert!(load(&d, 32).is_none());
         assert!(load(&dir.path().join("missing"), 32).is_none());
+    }
+}
+
+#[cfg(test)]
+mod reload_tests {
+    use super::*;
+
+    #[test]
+    fn inserts_after_reload_are_found() {
+        let p = AnnParams::default();
+        let v = |i: usize| -> Arc<[f32]> {
+            let mut x = vec![0f32; 8];
+            x[i % 8] = 1.0;
+            x[(i + 1) % 8] = 0.5;
+            crate::index::embed::normalize(&mut x);
+            Arc::from(x)
+        };
+        let items: Vec<(usize, Arc<[f32]>)> = (1..=4).map(|i| (i, v(i))).collect();
+        let g = build(&p, &items);
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("a");
+        dump(&g, &d).unwrap();
+        let (g2, _) = load(&d, 8).unwrap();
+        for i in 5..=8 {
+            g2.insert_slice((&v(i)[..], i));
+        }
+        let q = v(6);
+        let all = search(&g2, &p, &q, 10, None);
+        assert!(all.iter().any(|x| x.0 == 6), "{all:?}");
+        let keep = |l: usize| l > 4;
+        let f = search(&g2, &p, &q, 10, Some(&keep));
+        assert!(f.iter().any(|x| x.0 == 6), "{f:?}");
     }
 }

@@ -13,6 +13,7 @@
 //! graph's own locks are leaves. Only the indexer thread writes.
 
 pub mod ann;
+pub mod annbench;
 pub mod bert;
 pub mod embed;
 pub mod lex;
@@ -192,6 +193,8 @@ pub struct IndexStats {
     pub embed_failures: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub searches: AtomicU64,
+    /// Query embedding time of the last search (microseconds).
+    pub last_embed_us: AtomicU64,
     pub dumps: AtomicU64,
 }
 
@@ -1232,6 +1235,7 @@ impl Index {
         let ai = self.account(account)?;
         // Hybrid degrades to the lexical channel when the query cannot be
         // embedded (embedding server down); vector-only fails.
+        let t_embed = Instant::now();
         let qv = match q.mode {
             Mode::Lexical => None,
             Mode::Vector => Some(self.query_vec(&q.text)?),
@@ -1243,8 +1247,11 @@ impl Index {
                 }
             },
         };
+        let embed_us = t_embed.elapsed().as_micros() as u64;
+        self.stats.last_embed_us.store(embed_us, Ordering::Relaxed);
         let qterms = text::terms(&q.text);
-        let cand = (k * 3).max(50);
+        // Candidates per channel before fusion; records fetched per node candidate.
+        let cand = (k * 3).max(30);
         let whole = scope == account;
         let graph = rlock(&ai.graph).clone();
         let st = rlock(&ai.st);
@@ -1274,11 +1281,17 @@ impl Index {
             let raw = match scoped_recs {
                 Some(labels) => ann::exact(
                     qv,
-                    cand * 4,
+                    cand * 2,
                     labels
                         .iter()
                         .filter_map(|l| st.vecs.get(l).map(|v| (*l, &v[..]))),
                 ),
+                None if whole && st.dead.len() * 10 <= st.vecs.len() => {
+                    // Few tombstones: an unfiltered search for a little more,
+                    // filtered after (hnsw_rs's filtered search is slower).
+                    let extra = st.dead.len().min(cand * 2);
+                    ann::search(&graph, &self.cfg.ann, qv, cand * 2 + extra, None)
+                }
                 None => {
                     let keep = |l: usize| {
                         !st.dead.contains(&l)
@@ -1287,7 +1300,7 @@ impl Index {
                                 .get(&l)
                                 .is_some_and(|(p, _)| whole || in_scope(p, scope))
                     };
-                    ann::search(&graph, &self.cfg.ann, qv, cand * 4, &keep)
+                    ann::search(&graph, &self.cfg.ann, qv, cand * 2, Some(&keep))
                 }
             };
             let mut seen: HashSet<Arc<str>> = HashSet::new();
@@ -1431,6 +1444,16 @@ impl Index {
         Ok(out)
     }
 
+    /// The live vectors of an account by label (benchmarks).
+    pub fn live_vectors(&self, account: &str) -> Result<Vec<(usize, Arc<[f32]>)>> {
+        let ai = self.account(account)?;
+        let st = rlock(&ai.st);
+        let mut v: Vec<(usize, Arc<[f32]>)> =
+            st.vecs.iter().map(|(l, v)| (*l, v.clone())).collect();
+        v.sort_by_key(|x| x.0);
+        Ok(v)
+    }
+
     /// Exact vector search over an account's live vectors (benchmarks).
     pub fn exact_labels(&self, account: &str, qv: &[f32], k: usize) -> Result<Vec<usize>> {
         let ai = self.account(account)?;
@@ -1447,7 +1470,7 @@ impl Index {
         let g = rlock(&ai.graph).clone();
         let st = rlock(&ai.st);
         let keep = |l: usize| !st.dead.contains(&l);
-        Ok(ann::search(&g, &self.cfg.ann, qv, k, &keep)
+        Ok(ann::search(&g, &self.cfg.ann, qv, k, Some(&keep))
             .into_iter()
             .map(|x| x.0)
             .collect())
@@ -1545,7 +1568,10 @@ impl Change {
                     }
                 }
                 let mut st = wlock(&ai.st);
-                remove_doc(&mut st, &path);
+                // Labels the new document keeps (a relations-only change)
+                // stay live.
+                let keep: HashSet<usize> = doc.recs.iter().map(|r| r.label as usize).collect();
+                remove_doc(&mut st, &path, &keep);
                 let path: Arc<str> = Arc::from(path);
                 for (i, r) in doc.recs.iter().enumerate() {
                     st.slots.insert(r.label as usize, (path.clone(), i as u16));
@@ -1561,7 +1587,7 @@ impl Change {
             }
             Change::Del { path } => {
                 let mut st = wlock(&ai.st);
-                remove_doc(&mut st, &path);
+                remove_doc(&mut st, &path, &HashSet::new());
                 st.dirty = true;
             }
             Change::Move { from, to, doc } => {
@@ -1586,12 +1612,17 @@ impl Change {
     }
 }
 
-fn remove_doc(st: &mut State, path: &str) {
+/// Forget the document at `path`; its vectors become tombstones, except
+/// the labels in `keep`.
+fn remove_doc(st: &mut State, path: &str, keep: &HashSet<usize>) {
     let Some(old) = st.docs.remove(path) else {
         return;
     };
     for r in &old.ix.recs {
         let l = r.label as usize;
+        if keep.contains(&l) {
+            continue;
+        }
         st.slots.remove(&l);
         if st.vecs.remove(&l).is_some() {
             st.dead.insert(l);

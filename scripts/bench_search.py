@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Search benchmarks through a real mount, on nodes made of SciFact sentences.
+
+  python3 scripts/bench_search.py [--nodes 100000] [--embedders hash,minilm]
+                                  [--only latency,lag,ready] [--lag-seconds 30]
+
+For each embedder: commit N nodes (four-step protocol), wait for
+`.ctxfs/sync`, then
+  - indexing throughput (nodes/s while the indexer catches up, and offline
+    `ctxfs reindex`),
+  - `cat DIR/.search/QUERY` end-to-end latency (p50/p99, distinct queries),
+    with the query-embedding share from the JSON form, beside `grep -rli`
+    for one query word over the same nodes as plain files (the baseline an
+    agent would otherwise use),
+  - mount-to-first-result time with the index on disk,
+  - index lag (commit -> searchable, p50/p95) at a steady commit rate.
+Figures go to docs/BENCHMARKS.md with the command that produced them.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.environ.get("CTXFS_BIN", os.path.join(HERE, "../target/release/ctxfs"))
+DS = os.environ.get("SCIFACT_DIR", os.path.join(HERE, "../../shared/datasets/scifact"))
+MODEL = os.path.abspath(os.environ.get("CTXFS_MODEL_DIR", os.path.join(HERE, "../models/all-MiniLM-L6-v2")))
+
+
+def sentences(text):
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 20]
+
+
+def corpus(n):
+    docs = [json.loads(l) for l in open(os.path.join(DS, "corpus.jsonl"))]
+    out = []
+    for w in (2, 1, 3, 4):
+        for d in docs:
+            s = sentences(d["text"])
+            for i in range(0, max(1, len(s) - w + 1)):
+                chunk = " ".join(s[i:i + w])
+                if chunk:
+                    out.append((d["title"], chunk))
+                if len(out) >= n:
+                    return out
+    if len(out) < n:
+        sys.exit(f"only {len(out)} nodes can be made from SciFact")
+    return out
+
+
+def queries():
+    return [json.loads(l)["text"] for l in open(os.path.join(DS, "queries.jsonl"))]
+
+
+def node(i):
+    return f"bench/users/u/memories/c{i % 100:02d}/n{i}"
+
+
+def ingest(root, nodes, start=0):
+    t = time.time()
+    for i, (title, text) in enumerate(nodes, start):
+        n = os.path.join(root, node(i))
+        os.makedirs(n, exist_ok=True)
+        with open(os.path.join(n, "content.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(n, ".abstract.md"), "w") as f:
+            f.write(title[:100])
+        with open(os.path.join(n, ".meta.json"), "w") as f:
+            f.write('{"status":"ACTIVE"}')
+        if (i + 1) % 10000 == 0:
+            print(f"    {i + 1} committed ({(i + 1 - start) / (time.time() - t):.0f}/s)", file=sys.stderr)
+    return time.time() - t
+
+
+def plain_copy(root, nodes):
+    for i, (title, text) in enumerate(nodes):
+        n = os.path.join(root, node(i))
+        os.makedirs(n, exist_ok=True)
+        with open(os.path.join(n, "content.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(n, ".abstract.md"), "w") as f:
+            f.write(title[:100])
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round((len(v) - 1) * q)))]
+
+
+def status(mnt):
+    with open(os.path.join(mnt, ".ctxfs/status")) as f:
+        return json.load(f)
+
+
+def mount(mnt, data, emb):
+    cmd = [BIN, "mount", mnt, "--data", data, "--embedder", emb]
+    if emb == "minilm":
+        cmd += ["--model-dir", MODEL]
+    subprocess.run(cmd, check=True)
+
+
+def umount(mnt):
+    subprocess.run([BIN, "umount", mnt], check=True)
+
+
+def qname(q, opts):
+    q = q.replace("/", " ").strip()
+    name = f"{q}?{opts}"
+    while len(name.encode()) > 250:
+        q = q[:-1]
+        name = f"{q}?{opts}"
+    return name
+
+
+def latency(mnt, qs):
+    scope = os.path.join(mnt, "accounts/bench/.search")
+    tot, emb = [], []
+    for q in qs:
+        t = time.perf_counter()
+        with open(os.path.join(scope, qname(q, "k=10"))) as f:
+            f.read()
+        tot.append((time.perf_counter() - t) * 1000)
+    for q in qs[:200]:
+        with open(os.path.join(scope, qname(q + " x", "k=10&format=json"))) as f:
+            j = json.load(f)
+        emb.append(j["took_us"]["query_embedding"] / 1000)
+    return tot, emb
+
+
+def grep_baseline(plain, qs):
+    lat = []
+    for q in qs[:20]:
+        words = [w for w in re.findall(r"[a-zA-Z]{6,}", q)]
+        w = max(words, key=len) if words else "cell"
+        t = time.perf_counter()
+        subprocess.run(["grep", "-rli", w, plain], stdout=subprocess.DEVNULL)
+        lat.append((time.perf_counter() - t) * 1000)
+    return lat
+
+
+def lag_run(mnt, seconds, rate):
+    """A writer at a steady rate; the daemon reports commit->searchable lag."""
+    stop = time.time() + seconds
+    i = 10_000_000
+    nxt = time.time()
+    while time.time() < stop:
+        n = os.path.join(mnt, "accounts", node(i))
+        os.makedirs(n, exist_ok=True)
+        with open(os.path.join(n, "content.md"), "w") as f:
+            f.write(f"steady commit {i}: the lag benchmark writes one sentence per node.\n")
+        with open(os.path.join(n, ".meta.json"), "w") as f:
+            f.write('{"status":"ACTIVE"}')
+        i += 1
+        nxt += 1.0 / rate
+        time.sleep(max(0, nxt - time.time()))
+    with open(os.path.join(mnt, ".ctxfs/sync")) as f:
+        f.read()
+    return i - 10_000_000
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=100_000)
+    ap.add_argument("--embedders", default="hash,minilm")
+    ap.add_argument("--lag-seconds", type=int, default=30)
+    ap.add_argument("--lag-rate", type=float, default=20)
+    ap.add_argument("--keep", help="keep data dirs under this directory")
+    args = ap.parse_args()
+    nodes = corpus(args.nodes)
+    qs = queries()
+    base = tempfile.mkdtemp(prefix="ctxfs-bench-search-", dir="/tmp")
+    plain = os.path.join(base, "plain")
+    plain_copy(plain, nodes)
+    print(f"{len(nodes)} nodes from SciFact sentences, {len(qs)} distinct queries", file=sys.stderr)
+    results = {}
+    try:
+        for emb in args.embedders.split(","):
+            mnt, data = os.path.join(base, f"mnt-{emb}"), os.path.join(base, f"data-{emb}")
+            os.makedirs(mnt)
+            r = results[emb] = {}
+            mount(mnt, data, emb)
+            root = os.path.join(mnt, "accounts")
+            t0 = time.time()
+            secs = ingest(root, nodes)
+            r["commit_per_s"] = len(nodes) / secs
+            with open(os.path.join(mnt, ".ctxfs/sync")) as f:
+                f.read()
+            r["index_caught_up_s"] = time.time() - t0
+            r["online_index_per_s"] = len(nodes) / (time.time() - t0)
+            print(f"[{emb}] committed {len(nodes)} in {secs:.0f}s, indexed {r['online_index_per_s']:.0f} nodes/s overall", file=sys.stderr)
+            tot, embd = latency(mnt, qs[:600])
+            r["search_ms"] = {"p50": pct(tot, .5), "p99": pct(tot, .99), "n": len(tot)}
+            r["query_embedding_ms"] = {"p50": pct(embd, .5), "p99": pct(embd, .99)}
+            g = grep_baseline(os.path.join(plain, "bench"), qs)
+            r["grep_rli_ms"] = {"p50": pct(g, .5)}
+            print(f"[{emb}] search p50 {pct(tot, .5):.2f} ms p99 {pct(tot, .99):.2f} ms "
+                  f"(query embedding p50 {pct(embd, .5):.2f} ms); grep -rli p50 {pct(g, .5):.0f} ms "
+                  f"-> {pct(g, .5) / pct(tot, .5):.0f}x faster than grep", file=sys.stderr)
+            if emb == "minilm":
+                n = lag_run(mnt, args.lag_seconds, args.lag_rate)
+                s = status(mnt)["indexer"]["recent_lag_ms"]
+                r["lag"] = {"commits": n, "rate": args.lag_rate, "p50_ms": s["p50"], "p95_ms": s["p95"]}
+                print(f"[{emb}] lag at {args.lag_rate}/s: p50 {s['p50']} ms p95 {s['p95']} ms over the last {s['samples']} commits", file=sys.stderr)
+            umount(mnt)
+            # Mount with the index on disk: time to the first search answer.
+            t = time.time()
+            mount(mnt, data, emb)
+            tm = time.time() - t
+            with open(os.path.join(mnt, "accounts/bench/.search", qname(qs[0], "k=10"))) as f:
+                first = f.read()
+            r["mount_s"] = tm
+            r["mount_to_first_result_s"] = time.time() - t
+            print(f"[{emb}] remount: ready {tm:.2f}s, first result {r['mount_to_first_result_s']:.2f}s ({len(first.splitlines())} lines)", file=sys.stderr)
+            umount(mnt)
+            # Offline reindex throughput.
+            t = time.time()
+            cmd = [BIN, "reindex", "--data", data, "--embedder", emb]
+            if emb == "minilm":
+                cmd += ["--model-dir", MODEL]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            r["reindex_per_s"] = len(nodes) / (time.time() - t)
+            print(f"[{emb}] ctxfs reindex: {r['reindex_per_s']:.0f} nodes/s", file=sys.stderr)
+            if args.keep:
+                shutil.copytree(data, os.path.join(args.keep, f"data-{emb}"), dirs_exist_ok=True)
+    finally:
+        for d in os.listdir(base):
+            if d.startswith("mnt-"):
+                subprocess.run([BIN, "umount", os.path.join(base, d)], stderr=subprocess.DEVNULL)
+        shutil.rmtree(base, ignore_errors=True)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+//! `ctxfs bench-ann`: the ANN graph against exact search on the same
+//! vectors (recall@10 and queries per second), ann-benchmarks style.
+
+use super::ann::{self, AnnParams};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Read a little-endian float32 2-D `.npy` file: (rows, dim, data).
+pub fn read_npy(path: &std::path::Path) -> Result<(usize, usize, Vec<f32>), String> {
+    let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file".into());
+    }
+    let (hlen, start) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        _ => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+    };
+    let header = String::from_utf8_lossy(&b[start..start + hlen]);
+    if !header.contains("'<f4'") {
+        return Err(format!("need little-endian float32: {header}"));
+    }
+    let fortran = header.contains("'fortran_order': True");
+    let shape = header
+        .split("'shape': (")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .ok_or("no shape")?;
+    let dims: Vec<usize> = shape
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().map_err(|_| format!("bad shape {shape}")))
+        .collect::<Result<_, _>>()?;
+    if dims.len() != 2 {
+        return Err(format!("need a 2-D array, got shape ({shape})"));
+    }
+    let data: Vec<f32> = b[start + hlen..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if data.len() != dims[0] * dims[1] {
+        return Err("data size does not match the shape".into());
+    }
+    if fortran {
+        // Column-major: element (i, j) is at j * rows + i.
+        let (r, c) = (dims[0], dims[1]);
+        let mut t = vec![0f32; data.len()];
+        for j in 0..c {
+            for i in 0..r {
+                t[i * c + j] = data[j * r + i];
+            }
+        }
+        return Ok((r, c, t));
+    }
+    Ok((dims[0], dims[1], data))
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Build a graph over `base`, then for each `ef`: recall@10 against exact
+/// search and single-thread queries/s, beside exact search's.
+pub fn run(
+    base: Vec<(usize, Arc<[f32]>)>,
+    queries: &[Vec<f32>],
+    p: AnnParams,
+    efs: &[usize],
+) -> String {
+    let mut out = String::new();
+    let t = Instant::now();
+    let g = ann::build(&p, &base);
+    let build = t.elapsed().as_secs_f64();
+    out.push_str(&format!(
+        "vectors {} dim {} queries {} | build {:.1}s ({:.0} inserts/s, m={} ef_construction={})\n",
+        base.len(),
+        base.first().map(|b| b.1.len()).unwrap_or(0),
+        queries.len(),
+        build,
+        base.len() as f64 / build,
+        p.m,
+        p.ef_construction
+    ));
+    // Exact: the truth, and the baseline's speed.
+    let mut lat = Vec::new();
+    let t = Instant::now();
+    let truth: Vec<Vec<usize>> = queries
+        .iter()
+        .map(|q| {
+            let t = Instant::now();
+            let r = ann::exact(q, 10, base.iter().map(|(l, v)| (*l, &v[..])))
+                .into_iter()
+                .map(|x| x.0)
+                .collect();
+            lat.push(t.elapsed().as_secs_f64() * 1e3);
+            r
+        })
+        .collect();
+    let exact_qps = queries.len() as f64 / t.elapsed().as_secs_f64();
+    out.push_str(&format!(
+        "exact        recall@10 1.0000  {:>9.0} q/s  p50 {:.3} ms  p99 {:.3} ms\n",
+        exact_qps,
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.99)
+    ));
+    for &ef in efs {
+        let pe = AnnParams { ef_search: ef, ..p };
+        let mut lat = Vec::new();
+        let mut hit = 0usize;
+        let t = Instant::now();
+        for (q, tr) in queries.iter().zip(&truth) {
+            let t = Instant::now();
+            let r = ann::search(&g, &pe, q, 10, None);
+            lat.push(t.elapsed().as_secs_f64() * 1e3);
+            hit += r.iter().filter(|(l, _)| tr.contains(l)).count();
+        }
+        let qps = queries.len() as f64 / t.elapsed().as_secs_f64();
+        out.push_str(&format!(
+            "hnsw ef={ef:<4} recall@10 {:.4}  {:>9.0} q/s  p50 {:.3} ms  p99 {:.3} ms  ({:.1}x exact)\n",
+            hit as f64 / (10 * queries.len()) as f64,
+            qps,
+            pct(&mut lat, 0.5),
+            pct(&mut lat, 0.99),
+            qps / exact_qps
+        ));
+    }
+    out
+}
