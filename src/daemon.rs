@@ -521,7 +521,9 @@ pub fn bench_ann(o: BenchAnnOpts) -> Result<i32> {
         ..AnnParams::default()
     };
     p.validate().map_err(|e| anyhow!("{e}"))?;
-    let (base, queries): (Vec<(usize, Arc<[f32]>)>, Vec<Vec<f32>>) = if let Some(npy) = &o.npy {
+    let base: Vec<(usize, Arc<[f32]>)>;
+    let queries: Vec<Vec<f32>>;
+    (base, queries) = if let Some(npy) = &o.npy {
         let (rows, dim, data) = annbench::read_npy(npy).map_err(|e| anyhow!("{e}"))?;
         let rows = o.limit.unwrap_or(rows).min(rows);
         let mut vs: Vec<Vec<f32>> = (0..rows)
