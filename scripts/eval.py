@@ -17,6 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mountutil import query_name, wait_sync  # noqa: E402
 from collections import Counter, defaultdict
 
 STOP = set("""a about above after again against all am an and any are as at be because been
@@ -111,15 +114,6 @@ def ingest(mnt, corpus):
     return time.time() - t
 
 
-def query_name(q, opts):
-    q = q.replace("/", " ").replace("\0", " ").strip()
-    name = f"{q}?{opts}"
-    while len(name.encode()) > 250:
-        q = q[:-1]
-        name = f"{q}?{opts}"
-    return name
-
-
 def run_queries(mnt, queries, mode):
     runs = {}
     lat = []
@@ -151,8 +145,7 @@ def mount_and_eval(args, corpus, queries, qrels, embedder, modes):
         secs = ingest(mnt, corpus)
         print(f"[{embedder}] ingested {len(corpus)} nodes in {secs:.1f}s", file=sys.stderr)
         t = time.time()
-        with open(os.path.join(mnt, ".ctxfs/sync")) as f:
-            assert f.read() == "ok\n"
+        wait_sync(mnt)
         idx = time.time() - t
         print(f"[{embedder}] index caught up {idx:.1f}s after the last commit", file=sys.stderr)
         for mode in modes:
