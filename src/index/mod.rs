@@ -1705,3 +1705,163 @@ impl IndexConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RedbStore;
+
+    struct T {
+        _dir: tempfile::TempDir,
+        store: Arc<RedbStore>,
+        ix: Arc<Index>,
+        seq: u64,
+    }
+
+    impl T {
+        fn new() -> T {
+            let dir = tempfile::tempdir().unwrap();
+            let store = RedbStore::open(&dir.path().join("db.redb")).unwrap();
+            let ix = Index::new(
+                store.clone() as Arc<dyn Store>,
+                &dir.path().join("index"),
+                Arc::new(embed::HashEmbedder::new(64)),
+                "test".into(),
+                IndexConfig::default(),
+            )
+            .unwrap();
+            ix.start().unwrap();
+            T {
+                _dir: dir,
+                store,
+                ix,
+                seq: 0,
+            }
+        }
+
+        /// Store the node as ACTIVE (or remove it) with its event, then sync.
+        fn event(&mut self, etype: &str, path: &str, payload: Value, active: Option<&str>) {
+            self.seq += 1;
+            let mut ops = vec![Op::PutEvent {
+                seq: self.seq,
+                node_path: path.into(),
+                account: "a".into(),
+                json: serde_json::to_vec(&json!({
+                    "event_id": format!("{:016x}", self.seq), "event_type": etype,
+                    "uri": place::uri_of(path), "payload": payload, "retry_count": 0,
+                }))
+                .unwrap(),
+            }];
+            match active {
+                Some(p) => ops.push(Op::PutNode {
+                    path: p.into(),
+                    rec: NodeRec {
+                        id: self.seq,
+                        path: p.into(),
+                        status: Status::Active,
+                        version: 1,
+                        created_at: String::new(),
+                        updated_at: String::new(),
+                        updated_ns: 0,
+                        files: Vec::new(),
+                    },
+                }),
+                None => ops.push(Op::DelNode { path: path.into() }),
+            }
+            self.store.apply(ops, true).unwrap();
+            self.ix.notify();
+            self.ix.sync(self.seq).unwrap();
+        }
+
+        fn upsert(&mut self, path: &str, text: &str) {
+            let recs = json!({"records": [{"level": 2, "text": text}]});
+            self.event("UPSERT_CONTEXT", path, recs, Some(path));
+        }
+
+        fn hits(&self, q: &str) -> Vec<String> {
+            let q = Query {
+                text: q.into(),
+                k: 10,
+                mode: Mode::Hybrid,
+                expand: false,
+            };
+            self.ix
+                .search("a", &q)
+                .unwrap()
+                .into_iter()
+                .map(|h| h.path)
+                .collect()
+        }
+    }
+
+    #[test]
+    fn follows_events_and_survives_rebuild_and_reload() {
+        let mut t = T::new();
+        for i in 0..40 {
+            t.upsert(
+                &format!("a/users/u/memories/c/n{i}"),
+                &format!("note {i} about widget{i}"),
+            );
+        }
+        assert_eq!(t.hits("widget7")[0], "accounts/a/users/u/memories/c/n7");
+        // Update, move, delete.
+        t.upsert("a/users/u/memories/c/n7", "now about gadgets");
+        assert!(!t
+            .hits("widget7")
+            .contains(&"accounts/a/users/u/memories/c/n7".to_string()));
+        t.event(
+            "MOVE_CONTEXT",
+            "a/users/u/memories/c/n8",
+            json!({"new_uri": "ctx://a/users/u/memories/d/n8"}),
+            Some("a/users/u/memories/d/n8"),
+        );
+        t.store
+            .apply(
+                vec![Op::DelNode {
+                    path: "a/users/u/memories/c/n8".into(),
+                }],
+                true,
+            )
+            .unwrap();
+        assert_eq!(t.hits("widget8")[0], "accounts/a/users/u/memories/d/n8");
+        for i in 10..40 {
+            t.event(
+                "DELETE_CONTEXT",
+                &format!("a/users/u/memories/c/n{i}"),
+                json!({}),
+                None,
+            );
+        }
+        assert!(!t.hits("widget20").iter().any(|p| p.ends_with("/c/n20")));
+        let ai = t.ix.account("a").unwrap();
+        assert_eq!(rlock(&ai.st).dead.len(), 31);
+        // Rebuild: tombstones gone, results unchanged.
+        t.ix.rebuild(&ai);
+        assert_eq!(rlock(&ai.st).dead.len(), 0);
+        assert_eq!(t.hits("widget8")[0], "accounts/a/users/u/memories/d/n8");
+        assert_eq!(t.hits("gadgets")[0], "accounts/a/users/u/memories/c/n7");
+        // Reload from the store and the dump: same answers.
+        t.ix.shutdown();
+        let ix2 = Index::new(
+            t.store.clone() as Arc<dyn Store>,
+            &t._dir.path().join("index"),
+            Arc::new(embed::HashEmbedder::new(64)),
+            "test".into(),
+            IndexConfig::default(),
+        )
+        .unwrap();
+        t.ix = ix2;
+        let ai = t.ix.account("a").unwrap();
+        assert_eq!(rlock(&ai.st).docs.len(), 10);
+        assert_eq!(rlock(&ai.st).vecs.len(), 10);
+        assert_eq!(t.hits("widget3")[0], "accounts/a/users/u/memories/c/n3");
+        assert_eq!(t.hits("gadgets")[0], "accounts/a/users/u/memories/c/n7");
+        // Every label of every document has a live vector.
+        let st = rlock(&ai.st);
+        for d in st.docs.values() {
+            for r in &d.ix.recs {
+                assert!(st.vecs.contains_key(&(r.label as usize)));
+            }
+        }
+    }
+}
