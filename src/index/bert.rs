@@ -107,11 +107,11 @@ impl Bert {
             let q = split(l.q.forward(&x)?)?;
             let k = split(l.k.forward(&x)?)?;
             let v = split(l.v.forward(&x)?)?;
-            let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&bias)?;
+            let att = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&bias)?;
             let att = candle_nn::ops::softmax_last_dim(&att)?;
             let ctx = att.matmul(&v)?.transpose(1, 2)?.reshape((b, s, h))?;
             let a = l.attn_norm.forward(&(l.attn_out.forward(&ctx)? + &x)?)?;
-            let i = l.inter.forward(&a)?.gelu_erf()?;
+            let i = l.inter.forward(&a)?.gelu()?;
             x = l.out_norm.forward(&(l.out.forward(&i)? + &a)?)?;
         }
         Ok(x)
