@@ -36,6 +36,8 @@ pub struct IndexSection {
     pub hnsw_m: Option<usize>,
     pub hnsw_ef_construction: Option<usize>,
     pub hnsw_ef_search: Option<usize>,
+    /// Weight of the vector channel in hybrid ranking (BM25's is 1), 0..=10.
+    pub vector_weight: Option<f32>,
 }
 
 impl IndexSection {
@@ -56,6 +58,11 @@ impl IndexSection {
         if let Some(d) = self.http_dim.or(self.hash_dim) {
             if !(8..=8192).contains(&d) {
                 anyhow::bail!("[index] vector dimension {d} is outside 8..=8192");
+            }
+        }
+        if let Some(w) = self.vector_weight {
+            if !(0.0..=10.0).contains(&w) {
+                anyhow::bail!("[index] vector_weight = {w} (must be 0..=10)");
             }
         }
         if let Some(r) = self.max_retries {

@@ -92,6 +92,9 @@ pub struct IndexConfig {
     pub sync_timeout: Duration,
     /// Write the graph dump after this long with changes and no new events.
     pub dump_after: Duration,
+    /// Weight of the vector channel in the fusion (BM25's is 1); `None`:
+    /// 1 for learned embedders, 0.25 for the hashing fallback.
+    pub vector_weight: Option<f32>,
 }
 
 impl Default for IndexConfig {
@@ -102,6 +105,7 @@ impl Default for IndexConfig {
             backoff: Duration::from_millis(500),
             sync_timeout: Duration::from_secs(60),
             dump_after: Duration::from_secs(30),
+            vector_weight: None,
         }
     }
 }
@@ -1361,7 +1365,18 @@ impl Index {
             h.lexical_rank = Some(r + 1);
             h.lexical_score = Some(*s);
         }
-        let norm = 2.0 / (RRF_K + 1.0);
+        // The hashing fallback matches words as BM25 does, less well: it
+        // gets a smaller say (SciFact: hybrid 0.56 nDCG@10 at weight 1
+        // against BM25's 0.69).
+        let wv = self
+            .cfg
+            .vector_weight
+            .unwrap_or(if self.embedder.kind() == "hash" {
+                0.25
+            } else {
+                1.0
+            });
+        let norm = (wv + 1.0) / (RRF_K + 1.0);
         let mut hits: Vec<Hit> = by
             .into_iter()
             .map(|(p, mut h)| {
@@ -1371,7 +1386,7 @@ impl Index {
                     Mode::Hybrid => {
                         let f =
                             |r: Option<usize>| r.map(|r| 1.0 / (RRF_K + r as f32)).unwrap_or(0.0);
-                        (f(h.vector_rank) + f(h.lexical_rank)) / norm
+                        (wv * f(h.vector_rank) + f(h.lexical_rank)) / norm
                     }
                 };
                 if let Some(d) = st.docs.get(&p) {
@@ -1702,6 +1717,7 @@ impl IndexConfig {
                 .map(Duration::from_secs)
                 .unwrap_or(d.sync_timeout),
             dump_after: d.dump_after,
+            vector_weight: sec.vector_weight,
         }
     }
 }
