@@ -438,21 +438,28 @@ impl Index {
         let mut st = State::default();
         let prefix = format!("{account}/");
         let mut max_label = self.store.high_water(&format!("label:{account}"))? as usize;
-        self.store.scan_ix(&prefix, &mut |path, bytes| {
-            let ix = IxDoc::decode(bytes)?;
-            let path: Arc<str> = Arc::from(path);
-            for (i, r) in ix.recs.iter().enumerate() {
-                st.slots.insert(r.label as usize, (path.clone(), i as u16));
-                max_label = max_label.max(r.label as usize);
-            }
-            let lex_id = st.lex.add(&ix.terms);
-            set_lex_path(&mut st.lex_path, lex_id, Some(path.clone()));
-            st.docs.insert(path, Doc { ix, lex_id });
-            Ok(())
-        })?;
-        st.next_label = max_label + 1;
         let dim = self.embedder.dim();
-        let (graph, mut vecs) = match ann::load(&self.graph_dir(account), dim) {
+        let dump_dir = self.graph_dir(account);
+        // The graph dump loads on its own thread while the documents are read.
+        let (scanned, dumped) = std::thread::scope(|sc| {
+            let dumped = sc.spawn(|| ann::load(&dump_dir, dim));
+            let scanned = self.store.scan_ix(&prefix, &mut |path, bytes| {
+                let ix = IxDoc::decode(bytes)?;
+                let path: Arc<str> = Arc::from(path);
+                for (i, r) in ix.recs.iter().enumerate() {
+                    st.slots.insert(r.label as usize, (path.clone(), i as u16));
+                    max_label = max_label.max(r.label as usize);
+                }
+                let lex_id = st.lex.add(&ix.terms);
+                set_lex_path(&mut st.lex_path, lex_id, Some(path.clone()));
+                st.docs.insert(path, Doc { ix, lex_id });
+                Ok(())
+            });
+            (scanned, dumped.join().ok().flatten())
+        });
+        scanned?;
+        st.next_label = max_label + 1;
+        let (graph, mut vecs) = match dumped {
             Some(x) => x,
             None => (
                 ann::new_graph(&self.cfg.ann, st.slots.len()),
@@ -766,7 +773,28 @@ impl Index {
         }
         let n_done = changes.len() as u64;
         self.store.apply(ops, false)?;
-        // Memory: graph inserts outside the state lock, then the state.
+        // Memory: graph inserts first (in parallel, outside the state lock),
+        // then the state.
+        let mut inserts: HashMap<String, (Arc<AccountIndex>, Vec<(usize, Arc<[f32]>)>)> =
+            HashMap::new();
+        for (ai, c) in &changes {
+            if let Change::Put { vecs, .. } = c {
+                inserts
+                    .entry(ai.name.clone())
+                    .or_insert_with(|| (ai.clone(), Vec::new()))
+                    .1
+                    .extend(vecs.iter().cloned());
+            }
+        }
+        for (ai, vecs) in inserts.into_values() {
+            let g = rlock(&ai.graph).clone();
+            let data: Vec<(&[f32], usize)> = vecs.iter().map(|(l, v)| (&v[..], *l)).collect();
+            if data.len() > 1 {
+                g.parallel_insert_slice(&data);
+            } else if let Some(d) = data.first() {
+                g.insert_slice(*d);
+            }
+        }
         for (ai, c) in changes {
             c.apply(&ai, &self.cfg.ann);
         }
@@ -1576,12 +1604,7 @@ impl Change {
         match self {
             Change::None => {}
             Change::Put { path, doc, vecs } => {
-                if !vecs.is_empty() {
-                    let g = rlock(&ai.graph).clone();
-                    for (l, v) in &vecs {
-                        g.insert_slice((&v[..], *l));
-                    }
-                }
+                // The vectors are already in the graph (`process`).
                 let mut st = wlock(&ai.st);
                 // Labels the new document keeps (a relations-only change)
                 // stay live.
