@@ -151,6 +151,8 @@ pub struct Hit {
 type QueryCache = (HashMap<String, Arc<[f32]>>, VecDeque<String>);
 /// (level, text) of a node: 0 abstract, 1 overview, 2 content.
 pub type Texts = Vec<(u8, String)>;
+/// A vector and its graph label.
+type LabeledVec = (usize, Arc<[f32]>);
 
 struct Doc {
     ix: IxDoc,
@@ -775,8 +777,7 @@ impl Index {
         self.store.apply(ops, false)?;
         // Memory: graph inserts first (in parallel, outside the state lock),
         // then the state.
-        let mut inserts: HashMap<String, (Arc<AccountIndex>, Vec<(usize, Arc<[f32]>)>)> =
-            HashMap::new();
+        let mut inserts: HashMap<String, (Arc<AccountIndex>, Vec<LabeledVec>)> = HashMap::new();
         for (ai, c) in &changes {
             if let Change::Put { vecs, .. } = c {
                 inserts
