@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Search benchmarks through a real mount, on nodes made of SciFact sentences.
 
-  python3 scripts/bench_search.py [--nodes 100000] [--embedders hash,minilm]
-                                  [--only latency,lag,ready] [--lag-seconds 30]
+  python3 scripts/bench_search.py [--nodes 100000] [--minilm-nodes N] [--embedders hash,minilm]
+                                  [--lag-seconds 60] [--lag-rate 20]
 
 For each embedder: commit N nodes (four-step protocol), wait for
 `.ctxfs/sync`, then
@@ -164,7 +164,8 @@ def main():
     ap.add_argument("--minilm-nodes", type=int, default=None,
                     help="nodes for the MiniLM run (default: --nodes); MiniLM embeds ~20 MFLOP per token")
     ap.add_argument("--embedders", default="hash,minilm")
-    ap.add_argument("--lag-seconds", type=int, default=30)
+    ap.add_argument("--lag-seconds", type=int, default=60,
+                    help="long enough that the daemon's last 1,000 lag samples are all from this run")
     ap.add_argument("--lag-rate", type=float, default=20)
     ap.add_argument("--keep", help="keep data dirs under this directory")
     args = ap.parse_args()
