@@ -247,14 +247,7 @@ impl Fs {
     fn event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
         let access = self.gate(c, Self::account_of(node), false)?;
         self.node_for(node, access)?;
-        let ev = self.store.node_events(node)?;
-        let e = ev
-            .into_iter()
-            .find(|e| e.seq == seq)
-            .ok_or(Error::NotFound)?;
-        let mut j = e.json;
-        j.push(b'\n');
-        Ok(j)
+        super::search::event_file(self.store.node_events(node)?, seq)
     }
 
     // ---- lookup, getattr ----------------------------------------------------

@@ -82,6 +82,17 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
     Ok(q)
 }
 
+/// The file bytes of event `seq` among `events`: its JSON and a newline.
+pub(super) fn event_file(events: Vec<crate::store::StoredEvent>, seq: u64) -> Result<Vec<u8>> {
+    let e = events
+        .into_iter()
+        .find(|e| e.seq == seq)
+        .ok_or(Error::NotFound)?;
+    let mut j = e.json;
+    j.push(b'\n');
+    Ok(j)
+}
+
 /// `{event_id}.json` → sequence number.
 pub fn event_seq(name: &str) -> Option<u64> {
     let h = name.strip_suffix(".json")?;
@@ -176,15 +187,7 @@ impl Fs {
 
     pub(super) fn dead_event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
         self.gate(c, Self::account_of(node), false)?;
-        let e = self
-            .store
-            .dead_events(node)?
-            .into_iter()
-            .find(|e| e.seq == seq)
-            .ok_or(Error::NotFound)?;
-        let mut j = e.json;
-        j.push(b'\n');
-        Ok(j)
+        event_file(self.store.dead_events(node)?, seq)
     }
 
     /// `mv NODE/.outbox/dlq/ID.json NODE/.outbox/`: try the event again.

@@ -441,27 +441,20 @@ impl Index {
         let prefix = format!("{account}/");
         let mut max_label = self.store.high_water(&format!("label:{account}"))? as usize;
         let dim = self.embedder.dim();
-        let dump_dir = self.graph_dir(account);
-        // The graph dump loads on its own thread while the documents are read.
-        let (scanned, dumped) = std::thread::scope(|sc| {
-            let dumped = sc.spawn(|| ann::load(&dump_dir, dim));
-            let scanned = self.store.scan_ix(&prefix, &mut |path, bytes| {
-                let ix = IxDoc::decode(bytes)?;
-                let path: Arc<str> = Arc::from(path);
-                for (i, r) in ix.recs.iter().enumerate() {
-                    st.slots.insert(r.label as usize, (path.clone(), i as u16));
-                    max_label = max_label.max(r.label as usize);
-                }
-                let lex_id = st.lex.add(&ix.terms);
-                set_lex_path(&mut st.lex_path, lex_id, Some(path.clone()));
-                st.docs.insert(path, Doc { ix, lex_id });
-                Ok(())
-            });
-            (scanned, dumped.join().ok().flatten())
-        });
-        scanned?;
+        self.store.scan_ix(&prefix, &mut |path, bytes| {
+            let ix = IxDoc::decode(bytes)?;
+            let path: Arc<str> = Arc::from(path);
+            for (i, r) in ix.recs.iter().enumerate() {
+                st.slots.insert(r.label as usize, (path.clone(), i as u16));
+                max_label = max_label.max(r.label as usize);
+            }
+            let lex_id = st.lex.add(&ix.terms);
+            set_lex_path(&mut st.lex_path, lex_id, Some(path.clone()));
+            st.docs.insert(path, Doc { ix, lex_id });
+            Ok(())
+        })?;
         st.next_label = max_label + 1;
-        let (graph, mut vecs) = match dumped {
+        let (graph, mut vecs) = match ann::load(&self.graph_dir(account), dim) {
             Some(x) => x,
             None => (
                 ann::new_graph(&self.cfg.ann, st.slots.len()),
@@ -1078,40 +1071,31 @@ impl Index {
         for part in paths.chunks(BATCH) {
             let mut batch = Vec::new();
             for path in part {
-                let account = path.split('/').next().unwrap_or("").to_string();
-                let work = match self.store.get_node(path)? {
-                    Some(rec) if rec.status == Status::Active => {
-                        let (texts, edges) = node_texts(&*self.store, &rec)?;
-                        batch.push(Pending {
-                            ev: StoredEvent {
-                                seq: 0,
-                                json: Vec::new(),
-                            },
-                            json: Value::Null,
-                            path: path.clone(),
-                            account: account.clone(),
-                            work: Work::Upsert {
-                                path: path.clone(),
-                                texts,
-                            },
-                        });
-                        Work::Relations {
-                            path: path.clone(),
-                            edges,
-                        }
-                    }
-                    _ => Work::Remove { path: path.clone() },
-                };
-                batch.push(Pending {
+                // Work that is not an outbox event: sequence number 0.
+                let direct = |work: Work| Pending {
                     ev: StoredEvent {
                         seq: 0,
                         json: Vec::new(),
                     },
                     json: Value::Null,
                     path: path.clone(),
-                    account,
+                    account: path.split('/').next().unwrap_or("").to_string(),
                     work,
-                });
+                };
+                match self.store.get_node(path)? {
+                    Some(rec) if rec.status == Status::Active => {
+                        let (texts, edges) = node_texts(&*self.store, &rec)?;
+                        batch.push(direct(Work::Upsert {
+                            path: path.clone(),
+                            texts,
+                        }));
+                        batch.push(direct(Work::Relations {
+                            path: path.clone(),
+                            edges,
+                        }));
+                    }
+                    _ => batch.push(direct(Work::Remove { path: path.clone() })),
+                }
             }
             self.process_direct(batch)?;
             done += part.len();
