@@ -65,7 +65,9 @@ def node(i):
     return f"bench/users/u/memories/c{i % 100:02d}/n{i}"
 
 
-def ingest(root, nodes, start=0):
+def write_nodes(root, nodes, commit, start=0):
+    """Write each node's files under root; with `commit`, also .meta.json
+    (the commit point through a mount). Returns the seconds taken."""
     t = time.time()
     for i, (title, text) in enumerate(nodes, start):
         n = os.path.join(root, node(i))
@@ -74,21 +76,12 @@ def ingest(root, nodes, start=0):
             f.write(text + "\n")
         with open(os.path.join(n, ".abstract.md"), "w") as f:
             f.write(title[:100])
-        with open(os.path.join(n, ".meta.json"), "w") as f:
-            f.write('{"status":"ACTIVE"}')
-        if (i + 1) % 10000 == 0:
-            print(f"    {i + 1} committed ({(i + 1 - start) / (time.time() - t):.0f}/s)", file=sys.stderr)
+        if commit:
+            with open(os.path.join(n, ".meta.json"), "w") as f:
+                f.write('{"status":"ACTIVE"}')
+            if (i + 1) % 10000 == 0:
+                print(f"    {i + 1} committed ({(i + 1 - start) / (time.time() - t):.0f}/s)", file=sys.stderr)
     return time.time() - t
-
-
-def plain_copy(root, nodes):
-    for i, (title, text) in enumerate(nodes):
-        n = os.path.join(root, node(i))
-        os.makedirs(n, exist_ok=True)
-        with open(os.path.join(n, "content.md"), "w") as f:
-            f.write(text + "\n")
-        with open(os.path.join(n, ".abstract.md"), "w") as f:
-            f.write(title[:100])
 
 
 def pct(v, q):
@@ -184,7 +177,7 @@ def main():
             mount(mnt, data, emb)
             root = os.path.join(mnt, "accounts")
             t0 = time.time()
-            secs = ingest(root, mine)
+            secs = write_nodes(root, mine, commit=True)
             r["commit_per_s"] = len(mine) / secs
             wait_sync(mnt)
             r["index_caught_up_s"] = time.time() - t0
@@ -194,7 +187,7 @@ def main():
             r["search_ms"] = {"p50": pct(tot, .5), "p99": pct(tot, .99), "n": len(tot)}
             r["query_embedding_ms"] = {"p50": pct(embd, .5), "p99": pct(embd, .99)}
             plain = os.path.join(base, f"plain-{emb}")
-            plain_copy(plain, mine)
+            write_nodes(plain, mine, commit=False)
             g = grep_baseline(os.path.join(plain, "bench"), qs)
             r["grep_rli_ms"] = {"p50": pct(g, .5)}
             print(f"[{emb}] search p50 {pct(tot, .5):.2f} ms p99 {pct(tot, .99):.2f} ms "

@@ -54,34 +54,7 @@ pub enum Cmd {
     },
     /// Benchmark the ANN graph against exact search (recall@10, queries/s).
     #[command(hide = true)]
-    BenchAnn {
-        /// A float32 .npy matrix (e.g. GloVe); its last QUERIES rows are the queries.
-        #[arg(long)]
-        npy: Option<PathBuf>,
-        /// Use at most this many rows of the .npy.
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Or: an unmounted data dir and one of its accounts (its stored vectors).
-        #[arg(long)]
-        data: Option<PathBuf>,
-        #[arg(long)]
-        account: Option<String>,
-        /// Query texts, one per line (with --data).
-        #[arg(long)]
-        queries_file: Option<PathBuf>,
-        #[arg(long, default_value_t = 1000)]
-        queries: usize,
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        embedder: Option<String>,
-        #[arg(long)]
-        model_dir: Option<PathBuf>,
-        #[arg(long, default_value_t = 16)]
-        m: usize,
-        #[arg(long, default_value_t = 100)]
-        ef_construction: usize,
-    },
+    BenchAnn(BenchAnnOpts),
     /// Search a mounted ctxfs: QUERY among the nodes under DIR (a directory inside an account).
     Search {
         /// What to look for.
@@ -122,6 +95,37 @@ pub enum Cmd {
         #[arg(long, default_value_t = 0)]
         grace: u64,
     },
+}
+
+/// Options of `ctxfs bench-ann`.
+#[derive(clap::Args, Debug)]
+pub struct BenchAnnOpts {
+    /// A float32 .npy matrix (e.g. GloVe); its last QUERIES rows are the queries.
+    #[arg(long)]
+    pub npy: Option<PathBuf>,
+    /// Use at most this many rows of the .npy.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Or: an unmounted data dir and one of its accounts (its stored vectors).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long)]
+    pub account: Option<String>,
+    /// Query texts, one per line (with --data).
+    #[arg(long)]
+    pub queries_file: Option<PathBuf>,
+    #[arg(long, default_value_t = 1000)]
+    pub queries: usize,
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub embedder: Option<String>,
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 16)]
+    pub m: usize,
+    #[arg(long, default_value_t = 100)]
+    pub ef_construction: usize,
 }
 
 pub fn default_data_dir() -> PathBuf {
@@ -188,31 +192,7 @@ pub fn run() -> i32 {
             embedder.as_ref(),
             model_dir.as_ref(),
         ),
-        Cmd::BenchAnn {
-            npy,
-            limit,
-            data,
-            account,
-            queries_file,
-            queries,
-            config,
-            embedder,
-            model_dir,
-            m,
-            ef_construction,
-        } => crate::daemon::bench_ann(crate::daemon::BenchAnnOpts {
-            npy,
-            limit,
-            data,
-            account,
-            queries_file,
-            queries,
-            config,
-            embedder,
-            model_dir,
-            m,
-            ef_construction,
-        }),
+        Cmd::BenchAnn(o) => crate::daemon::bench_ann(o),
         Cmd::Search {
             query,
             dir,

@@ -498,22 +498,8 @@ pub fn search(
     Ok(0)
 }
 
-pub struct BenchAnnOpts {
-    pub npy: Option<PathBuf>,
-    pub limit: Option<usize>,
-    pub data: Option<PathBuf>,
-    pub account: Option<String>,
-    pub queries_file: Option<PathBuf>,
-    pub queries: usize,
-    pub config: Option<PathBuf>,
-    pub embedder: Option<String>,
-    pub model_dir: Option<PathBuf>,
-    pub m: usize,
-    pub ef_construction: usize,
-}
-
 /// `ctxfs bench-ann`: recall and speed of the graph against exact search.
-pub fn bench_ann(o: BenchAnnOpts) -> Result<i32> {
+pub fn bench_ann(o: crate::cli::BenchAnnOpts) -> Result<i32> {
     use crate::index::{ann::AnnParams, annbench, embed::normalize};
     let p = AnnParams {
         m: o.m,

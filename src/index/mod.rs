@@ -547,7 +547,7 @@ impl Index {
         if let Some(h) = lock(&self.thread).take() {
             let _ = h.join();
         }
-        self.dump_all(true);
+        self.dump_all();
     }
 
     /// Something was committed: look at the outbox soon.
@@ -790,7 +790,7 @@ impl Index {
             }
         }
         for (ai, c) in changes {
-            c.apply(&ai, &self.cfg.ann);
+            c.apply(&ai);
         }
         self.stats.events_done.fetch_add(n_done, Ordering::Relaxed);
         let now = SystemTime::now();
@@ -986,7 +986,7 @@ impl Index {
                 self.rebuild(&ai);
             }
         }
-        self.dump_all(false);
+        self.dump_all();
     }
 
     /// Build a new graph from the live vectors and swap it in.
@@ -1006,15 +1006,13 @@ impl Index {
         tracing::info!(account = %ai.name, vectors = items.len(), ms = t0.elapsed().as_millis() as u64, "graph rebuilt");
     }
 
-    fn dump_all(&self, all: bool) {
+    /// Dump every graph changed since its last dump.
+    fn dump_all(&self) {
         let accts: Vec<Arc<AccountIndex>> = lock(&self.accounts)
             .values()
             .filter_map(|c| c.get().cloned())
             .collect();
         for ai in accts {
-            if !rlock(&ai.st).dirty && !all {
-                continue;
-            }
             if !rlock(&ai.st).dirty {
                 continue;
             }
@@ -1097,18 +1095,13 @@ impl Index {
                     _ => batch.push(direct(Work::Remove { path: path.clone() })),
                 }
             }
-            self.process_direct(batch)?;
+            // Sequence number 0 is never a stored event: the outbox
+            // bookkeeping of `process` is a no-op for this work.
+            self.process(batch)?;
             done += part.len();
             progress(done, total);
         }
         Ok(())
-    }
-
-    /// `process` for work that is not in the outbox (reindexing).
-    fn process_direct(&self, batch: Vec<Pending>) -> Result<()> {
-        // Same path as events, minus the outbox bookkeeping: seq 0 is never
-        // a stored event, so DoneEvent on it is a no-op.
-        self.process(batch)
     }
 
     /// Rebuild every index from the store: documents, vectors (from the
@@ -1137,7 +1130,7 @@ impl Index {
         paths.sort();
         let n = paths.len();
         self.reindex_paths(paths, progress)?;
-        self.dump_all(true);
+        self.dump_all();
         Ok(n)
     }
 
@@ -1481,28 +1474,6 @@ impl Index {
         v.sort_by_key(|x| x.0);
         Ok(v)
     }
-
-    /// Exact vector search over an account's live vectors (benchmarks).
-    pub fn exact_labels(&self, account: &str, qv: &[f32], k: usize) -> Result<Vec<usize>> {
-        let ai = self.account(account)?;
-        let st = rlock(&ai.st);
-        Ok(ann::exact(qv, k, st.vecs.iter().map(|(l, v)| (*l, &v[..])))
-            .into_iter()
-            .map(|x| x.0)
-            .collect())
-    }
-
-    /// Graph search over an account's vectors (benchmarks).
-    pub fn ann_labels(&self, account: &str, qv: &[f32], k: usize) -> Result<Vec<usize>> {
-        let ai = self.account(account)?;
-        let g = rlock(&ai.graph).clone();
-        let st = rlock(&ai.st);
-        let keep = |l: usize| !st.dead.contains(&l);
-        Ok(ann::search(&g, &self.cfg.ann, qv, k, Some(&keep))
-            .into_iter()
-            .map(|x| x.0)
-            .collect())
-    }
 }
 
 fn set_lex_path(v: &mut Vec<Option<Arc<str>>>, id: u32, p: Option<Arc<str>>) {
@@ -1585,7 +1556,7 @@ impl Change {
         }
     }
 
-    fn apply(self, ai: &AccountIndex, _p: &AnnParams) {
+    fn apply(self, ai: &AccountIndex) {
         match self {
             Change::None => {}
             Change::Put { path, doc, vecs } => {
