@@ -12,6 +12,51 @@ pub struct ConfigFile {
     pub account: Vec<AccountConfig>,
     #[serde(default)]
     pub index: IndexSection,
+    #[serde(default)]
+    pub redaction: RedactionSection,
+}
+
+/// The `[redaction]` table: secrets replaced at commit (on by default).
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RedactionSection {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Secret keys; when given, they replace the built-in list.
+    pub keys: Option<Vec<String>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for RedactionSection {
+    fn default() -> Self {
+        RedactionSection {
+            enabled: true,
+            keys: None,
+        }
+    }
+}
+
+/// Who gets redaction: the `[redaction]` table and the accounts that turn it off.
+#[derive(Debug, Clone, Default)]
+pub struct RedactionPolicy {
+    pub section: RedactionSection,
+    pub off: std::collections::BTreeSet<String>,
+}
+
+impl RedactionPolicy {
+    /// The redactor for `account`, or `None` when it keeps its secrets.
+    pub fn for_account(&self, account: &str) -> Option<crate::core::derive::Redactor> {
+        if !self.section.enabled || self.off.contains(account) {
+            return None;
+        }
+        Some(match &self.section.keys {
+            Some(k) => crate::core::derive::Redactor::new(k.iter().cloned()),
+            None => crate::core::derive::Redactor::default(),
+        })
+    }
 }
 
 /// The `[index]` table: the embedder and the indexer's knobs (all optional).
@@ -90,6 +135,7 @@ impl IndexSection {
 pub struct Settings {
     pub tenancy: Tenancy,
     pub index: IndexSection,
+    pub redaction: RedactionPolicy,
 }
 
 impl Settings {
@@ -103,7 +149,11 @@ impl Settings {
         let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         file.index.validate()?;
         let mut map = BTreeMap::new();
+        let mut off = std::collections::BTreeSet::new();
         for a in file.account {
+            if !a.redact {
+                off.insert(a.id.clone());
+            }
             check_name(&a.id).map_err(|e| anyhow::anyhow!("account id {:?}: {e}", a.id))?;
             if let Some(uid) = a.writers.iter().find(|u| a.readers.contains(u)) {
                 anyhow::bail!("account {:?}: uid {uid} is both writer and reader", a.id);
@@ -115,6 +165,10 @@ impl Settings {
         Ok(Settings {
             tenancy: Tenancy::Accounts(map),
             index: file.index,
+            redaction: RedactionPolicy {
+                section: file.redaction,
+                off,
+            },
         })
     }
 }
@@ -127,6 +181,9 @@ pub struct AccountConfig {
     pub writers: Vec<u32>,
     #[serde(default)]
     pub readers: Vec<u32>,
+    /// `false` keeps this account's secrets as written (no redaction).
+    #[serde(default = "yes")]
+    pub redact: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

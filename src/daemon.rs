@@ -44,6 +44,7 @@ fn settings(
         None => Settings {
             tenancy: Tenancy::Owner(unsafe { libc::getuid() }),
             index: IndexSection::default(),
+            redaction: Default::default(),
         },
     };
     if let Some(e) = embedder {
@@ -237,6 +238,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let store = RedbStore::open(&o.data.join(DB_FILE)).map_err(|e| anyhow!("{e}"))?;
     let fs =
         Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy).map_err(|e| anyhow!("{e}"))?;
+    fs.set_redaction(settings.redaction.clone());
     let t = Instant::now();
     let actions = fs
         .repair(o.repair_grace)

@@ -39,6 +39,9 @@ pub enum Error {
     CrossDevice,
     #[error("file too large")]
     TooBig,
+    /// A commit whose node exceeds the node size budget; the reason is readable in the node.
+    #[error("commit refused: {0}")]
+    NodeTooBig(String),
     #[error("name too long")]
     NameTooLong,
     #[error("unsupported operation")]
@@ -77,6 +80,7 @@ impl Error {
             // the normal commit protocol.
             Error::CrossDevice => libc::EXDEV,
             Error::TooBig => libc::EFBIG,
+            Error::NodeTooBig(_) => libc::EFBIG,
             Error::NameTooLong => libc::ENAMETOOLONG,
             Error::Unsupported => libc::ENOTSUP,
             Error::BadHandle => libc::EBADF,
@@ -111,6 +115,7 @@ mod tests {
             (Error::NotPermitted("x"), libc::EPERM, "EPERM"),
             (Error::CrossDevice, libc::EXDEV, "EXDEV"),
             (Error::TooBig, libc::EFBIG, "EFBIG"),
+            (Error::NodeTooBig("x".into()), libc::EFBIG, "EFBIG"),
             (Error::NameTooLong, libc::ENAMETOOLONG, "ENAMETOOLONG"),
             (Error::Unsupported, libc::ENOTSUP, "ENOTSUP"),
             (Error::BadHandle, libc::EBADF, "EBADF"),

@@ -39,6 +39,11 @@ pub enum Key {
         node: Arc<str>,
         seq: u64,
     },
+    /// A generated file of a user or agent directory (`README.md`, `.header.md`).
+    Generated {
+        dir: Arc<str>,
+        name: &'static str,
+    },
     /// `DIR/.search/`: reached by path, lists nothing.
     SearchDir(Arc<str>),
     /// `DIR/.search/QUERY`: results computed at open.

@@ -5,7 +5,9 @@
 //! Lock order: node stripe → `drafts` map → one `Draft` → one `DFile`;
 //! `inodes` and `handles` are leaf locks, never held while taking another.
 
+pub mod agent;
 pub mod commit;
+pub mod derive;
 mod draft;
 pub mod inodes;
 pub mod ops;
@@ -127,6 +129,8 @@ pub struct Fs {
     store: Arc<dyn Store>,
     /// The search index, once the daemon has started it.
     index: std::sync::OnceLock<Arc<crate::index::Index>>,
+    /// Secrets replaced at commit; the built-in policy until the daemon sets one.
+    redaction: std::sync::OnceLock<crate::config::RedactionPolicy>,
     tenancy: Tenancy,
     inodes: Mutex<Inodes>,
     drafts: Mutex<HashMap<String, Arc<Mutex<Draft>>>>,
@@ -209,6 +213,7 @@ impl Fs {
             inval: Mutex::new(None),
             stats: Stats::default(),
             index: std::sync::OnceLock::new(),
+            redaction: std::sync::OnceLock::new(),
         };
         for (path, bytes) in fs.store.drafts()? {
             match crate::store::DraftRec::decode(&bytes) {
@@ -219,6 +224,14 @@ impl Fs {
             }
         }
         Ok(Arc::new(fs))
+    }
+
+    pub fn set_redaction(&self, policy: crate::config::RedactionPolicy) {
+        let _ = self.redaction.set(policy);
+    }
+
+    fn redaction(&self) -> &crate::config::RedactionPolicy {
+        self.redaction.get_or_init(Default::default)
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

@@ -1,6 +1,8 @@
 //! The filesystem operations of the core, one method per syscall family.
 
+use super::agent;
 use super::commit::{self, Derived, MetaIntent};
+use super::derive;
 use super::inodes::Key;
 use super::place::{self, DirPlace, CONTENT, META, NODE_FILES};
 use super::*;
@@ -163,6 +165,10 @@ impl Fs {
                 self.gate(c, Self::account_of(dir), false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
+            Key::Generated { dir, .. } => {
+                self.check_space(c, dir)?;
+                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
+            }
             Key::Search { dir, name } => {
                 self.gate(c, Self::account_of(dir), false)?;
                 super::search::parse_query_name(name)?;
@@ -277,6 +283,8 @@ impl Fs {
                 "status" => Ok(Key::CtxfsFile("status")),
                 "pid" => Ok(Key::CtxfsFile("pid")),
                 "sync" => Ok(Key::CtxfsFile("sync")),
+                "header" => Ok(Key::CtxfsFile("header")),
+                "help" => Ok(Key::CtxfsFile("help")),
                 _ => Err(Error::NotFound),
             },
             Key::Accounts => {
@@ -289,6 +297,20 @@ impl Fs {
             Key::Dir(path) if name == super::search::SEARCH_DIR => {
                 self.gate(c, Self::account_of(path), false)?;
                 Ok(Key::SearchDir(path.clone()))
+            }
+            Key::Dir(path)
+                if (name == agent::MAP_FILE || name == agent::HEADER_FILE)
+                    && agent::is_owner_space(path) =>
+            {
+                self.gate(c, Self::account_of(path), false)?;
+                Ok(Key::Generated {
+                    dir: path.clone(),
+                    name: if name == agent::MAP_FILE {
+                        agent::MAP_FILE
+                    } else {
+                        agent::HEADER_FILE
+                    },
+                })
             }
             Key::SearchDir(dir) => {
                 self.gate(c, Self::account_of(dir), false)?;
@@ -440,7 +462,7 @@ impl Fs {
                 entries.push(d(Key::CtxfsDir, ".ctxfs", Kind::Dir));
             }
             Key::CtxfsDir => {
-                for n in ["status", "pid", "sync"] {
+                for n in ["status", "pid", "sync", "header", "help"] {
                     entries.push(d(Key::CtxfsFile(n), n, Kind::File));
                 }
             }
@@ -489,6 +511,15 @@ impl Fs {
                     for n in names {
                         let child = join(path, &n);
                         entries.push(d(Key::Dir(arc(&child)), &n, Kind::Dir));
+                    }
+                    if agent::is_owner_space(path) {
+                        for name in [agent::MAP_FILE, agent::HEADER_FILE] {
+                            let k = Key::Generated {
+                                dir: path.clone(),
+                                name,
+                            };
+                            entries.push(d(k, name, Kind::File));
+                        }
                     }
                 }
             }
@@ -821,6 +852,19 @@ impl Fs {
         match &key {
             Key::CtxfsFile("status") => data(self.status_json(c)?),
             Key::CtxfsFile("sync") => data(self.sync_file()?),
+            Key::CtxfsFile("header") => data(self.header(c, None)?),
+            Key::CtxfsFile("help") => data(agent::help_text().as_bytes().to_vec()),
+            Key::Generated { dir, name } => {
+                // Readers meet EROFS on any write, as everywhere in their account.
+                if write {
+                    self.gate(c, Self::account_of(dir), true)?;
+                }
+                if *name == agent::MAP_FILE {
+                    data(self.memory_map(c, dir)?)
+                } else {
+                    data(self.header(c, Some(dir))?)
+                }
+            }
             Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
             Key::Search { dir, name } => data(self.search_file(c, dir, name)?),
             Key::CtxfsFile(_) => data(format!("{}\n", std::process::id()).into_bytes()),
@@ -1001,6 +1045,10 @@ impl Fs {
                 return self.attr_of(c, &key, ino);
             }
             Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
+            Key::Generated { dir, .. } => {
+                self.gate(c, Self::account_of(dir), true)?;
+                return Err(Error::NotPermitted("generated file"));
+            }
             _ => return Err(Error::NotPermitted("read-only virtual file")),
         };
         self.gate(c, Self::account_of(&node), true)?;
@@ -1072,10 +1120,13 @@ impl Fs {
         };
         self.gate(c, Self::account_of(node), true)?;
         if place::classify_dir(&place::split(node))? != DirPlace::Node {
-            return Err(match self.child_key(c, &pkey, name) {
-                Ok(_) => Error::IsDir,
-                Err(e) => e,
-            });
+            return match self.child_key(c, &pkey, name) {
+                // Generated again at the next open: removing it changes
+                // nothing, and `rm -r` of a user directory goes through.
+                Ok((Key::Generated { .. }, _)) => Ok(()),
+                Ok(_) => Err(Error::IsDir),
+                Err(e) => Err(e),
+            };
         }
         if name == place::OUTBOX {
             return Err(Error::IsDir);
@@ -1420,7 +1471,7 @@ impl Fs {
     ) -> Result<Committed> {
         let rec = self.store.get_node(node)?;
         let mut d = lock(draft);
-        let mut contents: Vec<(&str, Content)> = Vec::new();
+        let mut contents: Vec<(&'static str, Content)> = Vec::new();
         for name in NODE_FILES {
             let c = match d.files.get(name) {
                 Some(Slot::File(f)) => {
@@ -1445,7 +1496,8 @@ impl Fs {
             Err(Error::BadCommit(reason))
         };
         let get = |n: &str| contents.iter().find(|(name, _)| *name == n).map(|(_, c)| c);
-        let (status, obj, edges) = if let Some(reason) = broken {
+        let mut redacted = 0;
+        let (status, mut obj, edges) = if let Some(reason) = broken {
             let mut obj = match get(META) {
                 Some(Content::New(b, ..)) => match serde_json::from_slice::<Value>(b) {
                     Ok(Value::Object(o)) => o,
@@ -1460,11 +1512,14 @@ impl Fs {
                 Some(Content::New(b, ..)) => b.clone(),
                 _ => return Ok(Committed::StillPending),
             };
-            let (status, obj) = match commit::parse_meta(&meta) {
+            let (status, mut obj) = match commit::parse_meta(&meta) {
                 Ok(MetaIntent::Commit(s, o)) => (s, o),
                 Ok(MetaIntent::Pending) => return Ok(Committed::StillPending),
                 Err(reason) => return fail(&mut d, reason),
             };
+            // Secrets leave before anything is checked, stored or indexed.
+            redacted = self.redact(node, &mut contents, &mut obj);
+            let get = |n: &str| contents.iter().find(|(name, _)| *name == n).map(|(_, c)| c);
             if get(CONTENT).is_none() {
                 return fail(
                     &mut d,
@@ -1488,8 +1543,37 @@ impl Fs {
             }
             (status, obj, edges)
         };
-
         let now = now_ns();
+        if broken.is_none() {
+            let derived = self.derive_summaries(rec.as_ref(), &mut contents, now)?;
+            obj.remove("derived");
+            obj.remove("redacted");
+            if !derived.is_empty() {
+                obj.insert("derived".into(), json!(derived));
+            }
+            if redacted > 0 {
+                obj.insert("redacted".into(), redacted.into());
+            }
+            let size: u64 = contents
+                .iter()
+                .filter(|(name, _)| *name != META)
+                .map(|(_, c)| match c {
+                    Content::New(b, ..) => b.len() as u64,
+                    Content::Keep(f) => f.size,
+                })
+                .sum();
+            if size > derive::NODE_BUDGET_BYTES {
+                let reason = format!(
+                    "the node's files hold {size} bytes; a node holds at most {} (split it into several nodes)",
+                    derive::NODE_BUDGET_BYTES
+                );
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(node, %reason, "commit refused");
+                d.error = Some(reason.clone());
+                return Err(Error::NodeTooBig(reason));
+            }
+        }
+
         let (id, version, created_at) = match &rec {
             Some(r) => (r.id, r.version + 1, r.created_at.clone()),
             None => (
@@ -1648,6 +1732,109 @@ impl Fs {
         }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         Ok(Committed::Version(version))
+    }
+
+    /// Replace secrets in the node files written in this commit and in the
+    /// client's `.meta.json` fields; how many values were replaced.
+    fn redact(
+        &self,
+        node: &str,
+        contents: &mut [(&str, Content)],
+        obj: &mut serde_json::Map<String, Value>,
+    ) -> usize {
+        let Some(r) = self.redaction().for_account(Self::account_of(node)) else {
+            return 0;
+        };
+        let mut n = 0;
+        for (name, c) in contents.iter_mut() {
+            let Content::New(bytes, ..) = c else { continue };
+            match *name {
+                CONTENT | place::ABSTRACT | place::OVERVIEW => {
+                    let Ok(text) = std::str::from_utf8(bytes) else {
+                        continue;
+                    };
+                    let (t, k) = r.redact_text(text);
+                    if k > 0 {
+                        *bytes = t.into_bytes();
+                        n += k;
+                    }
+                }
+                place::RELATIONS => {
+                    let Ok(mut v) = serde_json::from_slice::<Value>(bytes) else {
+                        continue;
+                    };
+                    let k = r.redact_json(&mut v);
+                    if k > 0 {
+                        let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
+                        out.push(b'\n');
+                        *bytes = out;
+                        n += k;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut v = Value::Object(std::mem::take(obj));
+        n += r.redact_json(&mut v);
+        if let Value::Object(o) = v {
+            *obj = o;
+        }
+        n
+    }
+
+    /// Fill in the L0 and L1 a writer left out (absent or empty), or that
+    /// were derived before and whose content changed; returns which.
+    fn derive_summaries(
+        &self,
+        rec: Option<&NodeRec>,
+        contents: &mut Vec<(&'static str, Content)>,
+        now: i128,
+    ) -> Result<Vec<&'static str>> {
+        let content_new = contents
+            .iter()
+            .any(|(n, c)| *n == CONTENT && matches!(c, Content::New(..)));
+        let before: Vec<String> = match rec.and_then(|r| r.file(META)) {
+            Some(f) if content_new => {
+                let b = self.store.read_blob(f.blob, f.size)?;
+                serde_json::from_slice::<Value>(&b)
+                    .ok()
+                    .and_then(|v| v.get("derived").cloned())
+                    .and_then(|v| serde_json::from_value(v).ok())
+                    .unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        let content = match contents.iter().find(|(n, _)| *n == CONTENT) {
+            Some((_, Content::New(b, ..))) => String::from_utf8_lossy(b).into_owned(),
+            Some((_, Content::Keep(f))) => {
+                String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
+            }
+            None => return Ok(Vec::new()),
+        };
+        let mut derived = Vec::new();
+        for (file, label) in [(place::ABSTRACT, "abstract"), (place::OVERVIEW, "overview")] {
+            let needed = match contents.iter().find(|(n, _)| *n == file) {
+                None => true,
+                Some((_, Content::New(b, ..))) => b.iter().all(u8::is_ascii_whitespace),
+                Some((_, Content::Keep(_))) => before.iter().any(|x| x == label),
+            };
+            if !needed {
+                continue;
+            }
+            let mut text = if file == place::ABSTRACT {
+                derive::derive_abstract(&content, commit::MAX_ABSTRACT_CHARS)
+            } else {
+                derive::derive_overview(&content)
+            };
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            contents.retain(|(n, _)| *n != file);
+            contents.push((file, Content::New(text.into_bytes(), now, 0o644)));
+            derived.push(label);
+        }
+        contents.sort_by_key(|(n, _)| NODE_FILES.iter().position(|x| x == n));
+        Ok(derived)
     }
 
     /// L0/L1/L2 IndexRecords of seed 000 for an UPSERT_CONTEXT event.

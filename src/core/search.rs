@@ -2,11 +2,13 @@
 //! file operations of `.outbox/dlq/`.
 
 use super::inodes::Key;
+use super::place;
 use super::{Caller, Fs};
 use crate::error::{Error, Result};
-use crate::index::{Index, Mode, Query};
+use crate::index::{Hit, Index, Mode, Query};
 use crate::store::Op;
 use serde_json::{json, Value};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -82,6 +84,84 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
     Ok(q)
 }
 
+/// Matching lines of `content.md` a result names at most.
+const MAX_LINES: usize = 12;
+
+/// How sure a result is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    Low,
+    Medium,
+    High,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Low => "low",
+            Tier::Medium => "medium",
+            Tier::High => "high",
+        }
+    }
+
+    /// From the share of query terms the node holds (`coverage`), whether
+    /// both channels found it, and (real embedding models only) the
+    /// vector similarity.
+    pub fn of(h: &Hit, coverage: f32, semantic: bool) -> Tier {
+        let both = h.vector_rank.is_some() && h.lexical_rank.is_some();
+        let sim = if semantic {
+            h.vector_score.unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        if h.via.is_some() {
+            return Tier::Low;
+        }
+        if (coverage >= 0.75 && (both || h.vector_rank.is_none())) || (both && sim >= 0.6) {
+            Tier::High
+        } else if coverage >= 0.5 || sim >= 0.45 || (both && coverage > 0.0) {
+            Tier::Medium
+        } else {
+            Tier::Low
+        }
+    }
+}
+
+/// A result with what the agent is told about it.
+struct Judged {
+    hit: Hit,
+    tier: Tier,
+    /// 1-based lines of `content.md` holding query terms (or where the best
+    /// matching passage starts).
+    lines: Vec<u32>,
+    /// Lines of `content.md` that hold a query term.
+    hits: usize,
+    coverage: f32,
+    snippet: String,
+}
+
+/// `3,5-7,12`, or `-` for none.
+pub fn line_ranges(lines: &[u32]) -> String {
+    if lines.is_empty() {
+        return "-".into();
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let mut j = i;
+        while j + 1 < lines.len() && lines[j + 1] == lines[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            lines[i].to_string()
+        } else {
+            format!("{}-{}", lines[i], lines[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
 /// The file bytes of event `seq` among `events`: its JSON and a newline.
 pub(super) fn event_file(events: Vec<crate::store::StoredEvent>, seq: u64) -> Result<Vec<u8>> {
     let e = events
@@ -134,7 +214,33 @@ impl Fs {
             expand: qn.expand,
         };
         let t = std::time::Instant::now();
-        let hits = ix.search(dir, &q)?;
+        let semantic = ix.embedder().kind() != "hash";
+        let mut judged = self.judge(ix.search(dir, &q)?, &q.text, semantic)?;
+        let mut tried = vec![json!({"query": q.text, "results": judged.len(),
+                                    "best": judged.first().map(|j| j.tier.as_str())})];
+        let mut answered_by = q.text.clone();
+        // No good hit: retry with the query respelled from the indexed words.
+        if judged.first().is_none_or(|j| j.tier == Tier::Low) {
+            if let Some(text) = ix.respell(Self::account_of(dir), &q.text)? {
+                let q2 = Query {
+                    text: text.clone(),
+                    ..q.clone()
+                };
+                let again = self.judge(ix.search(dir, &q2)?, &text, semantic)?;
+                tried.push(json!({"query": text, "results": again.len(),
+                                  "best": again.first().map(|j| j.tier.as_str())}));
+                let better = match (judged.first(), again.first()) {
+                    (_, None) => false,
+                    (None, Some(_)) => true,
+                    (Some(a), Some(b)) => b.tier > a.tier,
+                };
+                if better {
+                    judged = again;
+                    answered_by = text;
+                }
+            }
+        }
+        let answerable = judged.first().is_some_and(|j| j.tier >= Tier::Medium);
         let total_us = t.elapsed().as_micros() as u64;
         if qn.json {
             let mode = match qn.mode {
@@ -144,15 +250,24 @@ impl Fs {
             };
             let v = json!({
                 "query": qn.text,
+                "answered_by": answered_by,
+                "tried": tried,
+                "answerable": answerable,
+                "signal": if answerable { "ANSWERABLE" } else { "NOT_ANSWERABLE" },
                 "scope": format!("accounts/{dir}"),
                 "k": qn.k,
                 "mode": mode,
                 "model": ix.embedder().id(),
                 "took_us": {"total": total_us,
                             "query_embedding": ix.stats.last_embed_us.load(Ordering::Relaxed)},
-                "results": hits.iter().enumerate().map(|(i, h)| {
-                    let mut o = serde_json::to_value(h).unwrap_or(Value::Null);
+                "results": judged.iter().enumerate().map(|(i, j)| {
+                    let mut o = serde_json::to_value(&j.hit).unwrap_or(Value::Null);
                     o["rank"] = (i + 1).into();
+                    o["confidence"] = j.tier.as_str().into();
+                    o["lines"] = json!(j.lines);
+                    o["hits"] = j.hits.into();
+                    o["coverage"] = json!((j.coverage * 100.0).round() / 100.0);
+                    o["snippet"] = j.snippet.clone().into();
                     o
                 }).collect::<Vec<_>>(),
             });
@@ -161,14 +276,18 @@ impl Fs {
             return Ok(out);
         }
         let mut out = String::new();
-        for (i, h) in hits.iter().enumerate() {
+        for (i, j) in judged.iter().enumerate() {
+            let h = &j.hit;
             out.push_str(&format!(
-                "{}\t{:.4}\t{}\t{}\t{}",
+                "{}\t{:.4}\t{}\t{}\t{}\t{}\t{}\t{}",
                 i + 1,
                 h.score,
                 h.path,
                 h.uri,
-                crate::index::text::one_line(&h.abstract_)
+                crate::index::text::one_line(&h.abstract_),
+                j.tier.as_str(),
+                line_ranges(&j.lines),
+                j.hits,
             ));
             if let Some(v) = &h.via {
                 out.push_str(&format!("\trelated:{v}"));
@@ -176,6 +295,80 @@ impl Fs {
             out.push('\n');
         }
         Ok(out.into_bytes())
+    }
+
+    /// How sure each hit is, and where in `content.md` the query matches.
+    fn judge(&self, hits: Vec<Hit>, query: &str, semantic: bool) -> Result<Vec<Judged>> {
+        let mut qterms = crate::index::text::terms(query);
+        qterms.sort();
+        qterms.dedup();
+        let mut out = Vec::with_capacity(hits.len());
+        for hit in hits {
+            let node = &hit.path["accounts/".len()..];
+            let rec = self.store.get_node(node)?;
+            let read = |name: &str| -> Result<String> {
+                Ok(match rec.as_ref().and_then(|r| r.file(name)) {
+                    Some(f) => {
+                        String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
+                    }
+                    None => String::new(),
+                })
+            };
+            let content = read(place::CONTENT)?;
+            let mut found: HashSet<&str> = HashSet::new();
+            let mut lines = Vec::new();
+            let mut snippet = (0usize, String::new());
+            for (i, line) in content.lines().enumerate() {
+                let lt = crate::index::text::terms(line);
+                let here: HashSet<&str> = qterms
+                    .iter()
+                    .filter(|q| lt.iter().any(|t| t == *q))
+                    .map(|q| q.as_str())
+                    .collect();
+                if here.is_empty() {
+                    continue;
+                }
+                lines.push(i as u32 + 1);
+                if here.len() > snippet.0 {
+                    snippet = (here.len(), crate::index::text::one_line(line));
+                }
+                found.extend(here);
+            }
+            let summary = crate::index::text::terms(&format!(
+                "{} {}",
+                read(place::ABSTRACT)?,
+                read(place::OVERVIEW)?
+            ));
+            for q in &qterms {
+                if summary.iter().any(|t| t == q) {
+                    found.insert(q.as_str());
+                }
+            }
+            let coverage = if qterms.is_empty() {
+                0.0
+            } else {
+                found.len() as f32 / qterms.len() as f32
+            };
+            let hits_n = lines.len();
+            if lines.is_empty() && hit.level == 2 && hit.line > 0 {
+                lines.push(hit.line);
+            }
+            lines.truncate(MAX_LINES);
+            if snippet.1.is_empty() {
+                snippet.1 = hit.abstract_.clone();
+            }
+            let snippet: String = snippet.1.chars().take(200).collect();
+            let tier = Tier::of(&hit, coverage, semantic);
+            out.push(Judged {
+                hit,
+                tier,
+                lines,
+                hits: hits_n,
+                coverage,
+                snippet,
+            });
+        }
+        Ok(out)
     }
 
     /// `.ctxfs/sync`: wait until everything committed so far is searchable.
@@ -284,5 +477,7 @@ mod tests {
         assert_eq!((q.mode, q.expand), (Mode::Lexical, true));
         assert_eq!(event_seq("000000000000000a.json"), Some(10));
         assert_eq!(event_seq("a.json"), None);
+        assert_eq!(line_ranges(&[3, 5, 6, 7, 12]), "3,5-7,12");
+        assert_eq!(line_ranges(&[]), "-");
     }
 }

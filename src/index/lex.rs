@@ -77,6 +77,36 @@ impl Lex {
         }
     }
 
+    /// The indexed term nearest to `term` by edit distance (at most 1 for
+    /// terms up to 5 bytes, else 2), the most frequent among equals; `None`
+    /// when `term` itself is indexed or nothing is near.
+    pub fn nearest(&self, term: &str) -> Option<String> {
+        if self.post.contains_key(term) || term.len() < 3 {
+            return None;
+        }
+        let max = if term.len() <= 5 { 1 } else { 2 };
+        let mut best: Option<(usize, usize, &str)> = None;
+        for (t, p) in &self.post {
+            if t.len().abs_diff(term.len()) > max {
+                continue;
+            }
+            let d = edit_distance(term.as_bytes(), t.as_bytes(), max);
+            if d > max {
+                continue;
+            }
+            let better = match best {
+                None => true,
+                Some((bd, bn, bt)) => {
+                    (d, std::cmp::Reverse(p.len()), t.as_str()) < (bd, std::cmp::Reverse(bn), bt)
+                }
+            };
+            if better {
+                best = Some((d, p.len(), t));
+            }
+        }
+        best.map(|(_, _, t)| t.to_string())
+    }
+
     /// Best `k` documents for the query terms among those `keep` accepts.
     pub fn search(
         &self,
@@ -113,6 +143,26 @@ impl Lex {
         v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         v
     }
+}
+
+/// Levenshtein distance of `a` and `b`, or `max + 1` once it exceeds `max`.
+fn edit_distance(a: &[u8], b: &[u8], max: usize) -> usize {
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        cur[0] = i;
+        let mut row_min = cur[0];
+        for j in 1..=b.len() {
+            let sub = prev[j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
+            row_min = row_min.min(cur[j]);
+        }
+        if row_min > max {
+            return max + 1;
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()].min(max + 1)
 }
 
 #[cfg(test)]
@@ -153,5 +203,9 @@ mod tests {
         assert!(l
             .search(&terms("tomatoes"), 10, &|d| d != ids[3].0)
             .is_empty());
+        assert_eq!(l.nearest("tomatos").as_deref(), Some("tomato"));
+        assert_eq!(l.nearest("tokio"), None);
+        assert_eq!(l.nearest("zzzzzzzz"), None);
+        assert_eq!(edit_distance(b"kitten", b"sitting", 5), 3);
     }
 }

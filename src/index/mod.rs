@@ -1465,6 +1465,28 @@ impl Index {
         Ok(out)
     }
 
+    /// `text` with each word the account's index does not know replaced by
+    /// the nearest indexed term; `None` when nothing changed.
+    pub fn respell(&self, account: &str, text: &str) -> Result<Option<String>> {
+        let ai = self.account(account)?;
+        let st = rlock(&ai.st);
+        let mut changed = false;
+        let out: Vec<String> = text::words(text)
+            .into_iter()
+            .map(|w| {
+                let t = text::terms(&w);
+                match t.first().and_then(|t| st.lex.nearest(t)) {
+                    Some(n) if t.len() == 1 => {
+                        changed = true;
+                        n
+                    }
+                    _ => w,
+                }
+            })
+            .collect();
+        Ok(changed.then(|| out.join(" ")))
+    }
+
     /// The live vectors of an account by label (benchmarks).
     pub fn live_vectors(&self, account: &str) -> Result<Vec<(usize, Arc<[f32]>)>> {
         let ai = self.account(account)?;

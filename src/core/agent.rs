@@ -1,0 +1,268 @@
+//! The agent's view: the memory map (`users/{u}/README.md`,
+//! `agents/{g}/README.md`), the prompt header (`MOUNT/.ctxfs/header` and
+//! `.header.md` beside each map) and `MOUNT/.ctxfs/help`. All generated at
+//! open from the store, so they are always current.
+
+use super::place::{self, DirPlace};
+use super::{Caller, Fs};
+use crate::config::Access;
+use crate::error::Result;
+use crate::store::{NodeRec, Status};
+
+/// The memory map in every user and agent directory.
+pub const MAP_FILE: &str = "README.md";
+/// The prompt header of one user or agent directory.
+pub const HEADER_FILE: &str = ".header.md";
+/// Nodes the map lists at most (newest first); the rest are counted.
+pub const MAP_MAX_NODES: usize = 50;
+/// Byte budget of the memory map.
+pub const MAP_MAX_BYTES: usize = 12 * 1024;
+/// Byte budget of a prompt header.
+pub const HEADER_MAX_BYTES: usize = 2048;
+/// Owner spaces the mount-wide header names at most.
+const HEADER_MAX_SPACES: usize = 12;
+
+/// Is `path` a user or agent directory (`{a}/users/{u}`, `{a}/agents/{g}`)?
+pub fn is_owner_space(path: &str) -> bool {
+    let c = place::split(path);
+    c.len() == 3 && (c[1] == "users" || c[1] == "agents")
+}
+
+/// What an owner space holds, as a reader sees it.
+struct Space {
+    /// ACTIVE nodes, newest first: (path relative to the space, record).
+    active: Vec<(String, NodeRec)>,
+    archived: usize,
+}
+
+impl Fs {
+    /// Every committed node under `dir` (recursively), ACTIVE ones kept.
+    fn space(&self, dir: &str) -> Result<Space> {
+        let mut s = Space {
+            active: Vec::new(),
+            archived: 0,
+        };
+        let mut stack = vec![dir.to_string()];
+        while let Some(p) = stack.pop() {
+            let comps = place::split(&p);
+            let placed = place::classify_dir(&comps)?;
+            if placed == DirPlace::Node {
+                continue;
+            }
+            for (name, rec) in self.store.list_nodes(&p)? {
+                match rec.status {
+                    Status::Active => {
+                        let full = format!("{p}/{name}");
+                        s.active.push((full[dir.len() + 1..].to_string(), rec));
+                    }
+                    Status::Archived => s.archived += 1,
+                    Status::Broken => {}
+                }
+            }
+            for f in place::fixed_children(&comps, &placed) {
+                stack.push(format!("{p}/{}", f.name()));
+            }
+            for d in self.store.list_dirs(&p)? {
+                stack.push(format!("{p}/{d}"));
+            }
+        }
+        s.active
+            .sort_by(|a, b| b.1.updated_ns.cmp(&a.1.updated_ns).then(a.0.cmp(&b.0)));
+        Ok(s)
+    }
+
+    /// A node's L0 on one line.
+    fn abstract_of(&self, rec: &NodeRec) -> String {
+        rec.file(place::ABSTRACT)
+            .and_then(|f| self.store.read_blob(f.blob, f.size).ok())
+            .map(|b| crate::index::text::one_line(&String::from_utf8_lossy(&b)))
+            .unwrap_or_default()
+    }
+
+    /// Is the owner space `dir` there for `c`?
+    pub(super) fn check_space(&self, c: Caller, dir: &str) -> Result<()> {
+        self.attr_of(c, &super::inodes::Key::Dir(dir.into()), 0)
+            .map(|_| ())
+    }
+
+    /// `users/{u}/README.md`: counts by category, then each node newest
+    /// first with its L0, version and last update.
+    pub(super) fn memory_map(&self, c: Caller, dir: &str) -> Result<Vec<u8>> {
+        self.check_space(c, dir)?;
+        let s = self.space(dir)?;
+        let mut by_cat: std::collections::BTreeMap<String, usize> = Default::default();
+        for (rel, _) in &s.active {
+            let cat = match rel.rfind('/') {
+                Some(i) => rel[..i].to_string(),
+                None => String::new(),
+            };
+            *by_cat.entry(cat).or_default() += 1;
+        }
+        let mut out = format!(
+            "# Memory map of ctx://{dir}\n\n\
+             {} ACTIVE nodes, {} archived. Generated at {} from the store; always current.\n\n\
+             ## Categories\n",
+            s.active.len(),
+            s.archived,
+            super::rfc3339(super::now_ns()),
+        );
+        if by_cat.is_empty() {
+            out.push_str("(none yet)\n");
+        }
+        for (cat, n) in &by_cat {
+            out.push_str(&format!(
+                "- {cat}/: {n} node{}\n",
+                if *n == 1 { "" } else { "s" }
+            ));
+        }
+        out.push_str("\n## Nodes, newest first (PATH (vVERSION, UPDATED): ABSTRACT)\n");
+        let tail_room = 600;
+        let mut shown = 0;
+        for (rel, rec) in s.active.iter().take(MAP_MAX_NODES) {
+            let line = format!(
+                "- {rel}/ (v{}, {}): {}\n",
+                rec.version,
+                rec.updated_at,
+                self.abstract_of(rec)
+            );
+            if out.len() + line.len() + tail_room > MAP_MAX_BYTES {
+                break;
+            }
+            out.push_str(&line);
+            shown += 1;
+        }
+        if shown < s.active.len() {
+            out.push_str(&format!(
+                "- … {} more: `ls CATEGORY/` lists one category, `cat '.search/TOPIC?k=50'` finds by topic.\n",
+                s.active.len() - shown
+            ));
+        }
+        out.push_str(
+            "\n## How to read and search\n\
+             - Read a node's `.abstract.md` (one line) first, `.overview.md` next, `content.md` last.\n\
+             - Search this directory: `cat '.search/your question'` (TSV: rank, score, path, uri,\n  \
+             abstract, confidence, lines); `?k=20` for more results, `?format=json` for programs.\n\
+             - Help: `MOUNT/.ctxfs/help`.\n",
+        );
+        Ok(out.into_bytes())
+    }
+
+    /// The prompt header: of one owner space (`dir`), or of everything the
+    /// caller may use (`None`).
+    pub(super) fn header(&self, c: Caller, dir: Option<&str>) -> Result<Vec<u8>> {
+        let mut out = String::from(
+            "## Memory (ctxfs)\n\
+             You have long-term memory as files under the ctxfs mount (paths below are relative to it).\n",
+        );
+        let mut spaces: Vec<(String, Access)> = Vec::new();
+        match dir {
+            Some(d) => {
+                self.check_space(c, d)?;
+                spaces.push((d.to_string(), self.access_of(c, Self::account_of(d))));
+            }
+            None => {
+                for a in self.accounts_visible(c)? {
+                    let access = self.access_of(c, &a);
+                    for kind in ["users", "agents"] {
+                        for name in self.store.list_dirs(&format!("{a}/{kind}"))? {
+                            spaces.push((format!("{a}/{kind}/{name}"), access));
+                        }
+                    }
+                }
+            }
+        }
+        if spaces.is_empty() {
+            out.push_str("No memories yet.\n");
+        }
+        let mut listed = 0;
+        for (d, access) in spaces.iter().take(HEADER_MAX_SPACES) {
+            let s = self.space(d)?;
+            let newest = s
+                .active
+                .first()
+                .map(|(_, r)| format!(", newest {}", r.updated_at))
+                .unwrap_or_default();
+            let mode = if *access == Access::Write {
+                "read-write"
+            } else {
+                "read-only"
+            };
+            let line = format!(
+                "- accounts/{d}/: {} memories{newest} ({mode}); map: accounts/{d}/{MAP_FILE}\n",
+                s.active.len()
+            );
+            if out.len() + line.len() > HEADER_MAX_BYTES - 700 {
+                break;
+            }
+            out.push_str(&line);
+            listed += 1;
+            if dir.is_some() {
+                for (rel, rec) in s.active.iter().take(5) {
+                    let l = format!("  - {rel}/: {}\n", self.abstract_of(rec));
+                    if out.len() + l.len() > HEADER_MAX_BYTES - 700 {
+                        break;
+                    }
+                    out.push_str(&l);
+                }
+            }
+        }
+        if listed < spaces.len() {
+            out.push_str(&format!(
+                "- … {} more: `ls accounts/ACCOUNT/users accounts/ACCOUNT/agents`.\n",
+                spaces.len() - listed
+            ));
+        }
+        out.push_str(
+            "Read first: the map (README.md), then a node's .abstract.md, .overview.md, content.md.\n\
+             Search: `cat 'DIR/.search/QUESTION'` (TSV: rank, score, path, uri, abstract, confidence,\n\
+             lines of content.md); `?k=N` for more; `?format=json` adds `answerable`.\n\
+             Remember: write content.md, .relations.json ([]), .abstract.md, .overview.md, then\n\
+             .meta.json with {\"status\":\"ACTIVE\"} (the commit; use /bin/echo or a program).\n\
+             Errors and more: `cat .ctxfs/help`.\n",
+        );
+        debug_assert!(out.len() <= HEADER_MAX_BYTES);
+        Ok(out.into_bytes())
+    }
+}
+
+/// `MOUNT/.ctxfs/help`: one screen for a newcomer agent.
+pub fn help_text() -> &'static str {
+    "ctxfs: long-term memory as files\n\
+     \n\
+     TREE   accounts/ACCOUNT/users/USER/memories/CATEGORY/SLUG/   a memory (node)\n\
+     \x20      accounts/ACCOUNT/users/USER/memories/profile/\n\
+     \x20      accounts/ACCOUNT/agents/AGENT/memories/CATEGORY/SLUG/ and agents/AGENT/skills/NAME/\n\
+     \x20      accounts/ACCOUNT/projects/PROJECT/scratchpad/          shared files, no protocol\n\
+     \x20      accounts/ACCOUNT/projects/PROJECT/activity_log.jsonl   append-only log\n\
+     NODE   content.md (full text)  .abstract.md (L0, one line <= 100 chars)\n\
+     \x20      .overview.md (L1)  .relations.json (edges)  .meta.json (status, version, ...)\n\
+     MAP    users/USER/README.md and agents/AGENT/README.md list every memory, newest first.\n\
+     \x20      .header.md beside it is a short block for a system prompt.\n\
+     \n\
+     READ   summary first: .abstract.md, then .overview.md, then content.md (or just the\n\
+     \x20      lines a search names: sed -n '12,30p' content.md).\n\
+     SEARCH cat 'DIR/.search/your question'        in any directory of an account\n\
+     \x20      columns: RANK SCORE PATH URI ABSTRACT CONFIDENCE LINES\n\
+     \x20      options: ?k=20  ?format=json (adds answerable, tried queries)  ?mode=lexical\n\
+     \x20      cat .ctxfs/sync waits until everything committed is searchable.\n\
+     \n\
+     WRITE  mkdir -p N; write N/content.md, N/.relations.json ([]), N/.abstract.md,\n\
+     \x20      N/.overview.md, then N/.meta.json with {\"status\":\"ACTIVE\"}: closing it commits\n\
+     \x20      all files at once as the next version. Until then nobody else sees the node.\n\
+     \x20      Leave out .abstract.md/.overview.md and they are derived from content.md.\n\
+     \x20      Secrets (api_key: ..., tokens, private keys) are replaced by [REDACTED].\n\
+     \x20      Update: rewrite files, then .meta.json again. Archive: \"status\":\"ARCHIVED\".\n\
+     \x20      Delete: rm -r N. Move: mv N NEW (same account).\n\
+     \x20      Use /bin/echo or a program to write .meta.json: the shell's builtin echo\n\
+     \x20      cannot report a refused commit.\n\
+     \n\
+     ERRORS EINVAL   bad name or refused commit: cat N/.commit-error says why\n\
+     \x20      EFBIG    node over 300000 bytes: split it\n\
+     \x20      EROFS    your account is read-only for you\n\
+     \x20      EACCES   not your account\n\
+     \x20      EPERM    generated or append-only file\n\
+     \x20      EXDEV    move across accounts (copy and delete instead)\n\
+     \x20      ETIMEDOUT .ctxfs/sync waited too long; EAGAIN: embedder down, retry\n\
+     \n\
+     MORE   .ctxfs/status (counts, index lag), .ctxfs/header, docs/AGENTS.md\n"
+}
