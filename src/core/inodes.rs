@@ -44,6 +44,8 @@ pub enum Key {
         dir: Arc<str>,
         name: &'static str,
     },
+    /// A project's scratchpad, anything in it, or its activity log.
+    Scratch(Arc<str>),
     /// `DIR/.search/`: reached by path, lists nothing.
     SearchDir(Arc<str>),
     /// `DIR/.search/QUERY`: results computed at open.

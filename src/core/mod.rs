@@ -13,6 +13,7 @@ pub mod inodes;
 pub mod ops;
 pub mod place;
 pub mod repair;
+pub mod scratch;
 pub mod search;
 
 pub use self::draft::{DFile, Draft, Slot};
@@ -95,6 +96,8 @@ pub(crate) enum Handle {
     Data(Arc<[u8]>),
     Draft(DraftHandle),
     Dir(Vec<DirEntry>),
+    /// A file of a project's shared area.
+    Scratch(scratch::ScratchHandle),
 }
 
 pub(crate) struct DraftHandle {
@@ -136,6 +139,10 @@ pub struct Fs {
     drafts: Mutex<HashMap<String, Arc<Mutex<Draft>>>>,
     stripes: Vec<Mutex<()>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Open files of project scratchpads, by path: one buffer per file.
+    scratch_open: Mutex<HashMap<String, Arc<RwLock<DFile>>>>,
+    /// Serialises structural changes of scratchpads.
+    scratch_lock: Mutex<()>,
     next_fh: AtomicU64,
     next_blob: AtomicU64,
     next_node: AtomicU64,
@@ -207,6 +214,8 @@ impl Fs {
             drafts: Mutex::new(HashMap::new()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             handles: Mutex::new(HashMap::new()),
+            scratch_open: Mutex::new(HashMap::new()),
+            scratch_lock: Mutex::new(()),
             next_fh: AtomicU64::new(1),
             started: SystemTime::now(),
             owner: unsafe { (libc::geteuid(), libc::getegid()) },

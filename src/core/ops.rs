@@ -5,6 +5,7 @@ use super::commit::{self, Derived, MetaIntent};
 use super::derive;
 use super::inodes::Key;
 use super::place::{self, DirPlace, CONTENT, META, NODE_FILES};
+use super::scratch;
 use super::*;
 use serde_json::{json, Value};
 
@@ -165,6 +166,7 @@ impl Fs {
                 self.gate(c, Self::account_of(dir), false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
+            Key::Scratch(path) => self.scratch_attr(c, path, ino),
             Key::Generated { dir, .. } => {
                 self.check_space(c, dir)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
@@ -299,6 +301,14 @@ impl Fs {
                 Ok(Key::SearchDir(path.clone()))
             }
             Key::Dir(path)
+                if scratch::is_project(path)
+                    && (name == scratch::SCRATCHPAD || name == scratch::ACTIVITY_LOG) =>
+            {
+                self.gate(c, Self::account_of(path), false)?;
+                Ok(Key::Scratch(arc(&join(path, name))))
+            }
+            Key::Scratch(dir) => self.scratch_child(c, dir, name),
+            Key::Dir(path)
                 if (name == agent::MAP_FILE || name == agent::HEADER_FILE)
                     && agent::is_owner_space(path) =>
             {
@@ -416,6 +426,10 @@ impl Fs {
                     let f = read_lock(&d.file);
                     return Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false));
                 }
+                if let Handle::Scratch(s) = &*h {
+                    let f = read_lock(s.file());
+                    return Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false));
+                }
             }
         }
         let key = self.key_of(ino)?;
@@ -512,6 +526,12 @@ impl Fs {
                         let child = join(path, &n);
                         entries.push(d(Key::Dir(arc(&child)), &n, Kind::Dir));
                     }
+                    if scratch::is_project(path) {
+                        let k = Key::Scratch(arc(&join(path, scratch::SCRATCHPAD)));
+                        entries.push(d(k, scratch::SCRATCHPAD, Kind::Dir));
+                        let k = Key::Scratch(arc(&join(path, scratch::ACTIVITY_LOG)));
+                        entries.push(d(k, scratch::ACTIVITY_LOG, Kind::File));
+                    }
                     if agent::is_owner_space(path) {
                         for name in [agent::MAP_FILE, agent::HEADER_FILE] {
                             let k = Key::Generated {
@@ -545,6 +565,13 @@ impl Fs {
                 }
             }
             Key::SearchDir(_) => shared = false,
+            Key::Scratch(dir) => {
+                shared = false;
+                for (name, kind) in self.scratch_list(c, dir)? {
+                    let k = Key::Scratch(arc(&join(dir, &name)));
+                    entries.push(d(k, &name, kind));
+                }
+            }
             _ => return Err(Error::NotDir),
         }
         Ok(Opened {
@@ -635,6 +662,10 @@ impl Fs {
     }
 
     pub fn mkdir(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
+        if let Key::Scratch(dir) = self.key_of(parent)? {
+            self.scratch_mkdir(c, &dir, name, 0o755)?;
+            return self.lookup(c, parent, name);
+        }
         if self.key_of(parent)? == Key::Accounts {
             place::check_name(name)?;
         }
@@ -662,6 +693,14 @@ impl Fs {
     }
 
     pub fn rmdir(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
+        match self.key_of(parent)? {
+            Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
+            Key::Dir(p) if scratch::is_project(&p) && name == scratch::SCRATCHPAD => {
+                self.gate(c, Self::account_of(&p), true)?;
+                return Err(Error::NotPermitted("the scratchpad itself stays"));
+            }
+            _ => {}
+        }
         let path = match self.dir_child(c, parent, name) {
             Err(Error::Invalid(_)) if name == place::OUTBOX => {
                 return Err(Error::NotPermitted("virtual directory"))
@@ -680,7 +719,9 @@ impl Fs {
                 if !self.dir_present(&path, &comps)? {
                     return Err(Error::NotFound);
                 }
-                if self.subtree_busy(&path)? {
+                if self.subtree_busy(&path)?
+                    || (scratch::is_project(&path) && self.project_busy(&path)?)
+                {
                     return Err(Error::NotEmpty);
                 }
                 match placed {
@@ -852,6 +893,7 @@ impl Fs {
         match &key {
             Key::CtxfsFile("status") => data(self.status_json(c)?),
             Key::CtxfsFile("sync") => data(self.sync_file()?),
+            Key::Scratch(path) => self.scratch_open(c, path, flags),
             Key::CtxfsFile("header") => data(self.header(c, None)?),
             Key::CtxfsFile("help") => data(agent::help_text().as_bytes().to_vec()),
             Key::Generated { dir, name } => {
@@ -916,6 +958,11 @@ impl Fs {
         flags: i32,
     ) -> Result<(Attr, Opened)> {
         let pkey = self.key_of(parent)?;
+        if let Key::Scratch(dir) = &pkey {
+            let opened = self.scratch_create(c, dir, name, mode, flags)?;
+            let attr = self.lookup(c, parent, name)?;
+            return Ok((attr, opened));
+        }
         let node = match &pkey {
             Key::Dir(p) => p.clone(),
             Key::Accounts => {
@@ -969,11 +1016,15 @@ impl Fs {
             Handle::Data(d) => Ok(slice(d)),
             Handle::Draft(d) => Ok(slice(&read_lock(&d.file).data)),
             Handle::Dir(_) => Err(Error::IsDir),
+            Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
         }
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
+        if let Handle::Scratch(s) = &*h {
+            return Self::scratch_write(s, offset, data);
+        }
         let Handle::Draft(d) = &*h else {
             return Err(Error::BadHandle);
         };
@@ -1008,16 +1059,32 @@ impl Fs {
                 self.commit(&d.node, Some(&d.file))?;
             }
         }
+        if let Handle::Scratch(s) = &*h {
+            self.scratch_persist(s, false)?;
+        }
         Ok(())
     }
 
     pub fn release(&self, fh: u64) {
-        lock(&self.handles).remove(&fh);
+        let h = lock(&self.handles).remove(&fh);
+        if let Some(h) = h {
+            if let Handle::Scratch(s) = &*h {
+                let path = s.path().to_string();
+                if let Err(e) = self.scratch_persist(s, false) {
+                    tracing::error!(%path, error = %e, "scratch file not written back");
+                }
+                drop(h);
+                self.scratch_released(&path);
+            }
+        }
     }
 
     /// `fsync` of a draft file makes the node's whole draft durable.
     pub fn fsync(&self, fh: u64) -> Result<()> {
         let h = self.handle(fh)?;
+        if let Handle::Scratch(s) = &*h {
+            return self.scratch_persist(s, true);
+        }
         if let Handle::Draft(d) = &*h {
             let _g = self.stripe(&d.node);
             if let Some(draft) = self.draft(&d.node) {
@@ -1049,6 +1116,7 @@ impl Fs {
                 self.gate(c, Self::account_of(dir), true)?;
                 return Err(Error::NotPermitted("generated file"));
             }
+            Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             _ => return Err(Error::NotPermitted("read-only virtual file")),
         };
         self.gate(c, Self::account_of(&node), true)?;
@@ -1098,7 +1166,7 @@ impl Fs {
                 Key::Dir(p) => {
                     self.gate(c, Self::account_of(p), true)?;
                 }
-                Key::File { node, .. } | Key::Draft { node, .. } => {
+                Key::File { node, .. } | Key::Draft { node, .. } | Key::Scratch(node) => {
                     self.gate(c, Self::account_of(node), true)?;
                 }
                 _ => return Err(Error::AccessDenied),
@@ -1115,10 +1183,16 @@ impl Fs {
         if let Key::OutboxDlq(node) = &pkey {
             return self.drop_dead(c, node, name);
         }
+        if let Key::Scratch(dir) = &pkey {
+            return self.scratch_unlink(c, dir, name, false);
+        }
         let Key::Dir(node) = &pkey else {
             return Err(Error::NotPermitted("virtual directory"));
         };
         self.gate(c, Self::account_of(node), true)?;
+        if scratch::is_project(node) && name == scratch::ACTIVITY_LOG {
+            return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+        }
         if place::classify_dir(&place::split(node))? != DirPlace::Node {
             return match self.child_key(c, &pkey, name) {
                 // Generated again at the next open: removing it changes
@@ -1173,6 +1247,24 @@ impl Fs {
             (self.key_of(parent)?, self.key_of(newparent)?)
         {
             return self.revive_dead(c, &sn, name, &dn, newname);
+        }
+        match (self.key_of(parent)?, self.key_of(newparent)?) {
+            (Key::Scratch(sd), Key::Scratch(dd)) => {
+                return self.scratch_rename(c, &sd, name, &dd, newname, noreplace)
+            }
+            (Key::Scratch(sd), _) => {
+                self.gate(c, Self::account_of(&sd), true)?;
+                return Err(Error::CrossDevice);
+            }
+            (_, Key::Scratch(dd)) => {
+                self.gate(c, Self::account_of(&dd), true)?;
+                return Err(Error::CrossDevice);
+            }
+            (Key::Dir(sp), _) if scratch::is_project(&sp) && name == scratch::ACTIVITY_LOG => {
+                self.gate(c, Self::account_of(&sp), true)?;
+                return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+            }
+            _ => {}
         }
         let (Key::Dir(sp), Key::Dir(dp)) = (self.key_of(parent)?, self.key_of(newparent)?) else {
             return Err(Error::NotPermitted(

@@ -133,7 +133,7 @@ pub fn classify_dir(c: &[&str]) -> Result<DirPlace> {
                 ))),
             },
             _ => Err(Error::Invalid(
-                "projects hold no structured directories (scratchpad is not available yet)".into(),
+                "a project holds only scratchpad/ and activity_log.jsonl".into(),
             )),
         },
         5 => {

@@ -158,6 +158,33 @@ pub enum Op {
         hash: u128,
         data: Vec<u8>,
     },
+    /// A file or directory of a project's shared area (postcard `ScratchRec`).
+    PutScratch {
+        path: String,
+        data: Vec<u8>,
+    },
+    DelScratch {
+        path: String,
+    },
+}
+
+/// A file or directory of `projects/{p}/scratchpad/` (or the activity log).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScratchRec {
+    pub dir: bool,
+    pub data: Vec<u8>,
+    pub mode: u16,
+    pub mtime_ns: i128,
+}
+
+impl ScratchRec {
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        postcard::from_bytes(bytes)
+            .map_err(|e| crate::error::Error::Store(format!("corrupt scratch entry: {e}")))
+    }
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        postcard::to_stdvec(self).map_err(|e| crate::error::Error::Store(e.to_string()))
+    }
 }
 
 /// A pending index event as stored.
@@ -191,6 +218,10 @@ pub trait Store: Send + Sync {
     /// Every index document whose path starts with `prefix`, in path order.
     fn scan_ix(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8]) -> Result<()>) -> Result<()>;
     fn get_vec(&self, model: &str, hash: u128) -> Result<Option<Vec<u8>>>;
+    /// An entry of a project's shared area.
+    fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>>;
+    /// The entries directly under `parent` in a project's shared area, in name order.
+    fn list_scratch(&self, parent: &str) -> Result<Vec<(String, Vec<u8>)>>;
     /// Every current node record (any status), in no particular order.
     fn scan_nodes(&self, f: &mut dyn FnMut(NodeRec) -> Result<()>) -> Result<()>;
     /// Apply ops atomically; `durable` waits until they are on disk. Concurrent

@@ -48,6 +48,8 @@ pub(super) const VECS: TableDefinition<(&str, u128), &[u8]> = TableDefinition::n
 pub(super) const DRAFTS: TableDefinition<&str, &[u8]> = TableDefinition::new("drafts");
 /// counter name → value (`nodes:{account}:{STATUS}`, `outbox:{account}`).
 pub(super) const COUNTERS: TableDefinition<&str, i64> = TableDefinition::new("counters");
+/// (parent, name) → postcard `ScratchRec`: files and directories of project scratchpads.
+pub(super) const SCRATCH: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("scratch");
 /// id name → highest id handed out (`blob`, `node`, `event`).
 pub(super) const HIGH_WATER: TableDefinition<&str, u64> = TableDefinition::new("high_water");
 
@@ -108,6 +110,7 @@ impl RedbStore {
             txn.open_table(DLQ_BY_NODE).map_err(se)?;
             txn.open_table(IX_DOCS).map_err(se)?;
             txn.open_table(VECS).map_err(se)?;
+            txn.open_table(SCRATCH).map_err(se)?;
         }
         txn.commit().map_err(se)?;
 
@@ -282,6 +285,7 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
         let mut dlq_by_node = txn.open_table(DLQ_BY_NODE).map_err(se)?;
         let mut ix = txn.open_table(IX_DOCS).map_err(se)?;
         let mut vecs = txn.open_table(VECS).map_err(se)?;
+        let mut scratch = txn.open_table(SCRATCH).map_err(se)?;
         for op in ops {
             match op {
                 Op::PutNode { path, rec } => {
@@ -406,6 +410,14 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                         add(&mut counters, &format!("dlq:{account}"), -1)?;
                     }
                     dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
+                }
+                Op::PutScratch { path, data } => {
+                    scratch
+                        .insert(split_key(path), data.as_slice())
+                        .map_err(se)?;
+                }
+                Op::DelScratch { path } => {
+                    scratch.remove(split_key(path)).map_err(se)?;
                 }
                 Op::PutIx { path, data } => {
                     ix.insert(path.as_str(), data.as_slice()).map_err(se)?;
@@ -572,6 +584,23 @@ impl Store for RedbStore {
                     json: g.value().to_vec(),
                 });
             }
+        }
+        Ok(out)
+    }
+
+    fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        let t = self.read()?.open_table(SCRATCH).map_err(se)?;
+        Ok(t.get(split_key(path))
+            .map_err(se)?
+            .map(|g| g.value().to_vec()))
+    }
+
+    fn list_scratch(&self, parent: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let t = self.read()?.open_table(SCRATCH).map_err(se)?;
+        let mut out = Vec::new();
+        for item in t.range((parent, "")..(parent, "\u{10ffff}")).map_err(se)? {
+            let (k, v) = item.map_err(se)?;
+            out.push((k.value().1.to_string(), v.value().to_vec()));
         }
         Ok(out)
     }

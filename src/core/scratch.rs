@@ -1,0 +1,550 @@
+//! The shared working area of a project (CONTRACT §3):
+//! `projects/{p}/scratchpad/` holds any files and directories with plain
+//! POSIX behaviour, no commit protocol and no indexing; the
+//! `projects/{p}/activity_log.jsonl` beside it only grows.
+//!
+//! Entries live in the store's scratch table. A file open anywhere is one
+//! shared buffer (every process sees every write at once); it is written
+//! to the store at each close and made durable by `fsync`. `flock` is
+//! served by the kernel, which keeps the locks of a FUSE file system that
+//! does not take them itself, across all processes of this machine.
+
+use super::draft::DFile;
+use super::inodes::Key;
+use super::{lock, Attr, Caller, Fs, Handle, Kind, Opened, SetAttr, MAX_FILE_BYTES};
+use crate::error::{Error, Result};
+use crate::store::{Op, ScratchRec};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+pub const SCRATCHPAD: &str = "scratchpad";
+pub const ACTIVITY_LOG: &str = "activity_log.jsonl";
+
+/// Where a path (under `accounts/`) falls in a project's shared area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Area {
+    /// `{a}/projects/{p}/scratchpad`
+    Root,
+    /// Anything below it.
+    Entry,
+    /// `{a}/projects/{p}/activity_log.jsonl`
+    Log,
+}
+
+pub fn area(path: &str) -> Option<Area> {
+    let c: Vec<&str> = path.splitn(5, '/').collect();
+    if c.len() < 4 || c[1] != "projects" {
+        return None;
+    }
+    match (c[3], c.len()) {
+        (SCRATCHPAD, 4) => Some(Area::Root),
+        (SCRATCHPAD, _) => Some(Area::Entry),
+        (ACTIVITY_LOG, 4) => Some(Area::Log),
+        _ => None,
+    }
+}
+
+/// `{a}/projects/{p}` of a path in a shared area.
+fn project_of(path: &str) -> &str {
+    let mut n = 0;
+    for (i, b) in path.bytes().enumerate() {
+        if b == b'/' {
+            n += 1;
+            if n == 3 {
+                return &path[..i];
+            }
+        }
+    }
+    path
+}
+
+/// Is `path` a project directory (`{a}/projects/{p}`)?
+pub fn is_project(path: &str) -> bool {
+    let c = super::place::split(path);
+    c.len() == 3 && c[1] == "projects"
+}
+
+fn check_name(name: &str) -> Result<()> {
+    super::place::check_file_name(name)
+}
+
+pub(crate) struct ScratchHandle {
+    path: String,
+    file: Arc<RwLock<DFile>>,
+    append: bool,
+    writable: bool,
+    log: bool,
+    dirty: AtomicBool,
+}
+
+impl Fs {
+    fn scratch_rec(&self, path: &str) -> Result<Option<ScratchRec>> {
+        match self.store.get_scratch(path)? {
+            Some(b) => Ok(Some(ScratchRec::decode(&b)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn project_there(&self, c: Caller, path: &str, write: bool) -> Result<()> {
+        self.gate(c, Self::account_of(path), write)?;
+        if !self.store.dir_exists(project_of(path))? {
+            return Err(Error::NotFound);
+        }
+        Ok(())
+    }
+
+    pub(super) fn scratch_attr(&self, c: Caller, path: &str, ino: u64) -> Result<Attr> {
+        self.project_there(c, path, false)?;
+        let open = lock(&self.scratch_open).get(path).cloned();
+        if let Some(f) = open {
+            let f = f.read().unwrap_or_else(|p| p.into_inner());
+            return Ok(self.plain_attr(ino, Kind::File, f.data.len() as u64, f.mode, f.mtime));
+        }
+        match (area(path), self.scratch_rec(path)?) {
+            (Some(Area::Root), _) => Ok(self.plain_attr(ino, Kind::Dir, 0, 0o755, self.started)),
+            (_, Some(r)) => Ok(self.plain_attr(
+                ino,
+                if r.dir { Kind::Dir } else { Kind::File },
+                r.data.len() as u64,
+                r.mode,
+                super::time_of(r.mtime_ns),
+            )),
+            (Some(Area::Log), None) => Ok(self.plain_attr(ino, Kind::File, 0, 0o644, self.started)),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    fn plain_attr(&self, ino: u64, kind: Kind, size: u64, mode: u16, mtime: SystemTime) -> Attr {
+        Attr {
+            ino,
+            kind,
+            size,
+            perm: if mode == 0 { 0o644 } else { mode & 0o7777 },
+            uid: self.owner.0,
+            gid: self.owner.1,
+            mtime,
+            ctime: mtime,
+            // Other processes change these at any time: never cached.
+            shared: false,
+        }
+    }
+
+    /// The key of `name` inside shared-area directory `dir`.
+    pub(super) fn scratch_child(&self, c: Caller, dir: &str, name: &str) -> Result<Key> {
+        self.project_there(c, dir, false)?;
+        check_name(name).map_err(|_| Error::NotFound)?;
+        Ok(Key::Scratch(format!("{dir}/{name}").into()))
+    }
+
+    /// Entries of a shared-area directory.
+    pub(super) fn scratch_list(&self, c: Caller, dir: &str) -> Result<Vec<(String, Kind)>> {
+        self.project_there(c, dir, false)?;
+        let mut out = Vec::new();
+        for (name, b) in self.store.list_scratch(dir)? {
+            let r = ScratchRec::decode(&b)?;
+            out.push((name, if r.dir { Kind::Dir } else { Kind::File }));
+        }
+        Ok(out)
+    }
+
+    fn dir_is_there(&self, dir: &str) -> Result<()> {
+        match area(dir) {
+            Some(Area::Root) => Ok(()),
+            Some(Area::Entry) => match self.scratch_rec(dir)? {
+                Some(r) if r.dir => Ok(()),
+                Some(_) => Err(Error::NotDir),
+                None => Err(Error::NotFound),
+            },
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    fn put_op(path: &str, rec: &ScratchRec) -> Result<Op> {
+        Ok(Op::PutScratch {
+            path: path.to_string(),
+            data: rec.encode()?,
+        })
+    }
+
+    pub(super) fn scratch_mkdir(&self, c: Caller, dir: &str, name: &str, mode: u32) -> Result<()> {
+        self.project_there(c, dir, true)?;
+        check_name(name)?;
+        let _g = lock(&self.scratch_lock);
+        self.dir_is_there(dir)?;
+        let path = format!("{dir}/{name}");
+        if self.store.get_scratch(&path)?.is_some() {
+            return Err(Error::Exists);
+        }
+        let rec = ScratchRec {
+            dir: true,
+            data: Vec::new(),
+            mode: (mode & 0o7777) as u16,
+            mtime_ns: super::now_ns(),
+        };
+        self.store.apply(vec![Self::put_op(&path, &rec)?], false)
+    }
+
+    /// Create (or with O_TRUNC, empty) a file and open it.
+    pub(super) fn scratch_create(
+        &self,
+        c: Caller,
+        dir: &str,
+        name: &str,
+        mode: u32,
+        flags: i32,
+    ) -> Result<Opened> {
+        self.project_there(c, dir, true)?;
+        check_name(name)?;
+        let path = format!("{dir}/{name}");
+        {
+            let _g = lock(&self.scratch_lock);
+            self.dir_is_there(dir)?;
+            match self.scratch_rec(&path)? {
+                Some(_) if flags & libc::O_EXCL != 0 => return Err(Error::Exists),
+                Some(r) if r.dir => return Err(Error::IsDir),
+                Some(_) => {}
+                None => {
+                    let rec = ScratchRec {
+                        dir: false,
+                        data: Vec::new(),
+                        mode: (mode & 0o7777) as u16,
+                        mtime_ns: super::now_ns(),
+                    };
+                    self.store.apply(vec![Self::put_op(&path, &rec)?], false)?;
+                }
+            }
+        }
+        self.scratch_open(c, &path, flags)
+    }
+
+    /// The shared buffer of file `path`, loaded on first open.
+    fn scratch_file(&self, path: &str) -> Result<Arc<RwLock<DFile>>> {
+        let mut open = lock(&self.scratch_open);
+        if let Some(f) = open.get(path) {
+            return Ok(f.clone());
+        }
+        let f = match (self.scratch_rec(path)?, area(path)) {
+            (Some(r), _) if r.dir => return Err(Error::IsDir),
+            (Some(r), _) => {
+                let f = DFile::new(r.data, r.mode);
+                f.write().unwrap_or_else(|p| p.into_inner()).mtime = super::time_of(r.mtime_ns);
+                f
+            }
+            (None, Some(Area::Log)) => DFile::new(Vec::new(), 0o644),
+            (None, _) => return Err(Error::NotFound),
+        };
+        open.insert(path.to_string(), f.clone());
+        Ok(f)
+    }
+
+    pub(super) fn scratch_open(&self, c: Caller, path: &str, flags: i32) -> Result<Opened> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.project_there(c, path, writable)?;
+        if area(path) == Some(Area::Root) {
+            return Err(Error::IsDir);
+        }
+        let log = area(path) == Some(Area::Log);
+        let file = self.scratch_file(path)?;
+        if flags & libc::O_TRUNC != 0 && writable {
+            let mut f = file.write().unwrap_or_else(|p| p.into_inner());
+            if log && !f.data.is_empty() {
+                return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+            }
+            f.data.clear();
+            f.mtime = SystemTime::now();
+        }
+        let h = ScratchHandle {
+            path: path.to_string(),
+            file,
+            append: flags & libc::O_APPEND != 0,
+            writable,
+            log,
+            dirty: AtomicBool::new(flags & libc::O_TRUNC != 0 && writable),
+        };
+        Ok(Opened {
+            fh: self.new_handle(Handle::Scratch(h)),
+            direct_io: true,
+            keep_cache: false,
+            no_flush: !writable,
+        })
+    }
+
+    pub(super) fn scratch_write(h: &ScratchHandle, offset: u64, data: &[u8]) -> Result<u32> {
+        if !h.writable {
+            return Err(Error::BadHandle);
+        }
+        let mut f = h.file.write().unwrap_or_else(|p| p.into_inner());
+        let len = f.data.len() as u64;
+        // The log only grows: a write must start at its end (O_APPEND or not).
+        let start = if h.append { len } else { offset };
+        if h.log && start != len {
+            return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+        }
+        let end = start.checked_add(data.len() as u64).ok_or(Error::TooBig)?;
+        if end > MAX_FILE_BYTES {
+            return Err(Error::TooBig);
+        }
+        let (start, end) = (start as usize, end as usize);
+        if f.data.len() < end {
+            f.data.resize(end, 0);
+        }
+        f.data[start..end].copy_from_slice(data);
+        f.mtime = SystemTime::now();
+        h.dirty.store(true, Ordering::Relaxed);
+        Ok(data.len() as u32)
+    }
+
+    pub(super) fn scratch_read(h: &ScratchHandle, offset: u64, size: u32) -> Vec<u8> {
+        let f = h.file.read().unwrap_or_else(|p| p.into_inner());
+        let start = (offset as usize).min(f.data.len());
+        let end = start.saturating_add(size as usize).min(f.data.len());
+        f.data[start..end].to_vec()
+    }
+
+    /// Write the file's bytes to the store (at close; durable at fsync).
+    pub(super) fn scratch_persist(&self, h: &ScratchHandle, durable: bool) -> Result<()> {
+        if !h.dirty.swap(false, Ordering::AcqRel) && !durable {
+            return Ok(());
+        }
+        // The snapshot is taken under the lock so that writes reach the
+        // store in the order the buffer went through them.
+        let _g = lock(&self.scratch_lock);
+        let rec = {
+            let f = h.file.read().unwrap_or_else(|p| p.into_inner());
+            ScratchRec {
+                dir: false,
+                data: f.data.clone(),
+                mode: f.mode,
+                mtime_ns: super::ns_of(f.mtime),
+            }
+        };
+        // Removed or renamed meanwhile: nothing to write back to.
+        if self.store.get_scratch(&h.path)?.is_none() && !h.log {
+            return Ok(());
+        }
+        self.store
+            .apply(vec![Self::put_op(&h.path, &rec)?], durable)
+    }
+
+    /// After the handle is gone: drop the shared buffer once nobody holds it.
+    pub(super) fn scratch_released(&self, path: &str) {
+        let mut open = lock(&self.scratch_open);
+        if open.get(path).is_some_and(|f| Arc::strong_count(f) == 1) {
+            open.remove(path);
+        }
+    }
+
+    pub(super) fn scratch_setattr(
+        &self,
+        c: Caller,
+        path: &str,
+        ino: u64,
+        sa: &SetAttr,
+    ) -> Result<Attr> {
+        self.project_there(c, path, true)?;
+        if sa.uid.is_some_and(|u| u != c.uid) || sa.gid.is_some_and(|g| g != c.gid) {
+            return Err(Error::NotPermitted(
+                "files belong to their account; chown is refused",
+            ));
+        }
+        let a = area(path);
+        if a == Some(Area::Root) {
+            return self.scratch_attr(c, path, ino);
+        }
+        let is_dir = self.scratch_rec(path)?.is_some_and(|r| r.dir);
+        if is_dir {
+            let _g = lock(&self.scratch_lock);
+            if let Some(mut r) = self.scratch_rec(path)? {
+                if let Some(m) = sa.mode {
+                    r.mode = (m & 0o7777) as u16;
+                }
+                if let Some(t) = sa.mtime {
+                    r.mtime_ns = super::ns_of(t);
+                }
+                self.store.apply(vec![Self::put_op(path, &r)?], false)?;
+            }
+            return self.scratch_attr(c, path, ino);
+        }
+        let file = self.scratch_file(path)?;
+        let g = lock(&self.scratch_lock);
+        let rec = {
+            let mut f = file.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(size) = sa.size {
+                if a == Some(Area::Log) && size != f.data.len() as u64 {
+                    return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+                }
+                if size > MAX_FILE_BYTES {
+                    return Err(Error::TooBig);
+                }
+                f.data.resize(size as usize, 0);
+                f.mtime = SystemTime::now();
+            }
+            if let Some(m) = sa.mode {
+                f.mode = (m & 0o7777) as u16;
+            }
+            if let Some(t) = sa.mtime {
+                f.mtime = t;
+            }
+            ScratchRec {
+                dir: false,
+                data: f.data.clone(),
+                mode: f.mode,
+                mtime_ns: super::ns_of(f.mtime),
+            }
+        };
+        self.store.apply(vec![Self::put_op(path, &rec)?], false)?;
+        drop(g);
+        drop(file);
+        self.scratch_released(path);
+        self.scratch_attr(c, path, ino)
+    }
+
+    pub(super) fn scratch_unlink(
+        &self,
+        c: Caller,
+        dir: &str,
+        name: &str,
+        want_dir: bool,
+    ) -> Result<()> {
+        let path = format!("{dir}/{name}");
+        self.project_there(c, &path, true)?;
+        match area(&path) {
+            Some(Area::Log) => {
+                return Err(Error::NotPermitted("activity_log.jsonl is append-only"))
+            }
+            Some(Area::Root) => return Err(Error::NotPermitted("the scratchpad itself stays")),
+            _ => {}
+        }
+        let _g = lock(&self.scratch_lock);
+        let r = self.scratch_rec(&path)?.ok_or(Error::NotFound)?;
+        match (r.dir, want_dir) {
+            (true, false) => return Err(Error::IsDir),
+            (false, true) => return Err(Error::NotDir),
+            (true, true) if !self.store.list_scratch(&path)?.is_empty() => {
+                return Err(Error::NotEmpty)
+            }
+            _ => {}
+        }
+        self.store
+            .apply(vec![Op::DelScratch { path: path.clone() }], false)?;
+        lock(&self.scratch_open).remove(&path);
+        Ok(())
+    }
+
+    /// `rename` inside one project's scratchpad (anything else: EXDEV).
+    pub(super) fn scratch_rename(
+        &self,
+        c: Caller,
+        sdir: &str,
+        name: &str,
+        ddir: &str,
+        newname: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        let src = format!("{sdir}/{name}");
+        let dst = format!("{ddir}/{newname}");
+        self.project_there(c, &src, true)?;
+        self.project_there(c, &dst, true)?;
+        if area(&src) == Some(Area::Log) || area(&dst) == Some(Area::Log) {
+            return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+        }
+        if area(&src) != Some(Area::Entry) || area(&dst) != Some(Area::Entry) {
+            return Err(Error::CrossDevice);
+        }
+        if project_of(&src) != project_of(&dst) {
+            return Err(Error::CrossDevice);
+        }
+        check_name(newname)?;
+        if src == dst {
+            return Ok(());
+        }
+        if dst.starts_with(&format!("{src}/")) {
+            return Err(Error::Invalid(
+                "a directory cannot move inside itself".into(),
+            ));
+        }
+        let _g = lock(&self.scratch_lock);
+        self.dir_is_there(ddir)?;
+        let s = self.scratch_rec(&src)?.ok_or(Error::NotFound)?;
+        let mut ops = Vec::new();
+        if let Some(d) = self.scratch_rec(&dst)? {
+            if noreplace {
+                return Err(Error::Exists);
+            }
+            match (s.dir, d.dir) {
+                (false, true) => return Err(Error::IsDir),
+                (true, false) => return Err(Error::NotDir),
+                (true, true) if !self.store.list_scratch(&dst)?.is_empty() => {
+                    return Err(Error::NotEmpty)
+                }
+                _ => {}
+            }
+            ops.push(Op::DelScratch { path: dst.clone() });
+        }
+        // The entry and, for a directory, everything below it.
+        let mut moves = vec![(src.clone(), dst.clone(), s)];
+        let mut i = 0;
+        while i < moves.len() {
+            let (from, to, rec) = (moves[i].0.clone(), moves[i].1.clone(), moves[i].2.dir);
+            if rec {
+                for (n, b) in self.store.list_scratch(&from)? {
+                    moves.push((
+                        format!("{from}/{n}"),
+                        format!("{to}/{n}"),
+                        ScratchRec::decode(&b)?,
+                    ));
+                }
+            }
+            i += 1;
+        }
+        for (from, to, rec) in &moves {
+            ops.push(Op::DelScratch { path: from.clone() });
+            ops.push(Self::put_op(to, rec)?);
+        }
+        self.store.apply(ops, false)?;
+        let mut open = lock(&self.scratch_open);
+        for (from, to, _) in moves {
+            if let Some(f) = open.remove(&from) {
+                open.insert(to, f);
+            }
+        }
+        Ok(())
+    }
+
+    /// Does the project at `path` hold anything in its shared area?
+    pub(super) fn project_busy(&self, path: &str) -> Result<bool> {
+        Ok(!self
+            .store
+            .list_scratch(&format!("{path}/{SCRATCHPAD}"))?
+            .is_empty()
+            || self
+                .scratch_rec(&format!("{path}/{ACTIVITY_LOG}"))?
+                .is_some_and(|r| !r.data.is_empty()))
+    }
+}
+
+impl ScratchHandle {
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+    pub fn file(&self) -> &Arc<RwLock<DFile>> {
+        &self.file
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn areas() {
+        assert_eq!(area("a/projects/p/scratchpad"), Some(Area::Root));
+        assert_eq!(area("a/projects/p/scratchpad/x/y"), Some(Area::Entry));
+        assert_eq!(area("a/projects/p/activity_log.jsonl"), Some(Area::Log));
+        assert_eq!(area("a/projects/p/other"), None);
+        assert_eq!(area("a/users/p/scratchpad"), None);
+        assert_eq!(project_of("a/projects/p/scratchpad/x"), "a/projects/p");
+        assert!(is_project("a/projects/p"));
+    }
+}
