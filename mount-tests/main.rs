@@ -1,6 +1,7 @@
 //! Real-mount tests: each test mounts ctxfs through /dev/fuse and drives it
 //! with real processes (sh, cat, cp, sed, python3, other uids via setpriv).
 
+mod agent;
 mod harness;
 mod search;
 
@@ -906,14 +907,20 @@ fn cached_listings_follow_commits_and_hide_drafts() {
             "1\n"
         );
     }
-    // A file added by a commit appears in readers' listings of the node.
+    // A file a commit replaces shows its new bytes to readers that cached it:
+    // a removed overview is derived from the content again.
+    assert_eq!(
+        m.ok(READER, &format!("cat {cat}/e1/.overview.md")),
+        "# overview\n"
+    );
     m.ok(WRITER, &format!("rm {cat}/e1/scratch.txt; rm {cat}/e1/.overview.md; /bin/echo '{ACTIVE}' > {cat}/e1/.meta.json"));
-    assert_eq!(m.ok(READER, &format!("ls -U -A {cat}/e1 | wc -l")), "4\n");
+    assert_eq!(m.ok(READER, &format!("ls -U -A {cat}/e1 | wc -l")), "5\n");
+    assert_eq!(m.ok(READER, &format!("cat {cat}/e1/.overview.md")), "one\n");
     m.ok(
         WRITER,
         &format!("echo ov > {cat}/e1/.overview.md; /bin/echo '{ACTIVE}' > {cat}/e1/.meta.json"),
     );
-    assert_eq!(m.ok(READER, &format!("ls -U -A {cat}/e1 | wc -l")), "5\n");
+    assert_eq!(m.ok(READER, &format!("cat {cat}/e1/.overview.md")), "ov\n");
     // Deletes and moves by the writer show at once.
     m.ok(WRITER, &format!("rm -r {cat}/e2"));
     assert_eq!(m.ok(READER, &format!("ls {cat}")), "e1\n");

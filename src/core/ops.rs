@@ -1249,6 +1249,10 @@ impl Fs {
             return self.revive_dead(c, &sn, name, &dn, newname);
         }
         match (self.key_of(parent)?, self.key_of(newparent)?) {
+            (Key::Dir(sp), _) if scratch::is_project(&sp) && name == scratch::ACTIVITY_LOG => {
+                self.gate(c, Self::account_of(&sp), true)?;
+                return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+            }
             (Key::Scratch(sd), Key::Scratch(dd)) => {
                 return self.scratch_rename(c, &sd, name, &dd, newname, noreplace)
             }
@@ -1259,10 +1263,6 @@ impl Fs {
             (_, Key::Scratch(dd)) => {
                 self.gate(c, Self::account_of(&dd), true)?;
                 return Err(Error::CrossDevice);
-            }
-            (Key::Dir(sp), _) if scratch::is_project(&sp) && name == scratch::ACTIVITY_LOG => {
-                self.gate(c, Self::account_of(&sp), true)?;
-                return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }
             _ => {}
         }
