@@ -177,7 +177,7 @@ fn secrets_are_redacted_before_storage_search_and_disk() {
     m.ok(0, "cat $M/.ctxfs/sync");
     let found = m.ok(
         READER,
-        &format!("cat \"$M/accounts/acme/.search/billing deploy?format=json\""),
+        "cat \"$M/accounts/acme/.search/billing deploy?format=json\"",
     );
     assert!(found.contains("deploy"), "{found}");
     for s in SECRETS {
