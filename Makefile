@@ -12,7 +12,7 @@ CARGO  ?= cargo
 BIN    := target/release/ctxfs
 MODEL  ?= models/all-MiniLM-L6-v2
 
-.PHONY: deps model build run stop test lint unit mount-test torture bench eval clean
+.PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc clean
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null || { \
@@ -61,6 +61,14 @@ bench: deps model build
 # Retrieval quality through the mount on BEIR SciFact (SCIFACT_DIR=... to point at it).
 eval: deps model build
 	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
+
+# Bytes an agent reads per SciFact query: summary-first through ctxfs against grep -rl.
+tokens: deps build
+	python3 scripts/tokens.py --bin $(BIN)
+
+# Rewrite the session transcript of docs/AGENTS.md from a real run.
+agents-doc: deps
+	CTXFS_UPDATE_DOCS=1 $(CARGO) test --test mount agents_doc
 
 clean:
 	$(CARGO) clean

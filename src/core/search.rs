@@ -104,7 +104,7 @@ impl Tier {
         }
     }
 
-    /// From the share of query terms the node holds (`coverage`), whether
+    /// From the idf-weighted share of query terms the node holds (`coverage`), whether
     /// both channels found it, and (real embedding models only) the
     /// vector similarity.
     pub fn of(h: &Hit, coverage: f32, semantic: bool) -> Tier {
@@ -119,7 +119,7 @@ impl Tier {
         }
         if (coverage >= 0.75 && (both || h.vector_rank.is_none())) || (both && sim >= 0.6) {
             Tier::High
-        } else if coverage >= 0.5 || sim >= 0.45 || (both && coverage > 0.0) {
+        } else if coverage >= 0.5 || sim >= 0.45 || (both && coverage >= 0.25) {
             Tier::Medium
         } else {
             Tier::Low
@@ -215,7 +215,7 @@ impl Fs {
         };
         let t = std::time::Instant::now();
         let semantic = ix.embedder().kind() != "hash";
-        let mut judged = self.judge(ix.search(dir, &q)?, &q.text, semantic)?;
+        let mut judged = self.judge(ix, dir, ix.search(dir, &q)?, &q.text, semantic)?;
         let mut tried = vec![json!({"query": q.text, "results": judged.len(),
                                     "best": judged.first().map(|j| j.tier.as_str())})];
         let mut answered_by = q.text.clone();
@@ -226,7 +226,7 @@ impl Fs {
                     text: text.clone(),
                     ..q.clone()
                 };
-                let again = self.judge(ix.search(dir, &q2)?, &text, semantic)?;
+                let again = self.judge(ix, dir, ix.search(dir, &q2)?, &text, semantic)?;
                 tried.push(json!({"query": text, "results": again.len(),
                                   "best": again.first().map(|j| j.tier.as_str())}));
                 let better = match (judged.first(), again.first()) {
@@ -298,10 +298,20 @@ impl Fs {
     }
 
     /// How sure each hit is, and where in `content.md` the query matches.
-    fn judge(&self, hits: Vec<Hit>, query: &str, semantic: bool) -> Result<Vec<Judged>> {
+    fn judge(
+        &self,
+        ix: &Index,
+        dir: &str,
+        hits: Vec<Hit>,
+        query: &str,
+        semantic: bool,
+    ) -> Result<Vec<Judged>> {
         let mut qterms = crate::index::text::terms(query);
         qterms.sort();
         qterms.dedup();
+        // Coverage counts rare terms more: a name found in every node says little.
+        let weights = ix.idf(Self::account_of(dir), &qterms)?;
+        let total: f32 = weights.iter().sum();
         let mut out = Vec::with_capacity(hits.len());
         for hit in hits {
             let node = &hit.path["accounts/".len()..];
@@ -344,10 +354,16 @@ impl Fs {
                     found.insert(q.as_str());
                 }
             }
-            let coverage = if qterms.is_empty() {
+            let coverage = if total <= 0.0 {
                 0.0
             } else {
-                found.len() as f32 / qterms.len() as f32
+                qterms
+                    .iter()
+                    .zip(&weights)
+                    .filter(|(q, _)| found.contains(q.as_str()))
+                    .map(|(_, w)| w)
+                    .sum::<f32>()
+                    / total
             };
             let hits_n = lines.len();
             if lines.is_empty() && hit.level == 2 && hit.line > 0 {

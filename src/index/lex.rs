@@ -77,6 +77,12 @@ impl Lex {
         }
     }
 
+    /// BM25's inverse document frequency of `term` (rarer: higher).
+    pub fn idf(&self, term: &str) -> f32 {
+        let df = self.post.get(term).map(|p| p.len()).unwrap_or(0) as f32;
+        (1.0 + (self.n as f32 - df + 0.5) / (df + 0.5)).ln()
+    }
+
     /// The indexed term nearest to `term` by edit distance (at most 1 for
     /// terms up to 5 bytes, else 2), the most frequent among equals; `None`
     /// when `term` itself is indexed or nothing is near.

@@ -1465,6 +1465,13 @@ impl Index {
         Ok(out)
     }
 
+    /// The weight of each of `terms` in `account` (BM25 idf).
+    pub fn idf(&self, account: &str, terms: &[String]) -> Result<Vec<f32>> {
+        let ai = self.account(account)?;
+        let st = rlock(&ai.st);
+        Ok(terms.iter().map(|t| st.lex.idf(t)).collect())
+    }
+
     /// `text` with each word the account's index does not know replaced by
     /// the nearest indexed term; `None` when nothing changed.
     pub fn respell(&self, account: &str, text: &str) -> Result<Option<String>> {
