@@ -390,7 +390,10 @@ fn agents_doc_transcript_matches_a_real_session() {
     let got = time.replace_all(&out, "<time>").into_owned();
     let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/AGENTS.md");
     let doc = std::fs::read_to_string(doc_path).unwrap();
-    let (begin, end) = ("<!-- transcript:begin -->\n```text\n", "```\n<!-- transcript:end -->");
+    let (begin, end) = (
+        "<!-- transcript:begin -->\n```text\n",
+        "```\n<!-- transcript:end -->",
+    );
     let (b, e) = (
         doc.find(begin).expect("transcript start marker") + begin.len(),
         doc.find(end).expect("transcript end marker"),

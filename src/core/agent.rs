@@ -141,7 +141,7 @@ impl Fs {
             "\n## How to read and search\n\
              - Read a node's `.abstract.md` (one line) first, `.overview.md` next, `content.md` last.\n\
              - Search this directory: `cat '.search/your question'` (TSV: rank, score, path, uri,\n  \
-             abstract, confidence, lines); `?k=20` for more results, `?format=json` for programs.\n\
+             abstract, confidence, lines, hits); `?k=20` for more, `?format=json` for programs.\n\
              - Help: `MOUNT/.ctxfs/help`.\n",
         );
         Ok(out.into_bytes())
@@ -215,7 +215,7 @@ impl Fs {
         out.push_str(
             "Read first: the map (README.md), then a node's .abstract.md, .overview.md, content.md.\n\
              Search: `cat 'DIR/.search/QUESTION'` (TSV: rank, score, path, uri, abstract, confidence,\n\
-             lines of content.md); `?k=N` for more; `?format=json` adds `answerable`.\n\
+             lines of content.md, hits); `?k=N` for more; `?format=json` adds `answerable`.\n\
              Remember: write content.md, .relations.json ([]), .abstract.md, .overview.md, then\n\
              .meta.json with {\"status\":\"ACTIVE\"} (the commit; use /bin/echo or a program).\n\
              Errors and more: `cat .ctxfs/help`.\n",
@@ -242,7 +242,7 @@ pub fn help_text() -> &'static str {
      READ   summary first: .abstract.md, then .overview.md, then content.md (or just the\n\
      \x20      lines a search names: sed -n '12,30p' content.md).\n\
      SEARCH cat 'DIR/.search/your question'        in any directory of an account\n\
-     \x20      columns: RANK SCORE PATH URI ABSTRACT CONFIDENCE LINES\n\
+     \x20      columns: RANK SCORE PATH URI ABSTRACT CONFIDENCE LINES HITS\n\
      \x20      options: ?k=20  ?format=json (adds answerable, tried queries)  ?mode=lexical\n\
      \x20      cat .ctxfs/sync waits until everything committed is searchable.\n\
      \n\
