@@ -50,6 +50,8 @@ type Files = BTreeMap<String, String>;
 #[derive(Debug, Clone, Default)]
 struct Model {
     committed: BTreeMap<String, (u32, Files)>,
+    /// Summaries the daemon derived in a node's committed version.
+    derived: BTreeMap<String, Vec<&'static str>>,
     drafts: BTreeMap<String, BTreeMap<String, Option<String>>>,
     persisted: BTreeMap<String, BTreeMap<String, Option<String>>>,
 }
@@ -219,6 +221,35 @@ fn apply(sut: &mut Sut, m: &mut Model, op: &Op) {
             if valid && view.contains_key("content.md") {
                 r.unwrap();
                 let version = m.committed.get(&n).map(|(v, _)| v + 1).unwrap_or(1);
+                // Missing summaries are derived from content.md, and derived
+                // ones again when the content changes under them.
+                let mut view = view;
+                let draft = m.drafts.get(&n).cloned().unwrap_or_default();
+                let content_new = matches!(draft.get("content.md"), Some(Some(_)));
+                let before = m.derived.get(&n).cloned().unwrap_or_default();
+                let content = view["content.md"].clone();
+                let mut derived = Vec::new();
+                for (file, label) in [(".abstract.md", "abstract"), (".overview.md", "overview")] {
+                    let written = matches!(draft.get(file), Some(Some(_)));
+                    let needed = match view.get(file) {
+                        None => true,
+                        Some(v) if v.trim().is_empty() => true,
+                        Some(_) => !written && content_new && before.contains(&label),
+                    };
+                    if needed {
+                        let mut t = if label == "abstract" {
+                            ctxfs::core::derive::derive_abstract(&content, 100)
+                        } else {
+                            ctxfs::core::derive::derive_overview(&content)
+                        };
+                        if !t.ends_with('\n') {
+                            t.push('\n');
+                        }
+                        view.insert(file.to_string(), t);
+                        derived.push(label);
+                    }
+                }
+                m.derived.insert(n.clone(), derived);
                 m.committed.insert(n.clone(), (version, view));
                 m.drafts.remove(&n);
                 m.persisted.remove(&n);
@@ -246,6 +277,7 @@ fn apply(sut: &mut Sut, m: &mut Model, op: &Op) {
                 .rmdir(WRITER, parent, n.rsplit('/').next().unwrap())
                 .unwrap();
             m.committed.remove(&n);
+            m.derived.remove(&n);
             m.drafts.remove(&n);
             m.persisted.remove(&n);
         }
@@ -269,6 +301,9 @@ fn apply(sut: &mut Sut, m: &mut Model, op: &Op) {
             }
             assert_eq!(r.is_ok(), src && !dst, "move {na} -> {nb}: {r:?}");
             if r.is_ok() {
+                if let Some(d) = m.derived.remove(&na) {
+                    m.derived.insert(nb.clone(), d);
+                }
                 if let Some((v, f)) = m.committed.remove(&na) {
                     m.committed.insert(nb.clone(), (v + 1, f));
                 }
