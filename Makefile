@@ -15,10 +15,11 @@ MODEL  ?= models/all-MiniLM-L6-v2
 .PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc clean
 
 deps:
-	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null || { \
-	  echo "installing fuse3, vim, util-linux"; \
+	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
+	  && /usr/bin/python3 -c 'import prometheus_client' 2>/dev/null || { \
+	  echo "installing fuse3, vim, util-linux, python3-prometheus-client"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 vim util-linux; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 vim util-linux python3-prometheus-client; }
 	@test -e /dev/fuse || { echo "error: /dev/fuse is missing; FUSE is not available here" >&2; exit 1; }
 
 build:

@@ -3,6 +3,7 @@
 
 mod agent;
 mod harness;
+mod ops;
 mod search;
 
 use harness::*;

@@ -40,6 +40,9 @@ pub enum Cmd {
         /// Serve the tree without search: no indexer runs, events wait in the outbox.
         #[arg(long)]
         no_index: bool,
+        /// Also serve MOUNT/.ctxfs/metrics over HTTP at this address (e.g. 127.0.0.1:9464), path /metrics.
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Rebuild the search indexes of an unmounted data dir from its committed nodes.
     Reindex {
@@ -158,6 +161,7 @@ pub fn run() -> i32 {
             embedder,
             model_dir,
             no_index,
+            metrics_addr,
         } => {
             let opts = crate::daemon::MountOpts {
                 mountpoint,
@@ -168,6 +172,7 @@ pub fn run() -> i32 {
                 embedder,
                 model_dir,
                 no_index,
+                metrics_addr,
             };
             if foreground {
                 crate::daemon::run_foreground(opts)

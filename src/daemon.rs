@@ -31,6 +31,8 @@ pub struct MountOpts {
     pub model_dir: Option<PathBuf>,
     /// Run no indexer (also `[index] enabled = false`).
     pub no_index: bool,
+    /// Serve the metrics over HTTP here.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The config (or the single-owner default) with the command line's overrides.
@@ -140,6 +142,9 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
     }
     if o.no_index {
         cmd.arg("--no-index");
+    }
+    if let Some(a) = &o.metrics_addr {
+        cmd.arg("--metrics-addr").arg(a.to_string());
     }
     cmd.env(READY_FD, wfd.to_string())
         .stdin(std::process::Stdio::null())
@@ -259,6 +264,10 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         Some(index)
     };
 
+    if let Some(addr) = o.metrics_addr {
+        serve_metrics(addr, fs.clone())?;
+    }
+
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
@@ -292,6 +301,42 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         tracing::warn!(error = %e, "session ended with an error");
     }
     Ok(0)
+}
+
+/// The HTTP metrics endpoint on its own thread (`GET /metrics`). Binding
+/// happens here, before the mount, so a bad address fails the mount.
+fn serve_metrics(addr: std::net::SocketAddr, fs: Arc<Fs>) -> Result<()> {
+    let server = tiny_http::Server::http(addr)
+        .map_err(|e| anyhow!("cannot serve metrics at {addr}: {e}"))?;
+    tracing::info!(%addr, "metrics over HTTP");
+    std::thread::Builder::new()
+        .name("ctxfs-metrics".into())
+        .spawn(move || {
+            for req in server.incoming_requests() {
+                let path = req.url().split('?').next().unwrap_or("");
+                let r = if path == "/metrics" && *req.method() == tiny_http::Method::Get {
+                    match fs.metrics_text(None) {
+                        Ok(text) => tiny_http::Response::from_string(text).with_header(
+                            tiny_http::Header::from_bytes(
+                                &b"Content-Type"[..],
+                                &b"text/plain; version=0.0.4; charset=utf-8"[..],
+                            )
+                            .expect("valid header"),
+                        ),
+                        Err(e) => {
+                            tiny_http::Response::from_string(format!("{e}\n")).with_status_code(500)
+                        }
+                    }
+                } else {
+                    tiny_http::Response::from_string("only GET /metrics is served\n")
+                        .with_status_code(404)
+                };
+                if let Err(e) = req.respond(r) {
+                    tracing::debug!(error = %e, "metrics reply failed");
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// Unmount. While a process uses the mount, `lazy` detaches it anyway;

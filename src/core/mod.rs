@@ -10,6 +10,7 @@ pub mod commit;
 pub mod derive;
 mod draft;
 pub mod inodes;
+pub mod metrics;
 pub mod ops;
 pub mod place;
 pub mod repair;
@@ -154,6 +155,7 @@ pub struct Fs {
     /// thread; with a reply channel, the sender waits until it is done.
     inval: Mutex<Option<mpsc::Sender<Inval>>>,
     pub stats: Stats,
+    pub metrics: metrics::Metrics,
 }
 
 type Inval = (Vec<Target>, Option<mpsc::SyncSender<()>>);
@@ -221,6 +223,7 @@ impl Fs {
             owner: unsafe { (libc::geteuid(), libc::getegid()) },
             inval: Mutex::new(None),
             stats: Stats::default(),
+            metrics: metrics::Metrics::default(),
             index: std::sync::OnceLock::new(),
             redaction: std::sync::OnceLock::new(),
         };
@@ -256,8 +259,14 @@ impl Fs {
     /// May `caller` read (or with `write`, change) `account`?
     fn gate(&self, caller: Caller, account: &str, write: bool) -> Result<Access> {
         match self.access_of(caller, account) {
-            Access::None => Err(Error::AccessDenied),
-            Access::Read if write => Err(Error::ReadOnly),
+            Access::None => {
+                self.metrics.auth_failure(account, "denied");
+                Err(Error::AccessDenied)
+            }
+            Access::Read if write => {
+                self.metrics.auth_failure(account, "read_only");
+                Err(Error::ReadOnly)
+            }
             a => Ok(a),
         }
     }
@@ -385,10 +394,7 @@ impl Fs {
     }
 
     fn accounts_visible(&self, caller: Caller) -> Result<Vec<String>> {
-        let mut all = self.tenancy.configured();
-        all.extend(self.store.list_dirs("")?);
-        all.sort();
-        all.dedup();
+        let mut all = self.all_accounts()?;
         all.retain(|a| self.access_of(caller, a) != Access::None);
         Ok(all)
     }

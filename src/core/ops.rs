@@ -287,6 +287,7 @@ impl Fs {
                 "sync" => Ok(Key::CtxfsFile("sync")),
                 "header" => Ok(Key::CtxfsFile("header")),
                 "help" => Ok(Key::CtxfsFile("help")),
+                "metrics" => Ok(Key::CtxfsFile("metrics")),
                 _ => Err(Error::NotFound),
             },
             Key::Accounts => {
@@ -476,7 +477,7 @@ impl Fs {
                 entries.push(d(Key::CtxfsDir, ".ctxfs", Kind::Dir));
             }
             Key::CtxfsDir => {
-                for n in ["status", "pid", "sync", "header", "help"] {
+                for n in ["status", "pid", "sync", "header", "help", "metrics"] {
                     entries.push(d(Key::CtxfsFile(n), n, Kind::File));
                 }
             }
@@ -896,6 +897,7 @@ impl Fs {
             Key::Scratch(path) => self.scratch_open(c, path, flags),
             Key::CtxfsFile("header") => data(self.header(c, None)?),
             Key::CtxfsFile("help") => data(agent::help_text().as_bytes().to_vec()),
+            Key::CtxfsFile("metrics") => data(self.metrics_text(Some(c))?.into_bytes()),
             Key::Generated { dir, name } => {
                 // Readers meet EROFS on any write, as everywhere in their account.
                 if write {

@@ -8,7 +8,6 @@ use crate::error::{Error, Result};
 use crate::index::{Hit, Index, Mode, Query};
 use crate::store::Op;
 use serde_json::{json, Value};
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -215,7 +214,9 @@ impl Fs {
         };
         let t = std::time::Instant::now();
         let semantic = ix.embedder().kind() != "hash";
-        let mut judged = self.judge(ix, dir, ix.search(dir, &q)?, &q.text, semantic)?;
+        let first = ix.search(dir, &q)?;
+        let search_us = t.elapsed().as_micros() as u64;
+        let mut judged = self.judge(ix, dir, first, &q.text, semantic)?;
         let mut tried = vec![json!({"query": q.text, "results": judged.len(),
                                     "best": judged.first().map(|j| j.tier.as_str())})];
         let mut answered_by = q.text.clone();
@@ -258,7 +259,7 @@ impl Fs {
                 "k": qn.k,
                 "mode": mode,
                 "model": ix.embedder().id(),
-                "took_us": {"total": total_us,
+                "took_us": {"total": total_us, "first_search": search_us,
                             "query_embedding": ix.stats.last_embed_us.load(Ordering::Relaxed)},
                 "results": judged.iter().enumerate().map(|(i, j)| {
                     let mut o = serde_json::to_value(&j.hit).unwrap_or(Value::Null);
@@ -313,54 +314,46 @@ impl Fs {
         let weights = ix.idf(Self::account_of(dir), &qterms)?;
         let total: f32 = weights.iter().sum();
         let mut out = Vec::with_capacity(hits.len());
+        // A line matches when it holds a query term's stem as a substring
+        // (stems mostly prefix their words; no stemming per line).
+        let stems: Vec<String> = qterms
+            .iter()
+            .map(|t| match t.strip_suffix('i') {
+                Some(s) if s.len() >= 3 => s.to_string(),
+                _ => t.clone(),
+            })
+            .collect();
         for hit in hits {
             let node = &hit.path["accounts/".len()..];
             let rec = self.store.get_node(node)?;
-            let read = |name: &str| -> Result<String> {
-                Ok(match rec.as_ref().and_then(|r| r.file(name)) {
-                    Some(f) => {
-                        String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
-                    }
-                    None => String::new(),
-                })
+            let content = match rec.as_ref().and_then(|r| r.file(place::CONTENT)) {
+                Some(f) => {
+                    String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
+                }
+                None => String::new(),
             };
-            let content = read(place::CONTENT)?;
-            let mut found: HashSet<&str> = HashSet::new();
             let mut lines = Vec::new();
             let mut snippet = (0usize, String::new());
-            for (i, line) in content.lines().enumerate() {
-                let lt = crate::index::text::terms(line);
-                let here: HashSet<&str> = qterms
-                    .iter()
-                    .filter(|q| lt.iter().any(|t| t == *q))
-                    .map(|q| q.as_str())
-                    .collect();
-                if here.is_empty() {
-                    continue;
-                }
-                lines.push(i as u32 + 1);
-                if here.len() > snippet.0 {
-                    snippet = (here.len(), crate::index::text::one_line(line));
-                }
-                found.extend(here);
-            }
-            let summary = crate::index::text::terms(&format!(
-                "{} {}",
-                read(place::ABSTRACT)?,
-                read(place::OVERVIEW)?
-            ));
-            for q in &qterms {
-                if summary.iter().any(|t| t == q) {
-                    found.insert(q.as_str());
+            if !stems.is_empty() {
+                for (i, line) in content.lines().enumerate() {
+                    let lower = line.to_lowercase();
+                    let here = stems.iter().filter(|s| lower.contains(s.as_str())).count();
+                    if here == 0 {
+                        continue;
+                    }
+                    lines.push(i as u32 + 1);
+                    if here > snippet.0 {
+                        snippet = (here, crate::index::text::one_line(line));
+                    }
                 }
             }
+            let held = ix.holds(node, &qterms)?;
             let coverage = if total <= 0.0 {
                 0.0
             } else {
-                qterms
-                    .iter()
+                held.iter()
                     .zip(&weights)
-                    .filter(|(q, _)| found.contains(q.as_str()))
+                    .filter(|(h, _)| **h)
                     .map(|(_, w)| w)
                     .sum::<f32>()
                     / total

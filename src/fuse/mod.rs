@@ -89,6 +89,14 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
+impl Adapter {
+    /// The errno of `e`, counted and logged.
+    fn err(&self, op: &'static str, e: &Error) -> Errno {
+        self.fs.metrics.error(op, e.errno());
+        errno(op, e)
+    }
+}
+
 fn errno(op: &str, e: &Error) -> Errno {
     if e.is_expected() {
         tracing::debug!(op, error = %e, "refused");
@@ -157,10 +165,11 @@ fn time(t: TimeOrNow) -> SystemTime {
 
 impl Filesystem for Adapter {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _t = self.fs.metrics.start("lookup");
         let name = name_or!(name, reply);
         match self.fs.lookup(caller(req), parent.0, name) {
             Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
-            Err(e) => reply.error(errno("lookup", &e)),
+            Err(e) => reply.error(self.err("lookup", &e)),
         }
     }
 
@@ -169,9 +178,10 @@ impl Filesystem for Adapter {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _t = self.fs.metrics.start("getattr");
         match self.fs.getattr(caller(req), ino.0, fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-            Err(e) => reply.error(errno("getattr", &e)),
+            Err(e) => reply.error(self.err("getattr", &e)),
         }
     }
 
@@ -193,6 +203,7 @@ impl Filesystem for Adapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _t = self.fs.metrics.start("setattr");
         let sa = SetAttr {
             size,
             mode,
@@ -202,7 +213,7 @@ impl Filesystem for Adapter {
         };
         match self.fs.setattr(caller(req), ino.0, fh.map(|f| f.0), sa) {
             Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-            Err(e) => reply.error(errno("setattr", &e)),
+            Err(e) => reply.error(self.err("setattr", &e)),
         }
     }
 
@@ -216,10 +227,11 @@ impl Filesystem for Adapter {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.fs.metrics.start("mknod");
         let name = name_or!(name, reply);
         match self.fs.mknod(caller(req), parent.0, name, mode) {
             Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
-            Err(e) => reply.error(errno("mknod", &e)),
+            Err(e) => reply.error(self.err("mknod", &e)),
         }
     }
 
@@ -232,26 +244,29 @@ impl Filesystem for Adapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.fs.metrics.start("mkdir");
         let name = name_or!(name, reply);
         match self.fs.mkdir(caller(req), parent.0, name) {
             Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
-            Err(e) => reply.error(errno("mkdir", &e)),
+            Err(e) => reply.error(self.err("mkdir", &e)),
         }
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.fs.metrics.start("unlink");
         let name = name_or!(name, reply);
         match self.fs.unlink(caller(req), parent.0, name) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno("unlink", &e)),
+            Err(e) => reply.error(self.err("unlink", &e)),
         }
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.fs.metrics.start("rmdir");
         let name = name_or!(name, reply);
         match self.fs.rmdir(caller(req), parent.0, name) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno("rmdir", &e)),
+            Err(e) => reply.error(self.err("rmdir", &e)),
         }
     }
 
@@ -263,7 +278,8 @@ impl Filesystem for Adapter {
         _target: &Path,
         reply: ReplyEntry,
     ) {
-        reply.error(errno(
+        let _t = self.fs.metrics.start("symlink");
+        reply.error(self.err(
             "symlink",
             &Error::NotPermitted("symbolic links are not stored"),
         ));
@@ -277,10 +293,8 @@ impl Filesystem for Adapter {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(errno(
-            "link",
-            &Error::NotPermitted("hard links are not stored"),
-        ));
+        let _t = self.fs.metrics.start("link");
+        reply.error(self.err("link", &Error::NotPermitted("hard links are not stored")));
     }
 
     fn rename(
@@ -293,12 +307,13 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.fs.metrics.start("rename");
         let name = name_or!(name, reply);
         let newname = name_or!(newname, reply);
         if flags.contains(RenameFlags::RENAME_EXCHANGE)
             || flags.contains(RenameFlags::RENAME_WHITEOUT)
         {
-            reply.error(errno("rename", &Error::Unsupported));
+            reply.error(self.err("rename", &Error::Unsupported));
             return;
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
@@ -307,14 +322,15 @@ impl Filesystem for Adapter {
             .rename(caller(req), parent.0, name, newparent.0, newname, noreplace)
         {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno("rename", &e)),
+            Err(e) => reply.error(self.err("rename", &e)),
         }
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.fs.metrics.start("open");
         match self.fs.open(caller(req), ino.0, flags.0) {
             Ok(o) => reply.opened(FileHandle(o.fh), fopen(&o)),
-            Err(e) => reply.error(errno("open", &e)),
+            Err(e) => reply.error(self.err("open", &e)),
         }
     }
 
@@ -329,9 +345,10 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _t = self.fs.metrics.start("read");
         match self.fs.read(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno("read", &e)),
+            Err(e) => reply.error(self.err("read", &e)),
         }
     }
 
@@ -347,9 +364,10 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _t = self.fs.metrics.start("write");
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno("write", &e)),
+            Err(e) => reply.error(self.err("write", &e)),
         }
     }
 
@@ -361,9 +379,10 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.fs.metrics.start("flush");
         match self.fs.flush(fh.0) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno("flush", &e)),
+            Err(e) => reply.error(self.err("flush", &e)),
         }
     }
 
@@ -377,6 +396,7 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.fs.metrics.start("release");
         self.fs.release(fh.0);
         reply.ok();
     }
@@ -389,13 +409,15 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.fs.metrics.start("fsync");
         match self.fs.fsync(fh.0) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno("fsync", &e)),
+            Err(e) => reply.error(self.err("fsync", &e)),
         }
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.fs.metrics.start("opendir");
         match self.fs.opendir_cached(caller(req), ino.0) {
             // Without KEEP_CACHE the kernel drops a listing it cached before.
             Ok(o) if o.keep_cache => reply.opened(
@@ -403,7 +425,7 @@ impl Filesystem for Adapter {
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
             Ok(o) => reply.opened(FileHandle(o.fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno("opendir", &e)),
+            Err(e) => reply.error(self.err("opendir", &e)),
         }
     }
 
@@ -415,6 +437,7 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _t = self.fs.metrics.start("readdir");
         match self.fs.readdir(fh.0, offset) {
             Ok(entries) => {
                 for (next, e) in entries {
@@ -428,7 +451,7 @@ impl Filesystem for Adapter {
                 }
                 reply.ok();
             }
-            Err(e) => reply.error(errno("readdir", &e)),
+            Err(e) => reply.error(self.err("readdir", &e)),
         }
     }
 
@@ -440,6 +463,7 @@ impl Filesystem for Adapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.fs.metrics.start("releasedir");
         self.fs.release(fh.0);
         reply.ok();
     }
@@ -452,22 +476,25 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.fs.metrics.start("fsyncdir");
         match self.fs.fsyncdir() {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno("fsyncdir", &e)),
+            Err(e) => reply.error(self.err("fsyncdir", &e)),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _t = self.fs.metrics.start("statfs");
         // Capacity is the data dir's disk; ctxfs reports a large, constant
         // figure rather than a misleading one.
         reply.statfs(1 << 32, 1 << 31, 1 << 31, 1 << 32, 1 << 31, 4096, 255, 4096);
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _t = self.fs.metrics.start("access");
         match self.fs.access(caller(req), ino.0, mask.bits()) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno("access", &e)),
+            Err(e) => reply.error(self.err("access", &e)),
         }
     }
 
@@ -481,6 +508,7 @@ impl Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _t = self.fs.metrics.start("create");
         let name = name_or!(name, reply);
         match self.fs.create(caller(req), parent.0, name, mode, flags) {
             Ok((a, o)) => reply.created(
@@ -490,7 +518,7 @@ impl Filesystem for Adapter {
                 FileHandle(o.fh),
                 fopen(&o),
             ),
-            Err(e) => reply.error(errno("create", &e)),
+            Err(e) => reply.error(self.err("create", &e)),
         }
     }
 }

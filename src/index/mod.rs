@@ -1472,6 +1472,25 @@ impl Index {
         Ok(terms.iter().map(|t| st.lex.idf(t)).collect())
     }
 
+    /// Which of `terms` (sorted) the indexed node at `path` holds (its
+    /// abstract, overview and content, as BM25 counts them).
+    pub fn holds(&self, path: &str, terms: &[String]) -> Result<Vec<bool>> {
+        let account = path.split('/').next().unwrap_or("");
+        let ai = self.account(account)?;
+        let st = rlock(&ai.st);
+        Ok(match st.docs.get(path) {
+            Some(d) => terms
+                .iter()
+                .map(|t| {
+                    d.ix.terms
+                        .binary_search_by(|(x, _)| x.as_str().cmp(t))
+                        .is_ok()
+                })
+                .collect(),
+            None => vec![false; terms.len()],
+        })
+    }
+
     /// `text` with each word the account's index does not know replaced by
     /// the nearest indexed term; `None` when nothing changed.
     pub fn respell(&self, account: &str, text: &str) -> Result<Option<String>> {

@@ -1,0 +1,158 @@
+//! Operations: metrics through the mount and over HTTP, parsed by
+//! Prometheus's own text parser (python3-prometheus-client).
+
+use crate::harness::*;
+
+/// A TCP port free at the time of the call.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Parse Prometheus text with the reference parser: (name, labels, value) samples.
+fn parse(
+    m: &Mount,
+    source: &str,
+) -> Vec<(String, serde_json::Map<String, serde_json::Value>, f64)> {
+    let script = m.shared_file("parse.py");
+    std::fs::write(
+        &script,
+        "import sys, json, urllib.request\n\
+         from prometheus_client.parser import text_string_to_metric_families\n\
+         src = sys.argv[1]\n\
+         text = urllib.request.urlopen(src).read().decode() if src.startswith('http') else open(src).read()\n\
+         print(json.dumps([[s.name, s.labels, s.value] for f in text_string_to_metric_families(text) for s in f.samples]))\n",
+    )
+    .unwrap();
+    let out = m.ok(
+        0,
+        &format!("/usr/bin/python3 {} '{source}'", script.display()),
+    );
+    let v: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    v.into_iter()
+        .map(|s| {
+            (
+                s[0].as_str().unwrap().to_string(),
+                s[1].as_object().unwrap().clone(),
+                s[2].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn value(
+    samples: &[(String, serde_json::Map<String, serde_json::Value>, f64)],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).and_then(|x| x.as_str()) == Some(*v))
+        })
+        .map(|s| s.2)
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text_and_count_what_happened() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let m = Mount::with_args(
+        Some(CONFIG),
+        &["--embedder", "hash", "--metrics-addr", &addr],
+    );
+    m.ok(
+        WRITER,
+        &four_steps("acme/users/alice/memories/prefs/tea", "green tea", ACTIVE),
+    );
+    m.fails(STRANGER, "ls $M/accounts/acme", "Permission denied");
+    m.fails(
+        READER,
+        "mkdir $M/accounts/acme/users/alice/memories/prefs/x",
+        "Read-only file system",
+    );
+    m.ok(0, "cat $M/.ctxfs/sync");
+    m.ok(READER, "cat \"$M/accounts/acme/.search/green tea\"");
+
+    let file = m.shared_file("metrics.txt");
+    m.ok(
+        WRITER,
+        &format!("cat $M/.ctxfs/metrics > {}", file.display()),
+    );
+    for samples in [
+        parse(&m, file.to_str().unwrap()),
+        parse(&m, &format!("http://{addr}/metrics")),
+    ] {
+        let v = |n: &str, l: &[(&str, &str)]| {
+            value(&samples, n, l).unwrap_or_else(|| panic!("no {n} {l:?}"))
+        };
+        assert!(v("ctxfs_requests_total", &[("op", "lookup")]) > 0.0);
+        assert!(v("ctxfs_requests_total", &[("op", "write")]) >= 5.0);
+        assert_eq!(
+            v("ctxfs_request_duration_seconds_count", &[("op", "lookup")]),
+            v(
+                "ctxfs_request_duration_seconds_bucket",
+                &[("op", "lookup"), ("le", "+Inf")]
+            )
+        );
+        assert!(v("ctxfs_errors_total", &[("op", "mkdir"), ("errno", "EROFS")]) >= 1.0);
+        assert!(
+            v(
+                "ctxfs_auth_failures_total",
+                &[("account", "acme"), ("kind", "denied")]
+            ) >= 1.0
+        );
+        assert!(
+            v(
+                "ctxfs_auth_failures_total",
+                &[("account", "acme"), ("kind", "read_only")]
+            ) >= 1.0
+        );
+        assert!(v("ctxfs_commits_total", &[]) >= 1.0);
+        assert_eq!(
+            v("ctxfs_nodes", &[("account", "acme"), ("status", "ACTIVE")]),
+            1.0
+        );
+        assert_eq!(v("ctxfs_outbox_depth", &[("account", "acme")]), 0.0);
+        assert_eq!(v("ctxfs_dead_letters", &[("account", "acme")]), 0.0);
+        assert!(v("ctxfs_embeddings_total", &[("result", "computed")]) >= 1.0);
+        assert!(v("ctxfs_searches_total", &[]) >= 1.0);
+        assert_eq!(v("ctxfs_embedding_jobs_queued", &[]), 0.0);
+        v("ctxfs_index_lag_seconds", &[]);
+    }
+    // A stranger's metrics name no account it cannot read.
+    let text = m.ok(STRANGER, "cat $M/.ctxfs/metrics");
+    assert!(!text.contains("\"acme\""), "{text}");
+    assert!(text.contains("account=\"other\""));
+    // The endpoint serves only /metrics.
+    let code = m.ok(
+        0,
+        &format!("/usr/bin/python3 -c \"import urllib.request, urllib.error\ntry: urllib.request.urlopen('http://{addr}/x')\nexcept urllib.error.HTTPError as e: print(e.code)\""),
+    );
+    assert_eq!(code.trim(), "404");
+    // An address in use fails the mount, saying why; nothing stays mounted.
+    let mnt2 = m.dir.path().join("mnt2");
+    std::fs::create_dir(&mnt2).unwrap();
+    let data2 = m.dir.path().join("data2");
+    let o = ctxfs(&[
+        "mount",
+        mnt2.to_str().unwrap(),
+        "--data",
+        data2.to_str().unwrap(),
+        "--no-index",
+        "--metrics-addr",
+        &addr,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("cannot serve metrics"),
+        "{err}"
+    );
+    assert!(!is_mounted(&mnt2));
+}

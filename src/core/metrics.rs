@@ -1,0 +1,395 @@
+//! Counters and latency histograms of the daemon, rendered in the Prometheus
+//! text format (`MOUNT/.ctxfs/metrics`, and `--metrics-addr` over HTTP).
+//! Lock-free on the request path: fixed arrays of atomics per operation.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The filesystem operations measured, as the FUSE adapter names them.
+pub const OPS: &[&str] = &[
+    "lookup",
+    "getattr",
+    "setattr",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "symlink",
+    "link",
+    "rename",
+    "open",
+    "read",
+    "write",
+    "flush",
+    "release",
+    "fsync",
+    "opendir",
+    "readdir",
+    "releasedir",
+    "fsyncdir",
+    "statfs",
+    "access",
+    "create",
+];
+
+/// Upper bounds of the latency buckets, in seconds.
+pub const BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
+/// The errnos the daemon answers with (see `crate::error`).
+const ERRNOS: &[(i32, &str)] = &[
+    (libc::ENOENT, "ENOENT"),
+    (libc::EEXIST, "EEXIST"),
+    (libc::ENOTDIR, "ENOTDIR"),
+    (libc::EISDIR, "EISDIR"),
+    (libc::ENOTEMPTY, "ENOTEMPTY"),
+    (libc::EINVAL, "EINVAL"),
+    (libc::EACCES, "EACCES"),
+    (libc::EROFS, "EROFS"),
+    (libc::EPERM, "EPERM"),
+    (libc::EXDEV, "EXDEV"),
+    (libc::EFBIG, "EFBIG"),
+    (libc::ENAMETOOLONG, "ENAMETOOLONG"),
+    (libc::ENOTSUP, "ENOTSUP"),
+    (libc::EBADF, "EBADF"),
+    (libc::EIO, "EIO"),
+    (libc::ETIMEDOUT, "ETIMEDOUT"),
+    (libc::EAGAIN, "EAGAIN"),
+    (libc::ENOSYS, "ENOSYS"),
+];
+
+struct OpStats {
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+    buckets: Vec<AtomicU64>,
+    errors: Vec<AtomicU64>,
+}
+
+pub struct Metrics {
+    ops: Vec<OpStats>,
+    /// Refusals by tenancy: (account, "denied" | "read_only") → count.
+    auth: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            ops: OPS
+                .iter()
+                .map(|_| OpStats {
+                    count: AtomicU64::new(0),
+                    sum_ns: AtomicU64::new(0),
+                    buckets: BUCKETS.iter().map(|_| AtomicU64::new(0)).collect(),
+                    errors: ERRNOS.iter().map(|_| AtomicU64::new(0)).collect(),
+                })
+                .collect(),
+            auth: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+/// Records the latency of one request when dropped.
+pub struct Timer<'a> {
+    m: &'a Metrics,
+    op: usize,
+    t: Instant,
+}
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        self.m.observe(self.op, self.t.elapsed());
+    }
+}
+
+fn op_index(op: &str) -> usize {
+    OPS.iter().position(|o| *o == op).unwrap_or(0)
+}
+
+impl Metrics {
+    pub fn start(&self, op: &'static str) -> Timer<'_> {
+        Timer {
+            m: self,
+            op: op_index(op),
+            t: Instant::now(),
+        }
+    }
+
+    fn observe(&self, op: usize, d: Duration) {
+        let s = &self.ops[op];
+        s.count.fetch_add(1, Ordering::Relaxed);
+        s.sum_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        let secs = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            s.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A request of `op` failed with `errno`.
+    pub fn error(&self, op: &str, errno: i32) {
+        if let Some(i) = ERRNOS.iter().position(|(e, _)| *e == errno) {
+            self.ops[op_index(op)].errors[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The tenancy refused `account` to a caller.
+    pub fn auth_failure(&self, account: &str, kind: &'static str) {
+        let mut a = self.auth.lock().unwrap_or_else(|p| p.into_inner());
+        // Names are validated before the gate in most paths; bound the label
+        // set anyway against made-up account names.
+        if a.len() < 10_000 || a.contains_key(&(account.to_string(), kind)) {
+            *a.entry((account.to_string(), kind)).or_default() += 1;
+        }
+    }
+
+    /// The request metrics in Prometheus text format.
+    /// Auth failures only of `accounts` (all when `None`).
+    pub fn render(&self, out: &mut String, accounts: Option<&[String]>) {
+        out.push_str("# HELP ctxfs_requests_total Filesystem requests by operation.\n");
+        out.push_str("# TYPE ctxfs_requests_total counter\n");
+        for (i, op) in OPS.iter().enumerate() {
+            let n = self.ops[i].count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "ctxfs_requests_total{{op=\"{op}\"}} {n}");
+        }
+        out.push_str(
+            "# HELP ctxfs_request_duration_seconds Time from a request's arrival in the daemon to its reply.\n",
+        );
+        out.push_str("# TYPE ctxfs_request_duration_seconds histogram\n");
+        for (i, op) in OPS.iter().enumerate() {
+            let s = &self.ops[i];
+            let mut cum = 0;
+            for (b, le) in BUCKETS.iter().enumerate() {
+                cum += s.buckets[b].load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "ctxfs_request_duration_seconds_bucket{{op=\"{op}\",le=\"{le}\"}} {cum}"
+                );
+            }
+            let n = s.count.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "ctxfs_request_duration_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {n}"
+            );
+            let sum = s.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+            let _ = writeln!(
+                out,
+                "ctxfs_request_duration_seconds_sum{{op=\"{op}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "ctxfs_request_duration_seconds_count{{op=\"{op}\"}} {n}"
+            );
+        }
+        out.push_str("# HELP ctxfs_errors_total Failed requests by operation and errno.\n");
+        out.push_str("# TYPE ctxfs_errors_total counter\n");
+        for (i, op) in OPS.iter().enumerate() {
+            for (j, (_, name)) in ERRNOS.iter().enumerate() {
+                let n = self.ops[i].errors[j].load(Ordering::Relaxed);
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "ctxfs_errors_total{{op=\"{op}\",errno=\"{name}\"}} {n}"
+                    );
+                }
+            }
+        }
+        out.push_str(
+            "# HELP ctxfs_auth_failures_total Requests refused by tenancy: another account (denied) or a reader writing (read_only).\n",
+        );
+        out.push_str("# TYPE ctxfs_auth_failures_total counter\n");
+        let a = self.auth.lock().unwrap_or_else(|p| p.into_inner());
+        for ((account, kind), n) in a.iter() {
+            if accounts.is_some_and(|v| !v.iter().any(|x| x == account)) {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "ctxfs_auth_failures_total{{account=\"{}\",kind=\"{kind}\"}} {n}",
+                escape(account)
+            );
+        }
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+pub fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl super::Fs {
+    /// `.ctxfs/metrics` for `caller` (its accounts), or with `None` for the
+    /// operator's HTTP endpoint (every account).
+    pub fn metrics_text(&self, caller: Option<super::Caller>) -> crate::error::Result<String> {
+        let accounts = match caller {
+            Some(c) => self.accounts_visible(c)?,
+            None => self.all_accounts()?,
+        };
+        let mut out = String::new();
+        self.metrics
+            .render(&mut out, caller.is_some().then_some(&accounts[..]));
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        };
+        let s = &self.stats;
+        counter(
+            &mut out,
+            "ctxfs_commits_total",
+            "Committed node versions.",
+            s.commits.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "ctxfs_commit_failures_total",
+            "Refused commits.",
+            s.commit_failures.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "ctxfs_deletes_total",
+            "Deleted nodes.",
+            s.deletes.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "ctxfs_moves_total",
+            "Moved nodes.",
+            s.moves.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "ctxfs_repairs_total",
+            "Repair Job actions.",
+            s.repairs.load(Ordering::Relaxed),
+        );
+        out.push_str(
+            "# HELP ctxfs_nodes Committed nodes by account and status.\n# TYPE ctxfs_nodes gauge\n",
+        );
+        let mut depth = 0;
+        for a in &accounts {
+            for st in crate::store::Status::all() {
+                let n = self.store.counter(&format!("nodes:{a}:{}", st.as_str()))?;
+                let _ = writeln!(
+                    out,
+                    "ctxfs_nodes{{account=\"{}\",status=\"{}\"}} {n}",
+                    escape(a),
+                    st.as_str()
+                );
+            }
+        }
+        out.push_str("# HELP ctxfs_outbox_depth Index events waiting, by account.\n# TYPE ctxfs_outbox_depth gauge\n");
+        for a in &accounts {
+            let n = self.store.counter(&format!("outbox:{a}"))?;
+            depth += n;
+            let _ = writeln!(out, "ctxfs_outbox_depth{{account=\"{}\"}} {n}", escape(a));
+        }
+        out.push_str("# HELP ctxfs_dead_letters Index events that exhausted their retries, by account.\n# TYPE ctxfs_dead_letters gauge\n");
+        for a in &accounts {
+            let n = self.store.counter(&format!("dlq:{a}"))?;
+            let _ = writeln!(out, "ctxfs_dead_letters{{account=\"{}\"}} {n}", escape(a));
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ctxfs_embedding_jobs_queued Index events (embedding jobs) waiting.\n\
+             # TYPE ctxfs_embedding_jobs_queued gauge\nctxfs_embedding_jobs_queued {depth}"
+        );
+        if let Some(ix) = self.index() {
+            let st = &ix.stats;
+            out.push_str("# HELP ctxfs_embeddings_total Texts embedded (computed), served from the vector store (cached), or failed.\n# TYPE ctxfs_embeddings_total counter\n");
+            for (result, v) in [
+                ("computed", &st.embedded),
+                ("cached", &st.embed_cache_hits),
+                ("failed", &st.embed_failures),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "ctxfs_embeddings_total{{result=\"{result}\"}} {}",
+                    v.load(Ordering::Relaxed)
+                );
+            }
+            counter(
+                &mut out,
+                "ctxfs_index_events_total",
+                "Index events applied.",
+                st.events_done.load(Ordering::Relaxed),
+            );
+            counter(
+                &mut out,
+                "ctxfs_index_dead_lettered_total",
+                "Index events moved to the dead-letter queue.",
+                st.dead_lettered.load(Ordering::Relaxed),
+            );
+            counter(
+                &mut out,
+                "ctxfs_searches_total",
+                "Search files answered.",
+                st.searches.load(Ordering::Relaxed),
+            );
+            let status = ix.status(&accounts);
+            let secs = |v: &serde_json::Value| v.as_u64().map(|ms| ms as f64 / 1000.0);
+            let _ = writeln!(
+                out,
+                "# HELP ctxfs_index_lag_seconds Age of the oldest index event waiting.\n\
+                 # TYPE ctxfs_index_lag_seconds gauge\nctxfs_index_lag_seconds {}",
+                secs(&status["index_lag_ms"]).unwrap_or(0.0)
+            );
+            out.push_str("# HELP ctxfs_index_recent_lag_seconds Commit-to-searchable delay of the last 1,000 events.\n# TYPE ctxfs_index_recent_lag_seconds gauge\n");
+            for q in ["p50", "p95"] {
+                if let Some(v) = secs(&status["recent_lag_ms"][q]) {
+                    let quantile = if q == "p50" { "0.5" } else { "0.95" };
+                    let _ = writeln!(
+                        out,
+                        "ctxfs_index_recent_lag_seconds{{quantile=\"{quantile}\"}} {v}"
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ctxfs_uptime_seconds Seconds since the daemon started.\n\
+             # TYPE ctxfs_uptime_seconds gauge\nctxfs_uptime_seconds {}",
+            self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0)
+        );
+        Ok(out)
+    }
+
+    /// Every account the config defines or the store holds.
+    pub(super) fn all_accounts(&self) -> crate::error::Result<Vec<String>> {
+        let mut all = self.tenancy.configured();
+        all.extend(self.store.list_dirs("")?);
+        all.sort();
+        all.dedup();
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let m = Metrics::default();
+        drop(m.start("lookup"));
+        m.observe(op_index("lookup"), Duration::from_millis(30));
+        m.observe(op_index("lookup"), Duration::from_secs(10));
+        m.error("lookup", libc::ENOENT);
+        m.auth_failure("acme", "denied");
+        let mut s = String::new();
+        m.render(&mut s, None);
+        assert!(s.contains("ctxfs_requests_total{op=\"lookup\"} 3"));
+        assert!(s.contains("ctxfs_request_duration_seconds_bucket{op=\"lookup\",le=\"0.05\"} 2"));
+        assert!(s.contains("ctxfs_request_duration_seconds_bucket{op=\"lookup\",le=\"+Inf\"} 3"));
+        assert!(s.contains("ctxfs_errors_total{op=\"lookup\",errno=\"ENOENT\"} 1"));
+        assert!(s.contains("ctxfs_auth_failures_total{account=\"acme\",kind=\"denied\"} 1"));
+    }
+}
