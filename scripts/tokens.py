@@ -58,6 +58,28 @@ def grep_l(args, root):
     return [l for l in r.stdout.splitlines() if l]
 
 
+def judge_latency(mnt, queries):
+    """What judging the results (confidence, lines, snippet) adds to a search,
+    from the daemon's own timings in the JSON form, after the idle graph dump."""
+    time.sleep(35)
+    cat, total, first, retried = [], [], [], 0
+    for q in queries.values():
+        p = os.path.join(mnt, "accounts", "eval", ".search", query_name(q, "format=json"))
+        t = time.perf_counter()
+        with open(p) as f:
+            j = json.load(f)
+        cat.append((time.perf_counter() - t) * 1000)
+        total.append(j["took_us"]["total"] / 1000)
+        first.append(j["took_us"]["first_search"] / 1000)
+        retried += len(j["tried"]) > 1
+    print("| | p50 ms | p99 ms |\n|---|---|---|")
+    for name, v in [("index search (first query)", first), ("search + judging + retries (daemon)", total),
+                    ("`cat .search/Q?format=json` end to end", cat)]:
+        v.sort()
+        print(f"| {name} | {v[len(v) // 2]:.2f} | {v[int(len(v) * .99)]:.2f} |")
+    print(f"\nretried with a respelled query: {retried}/{len(queries)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -66,6 +88,8 @@ def main():
     ap.add_argument("--embedder", default="hash")
     ap.add_argument("--model-dir", default="models/all-MiniLM-L6-v2")
     ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--latency-only", action="store_true",
+                    help="only the cost of judging results (confidence, lines), no byte counts")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(args.dataset, "corpus.jsonl")):
         sys.exit(f"SciFact not found in {args.dataset} (set SCIFACT_DIR or --dataset)")
@@ -88,6 +112,9 @@ def main():
         ingest(mnt, corpus)
         wait_sync(mnt)
         print(f"ingested and indexed {len(corpus)} nodes in {time.time() - t:.1f}s", file=sys.stderr)
+        if args.latency_only:
+            judge_latency(mnt, queries)
+            return
         user = os.path.join(mnt, "accounts", "eval", "users", "reader")
         root = os.path.join(user, "memories")
         tot = {"map": 0, "search": 0, "l0": 0, "content": 0, "any": 0, "rare": 0}
