@@ -258,11 +258,19 @@ fn search_tells_confidence_lines_and_answerability() {
     // Nothing good: NOT_ANSWERABLE, every try reported.
     let j: serde_json::Value = serde_json::from_str(&m.ok(
         READER,
-        &format!("cat \"$M/accounts/{ALICE}/.search/quantum chromodynamics?format=json\""),
+        &format!("cat \"$M/accounts/{ALICE}/.search/the quantum chromodynamics?format=json\""),
     ))
     .unwrap();
     assert_eq!(j["answerable"], false, "{j}");
     assert_eq!(j["signal"], "NOT_ANSWERABLE");
+    // The relaxed variant (keywords alone) was tried too, and said so.
+    let tried: Vec<&str> = j["tried"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["query"].as_str().unwrap())
+        .collect();
+    assert!(tried.contains(&"quantum chromodynamics"), "{j}");
     // A misspelling is retried with the indexed word.
     let j: serde_json::Value = serde_json::from_str(&m.ok(
         READER,

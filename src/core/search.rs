@@ -220,9 +220,24 @@ impl Fs {
         let mut tried = vec![json!({"query": q.text, "results": judged.len(),
                                     "best": judged.first().map(|j| j.tier.as_str())})];
         let mut answered_by = q.text.clone();
-        // No good hit: retry with the query respelled from the indexed words.
+        // No good hit: retry with relaxed variants, the query respelled from
+        // the indexed words, then its keywords alone; keep the best answer.
         if judged.first().is_none_or(|j| j.tier == Tier::Low) {
-            if let Some(text) = ix.respell(Self::account_of(dir), &q.text)? {
+            let keywords: String = crate::index::text::words(&q.text)
+                .into_iter()
+                .filter(|w| !crate::index::text::is_stopword(w))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let variants = [
+                ix.respell(Self::account_of(dir), &q.text)?,
+                (!keywords.is_empty() && keywords != q.text.to_lowercase()).then_some(keywords),
+            ];
+            for text in variants.into_iter().flatten() {
+                if judged.first().is_some_and(|j| j.tier > Tier::Low)
+                    || tried.iter().any(|t| t["query"] == text.as_str())
+                {
+                    break;
+                }
                 let q2 = Query {
                     text: text.clone(),
                     ..q.clone()

@@ -28,7 +28,7 @@ fn stemmer() -> &'static Stemmer {
     S.get_or_init(|| Stemmer::create(Algorithm::English))
 }
 
-fn is_stopword(w: &str) -> bool {
+pub fn is_stopword(w: &str) -> bool {
     STOPWORDS.binary_search(&w).is_ok()
 }
 
