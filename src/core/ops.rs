@@ -62,7 +62,7 @@ fn write_lock(f: &RwLock<DFile>) -> std::sync::RwLockWriteGuard<'_, DFile> {
 impl Fs {
     // ---- attributes --------------------------------------------------------
 
-    fn dir_attr(&self, ino: u64, perm: u16, mtime: SystemTime, shared: bool) -> Attr {
+    pub(super) fn dir_attr(&self, ino: u64, perm: u16, mtime: SystemTime, shared: bool) -> Attr {
         Attr {
             ino,
             kind: Kind::Dir,
@@ -76,7 +76,14 @@ impl Fs {
         }
     }
 
-    fn file_attr(&self, ino: u64, size: u64, mode: u16, mtime: SystemTime, shared: bool) -> Attr {
+    pub(super) fn file_attr(
+        &self,
+        ino: u64,
+        size: u64,
+        mode: u16,
+        mtime: SystemTime,
+        shared: bool,
+    ) -> Attr {
         Attr {
             ino,
             kind: Kind::File,

@@ -115,18 +115,16 @@ impl Fs {
         }
     }
 
+    /// Other processes change these at any time: never cached (`shared` false).
     fn plain_attr(&self, ino: u64, kind: Kind, size: u64, mode: u16, mtime: SystemTime) -> Attr {
-        Attr {
-            ino,
-            kind,
-            size,
-            perm: if mode == 0 { 0o644 } else { mode & 0o7777 },
-            uid: self.owner.0,
-            gid: self.owner.1,
-            mtime,
-            ctime: mtime,
-            // Other processes change these at any time: never cached.
-            shared: false,
+        match kind {
+            Kind::Dir => self.dir_attr(
+                ino,
+                if mode == 0 { 0o755 } else { mode & 0o7777 },
+                mtime,
+                false,
+            ),
+            Kind::File => self.file_attr(ino, size, mode, mtime, false),
         }
     }
 
