@@ -9,6 +9,13 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
+/// Up to `size` bytes of `data` from `offset`.
+pub fn slice_at(data: &[u8], offset: u64, size: u32) -> Vec<u8> {
+    let start = (offset as usize).min(data.len());
+    let end = start.saturating_add(size as usize).min(data.len());
+    data[start..end].to_vec()
+}
+
 pub struct DFile {
     pub data: Vec<u8>,
     pub mtime: SystemTime,
@@ -19,6 +26,27 @@ pub struct DFile {
 }
 
 impl DFile {
+    /// Write `data` at `start` (growing the file with zeros), as `pwrite` does.
+    pub fn write_at(&mut self, start: u64, data: &[u8]) -> crate::error::Result<u32> {
+        use crate::error::Error;
+        let end = start.checked_add(data.len() as u64).ok_or(Error::TooBig)?;
+        if end > super::MAX_FILE_BYTES {
+            return Err(Error::TooBig);
+        }
+        let (start, end) = (start as usize, end as usize);
+        if self.data.len() < end {
+            self.data.resize(end, 0);
+        }
+        self.data[start..end].copy_from_slice(data);
+        self.mtime = SystemTime::now();
+        Ok(data.len() as u32)
+    }
+
+    /// Up to `size` bytes from `offset`, as `pread` does.
+    pub fn read_at(&self, offset: u64, size: u32) -> Vec<u8> {
+        slice_at(&self.data, offset, size)
+    }
+
     pub fn new(data: Vec<u8>, mode: u16) -> Arc<RwLock<DFile>> {
         Arc::new(RwLock::new(DFile {
             data,

@@ -241,36 +241,23 @@ impl super::Fs {
             );
         };
         let s = &self.stats;
-        counter(
-            &mut out,
-            "ctxfs_commits_total",
-            "Committed node versions.",
-            s.commits.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "ctxfs_commit_failures_total",
-            "Refused commits.",
-            s.commit_failures.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "ctxfs_deletes_total",
-            "Deleted nodes.",
-            s.deletes.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "ctxfs_moves_total",
-            "Moved nodes.",
-            s.moves.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "ctxfs_repairs_total",
-            "Repair Job actions.",
-            s.repairs.load(Ordering::Relaxed),
-        );
+        for (name, help, v) in [
+            (
+                "ctxfs_commits_total",
+                "Committed node versions.",
+                &s.commits,
+            ),
+            (
+                "ctxfs_commit_failures_total",
+                "Refused commits.",
+                &s.commit_failures,
+            ),
+            ("ctxfs_deletes_total", "Deleted nodes.", &s.deletes),
+            ("ctxfs_moves_total", "Moved nodes.", &s.moves),
+            ("ctxfs_repairs_total", "Repair Job actions.", &s.repairs),
+        ] {
+            counter(&mut out, name, help, v.load(Ordering::Relaxed));
+        }
         out.push_str(
             "# HELP ctxfs_nodes Committed nodes by account and status.\n# TYPE ctxfs_nodes gauge\n",
         );

@@ -1016,14 +1016,9 @@ impl Fs {
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handle(fh)?;
-        let slice = |data: &[u8]| {
-            let start = (offset as usize).min(data.len());
-            let end = start.saturating_add(size as usize).min(data.len());
-            data[start..end].to_vec()
-        };
         match &*h {
-            Handle::Data(d) => Ok(slice(d)),
-            Handle::Draft(d) => Ok(slice(&read_lock(&d.file).data)),
+            Handle::Data(d) => Ok(super::draft::slice_at(d, offset, size)),
+            Handle::Draft(d) => Ok(read_lock(&d.file).read_at(offset, size)),
             Handle::Dir(_) => Err(Error::IsDir),
             Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
         }
@@ -1046,18 +1041,9 @@ impl Fs {
         } else {
             offset
         };
-        let end = start.checked_add(data.len() as u64).ok_or(Error::TooBig)?;
-        if end > MAX_FILE_BYTES {
-            return Err(Error::TooBig);
-        }
-        let (start, end) = (start as usize, end as usize);
-        if f.data.len() < end {
-            f.data.resize(end, 0);
-        }
-        f.data[start..end].copy_from_slice(data);
-        f.mtime = SystemTime::now();
+        let n = f.write_at(start, data)?;
         d.dirty.store(true, Ordering::Relaxed);
-        Ok(data.len() as u32)
+        Ok(n)
     }
 
     /// `close(2)`: closing a written `.meta.json` is the commit point.

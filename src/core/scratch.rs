@@ -279,25 +279,16 @@ impl Fs {
         if h.log && start != len {
             return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
         }
-        let end = start.checked_add(data.len() as u64).ok_or(Error::TooBig)?;
-        if end > MAX_FILE_BYTES {
-            return Err(Error::TooBig);
-        }
-        let (start, end) = (start as usize, end as usize);
-        if f.data.len() < end {
-            f.data.resize(end, 0);
-        }
-        f.data[start..end].copy_from_slice(data);
-        f.mtime = SystemTime::now();
+        let n = f.write_at(start, data)?;
         h.dirty.store(true, Ordering::Relaxed);
-        Ok(data.len() as u32)
+        Ok(n)
     }
 
     pub(super) fn scratch_read(h: &ScratchHandle, offset: u64, size: u32) -> Vec<u8> {
-        let f = h.file.read().unwrap_or_else(|p| p.into_inner());
-        let start = (offset as usize).min(f.data.len());
-        let end = start.saturating_add(size as usize).min(f.data.len());
-        f.data[start..end].to_vec()
+        h.file
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .read_at(offset, size)
     }
 
     /// Write the file's bytes to the store (at close; durable at fsync).
