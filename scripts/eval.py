@@ -98,15 +98,17 @@ def node_of(doc_id):
     return f"eval/users/reader/memories/scifact/d{doc_id}"
 
 
-def ingest(mnt, corpus):
+def ingest(mnt, corpus, abstracts=True):
+    """Commit every document as a node; without `abstracts` the daemon derives L0/L1."""
     t = time.time()
     for i, d in enumerate(corpus):
         n = os.path.join(mnt, "accounts", node_of(d["_id"]))
         os.makedirs(n, exist_ok=True)
         with open(os.path.join(n, "content.md"), "w") as f:
             f.write(f"# {d['title']}\n\n{d['text']}\n")
-        with open(os.path.join(n, ".abstract.md"), "w") as f:
-            f.write(d["title"][:100].replace("\n", " "))
+        if abstracts:
+            with open(os.path.join(n, ".abstract.md"), "w") as f:
+                f.write(d["title"][:100].replace("\n", " "))
         with open(os.path.join(n, ".meta.json"), "w") as f:
             f.write('{"status":"ACTIVE"}')
         if (i + 1) % 1000 == 0:

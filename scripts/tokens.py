@@ -18,7 +18,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval import STOP, load, node_of  # noqa: E402
+from eval import STOP, ingest, load, node_of  # noqa: E402
 from mountutil import query_name, wait_sync  # noqa: E402
 import re  # noqa: E402
 
@@ -38,18 +38,6 @@ def doc_of(path):
 def read(path):
     with open(path, "rb") as f:
         return f.read()
-
-
-def ingest(mnt, corpus):
-    for i, d in enumerate(corpus):
-        n = os.path.join(mnt, "accounts", node_of(d["_id"]))
-        os.makedirs(n, exist_ok=True)
-        with open(os.path.join(n, "content.md"), "w") as f:
-            f.write(f"# {d['title']}\n\n{d['text']}\n")
-        with open(os.path.join(n, ".meta.json"), "w") as f:
-            f.write('{"status":"ACTIVE"}')
-        if (i + 1) % 1000 == 0:
-            print(f"  committed {i + 1}/{len(corpus)}", file=sys.stderr)
 
 
 def grep_l(args, root):
@@ -109,7 +97,7 @@ def main():
     subprocess.run(cmd, check=True)
     try:
         t = time.time()
-        ingest(mnt, corpus)
+        ingest(mnt, corpus, abstracts=False)
         wait_sync(mnt)
         print(f"ingested and indexed {len(corpus)} nodes in {time.time() - t:.1f}s", file=sys.stderr)
         if args.latency_only:

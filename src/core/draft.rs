@@ -42,6 +42,24 @@ impl DFile {
         Ok(data.len() as u32)
     }
 
+    /// Apply `setattr`'s size, mode and mtime (size checked against the file limit).
+    pub fn set_attr(&mut self, sa: &super::SetAttr) -> crate::error::Result<()> {
+        if let Some(size) = sa.size {
+            if size > super::MAX_FILE_BYTES {
+                return Err(crate::error::Error::TooBig);
+            }
+            self.data.resize(size as usize, 0);
+            self.mtime = SystemTime::now();
+        }
+        if let Some(m) = sa.mode {
+            self.mode = (m & 0o7777) as u16;
+        }
+        if let Some(t) = sa.mtime {
+            self.mtime = t;
+        }
+        Ok(())
+    }
+
     /// Up to `size` bytes from `offset`, as `pread` does.
     pub fn read_at(&self, offset: u64, size: u32) -> Vec<u8> {
         slice_at(&self.data, offset, size)

@@ -1133,22 +1133,7 @@ impl Fs {
                 self.cow(&node, &name, None)?
             }
         };
-        {
-            let mut f = write_lock(&file);
-            if let Some(size) = sa.size {
-                if size > MAX_FILE_BYTES {
-                    return Err(Error::TooBig);
-                }
-                f.data.resize(size as usize, 0);
-                f.mtime = SystemTime::now();
-            }
-            if let Some(mode) = sa.mode {
-                f.mode = (mode & 0o7777) as u16;
-            }
-            if let Some(t) = sa.mtime {
-                f.mtime = t;
-            }
-        }
+        write_lock(&file).set_attr(&sa)?;
         let f = read_lock(&file);
         Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
     }

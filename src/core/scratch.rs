@@ -11,7 +11,7 @@
 
 use super::draft::DFile;
 use super::inodes::Key;
-use super::{lock, Attr, Caller, Fs, Handle, Kind, Opened, SetAttr, MAX_FILE_BYTES};
+use super::{lock, Attr, Caller, Fs, Handle, Kind, Opened, SetAttr};
 use crate::error::{Error, Result};
 use crate::store::{Op, ScratchRec};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,6 +67,16 @@ pub fn is_project(path: &str) -> bool {
 
 fn check_name(name: &str) -> Result<()> {
     super::place::check_file_name(name)
+}
+
+/// The stored form of an open file's buffer.
+fn rec_of(f: &DFile) -> ScratchRec {
+    ScratchRec {
+        dir: false,
+        data: f.data.clone(),
+        mode: f.mode,
+        mtime_ns: super::ns_of(f.mtime),
+    }
 }
 
 pub(crate) struct ScratchHandle {
@@ -299,15 +309,7 @@ impl Fs {
         // The snapshot is taken under the lock so that writes reach the
         // store in the order the buffer went through them.
         let _g = lock(&self.scratch_lock);
-        let rec = {
-            let f = h.file.read().unwrap_or_else(|p| p.into_inner());
-            ScratchRec {
-                dir: false,
-                data: f.data.clone(),
-                mode: f.mode,
-                mtime_ns: super::ns_of(f.mtime),
-            }
-        };
+        let rec = rec_of(&h.file.read().unwrap_or_else(|p| p.into_inner()));
         // Removed or renamed meanwhile: nothing to write back to.
         if self.store.get_scratch(&h.path)?.is_none() && !h.log {
             return Ok(());
@@ -359,28 +361,11 @@ impl Fs {
         let g = lock(&self.scratch_lock);
         let rec = {
             let mut f = file.write().unwrap_or_else(|p| p.into_inner());
-            if let Some(size) = sa.size {
-                if a == Some(Area::Log) && size != f.data.len() as u64 {
-                    return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
-                }
-                if size > MAX_FILE_BYTES {
-                    return Err(Error::TooBig);
-                }
-                f.data.resize(size as usize, 0);
-                f.mtime = SystemTime::now();
+            if a == Some(Area::Log) && sa.size.is_some_and(|n| n != f.data.len() as u64) {
+                return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }
-            if let Some(m) = sa.mode {
-                f.mode = (m & 0o7777) as u16;
-            }
-            if let Some(t) = sa.mtime {
-                f.mtime = t;
-            }
-            ScratchRec {
-                dir: false,
-                data: f.data.clone(),
-                mode: f.mode,
-                mtime_ns: super::ns_of(f.mtime),
-            }
+            f.set_attr(sa)?;
+            rec_of(&f)
         };
         self.store.apply(vec![Self::put_op(path, &rec)?], false)?;
         drop(g);
