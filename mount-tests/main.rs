@@ -3,6 +3,7 @@
 
 mod agent;
 mod harness;
+mod lifecycle;
 mod ops;
 mod search;
 

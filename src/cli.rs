@@ -31,6 +31,9 @@ pub enum Cmd {
         /// The mount-time Repair Job leaves drafts touched within this many seconds to their writer.
         #[arg(long, default_value_t = 600)]
         repair_grace: u64,
+        /// How often the TTL sweeper deletes expired nodes (they are invisible from the instant they expire).
+        #[arg(long, default_value_t = 30)]
+        sweep_interval: u64,
         /// Embedder: auto (MiniLM if its files are there, else hashing), minilm, hash, http.
         #[arg(long)]
         embedder: Option<String>,
@@ -158,6 +161,7 @@ pub fn run() -> i32 {
             foreground,
             threads,
             repair_grace,
+            sweep_interval,
             embedder,
             model_dir,
             no_index,
@@ -169,6 +173,7 @@ pub fn run() -> i32 {
                 config,
                 threads: threads.clamp(1, 256),
                 repair_grace: std::time::Duration::from_secs(repair_grace),
+                sweep_interval: std::time::Duration::from_secs(sweep_interval.max(1)),
                 embedder,
                 model_dir,
                 no_index,

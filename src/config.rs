@@ -130,12 +130,28 @@ impl IndexSection {
     }
 }
 
+/// `[account.quota]`: what one account may use (every limit optional).
+#[derive(Debug, Deserialize, Default, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    /// Bytes the account's nodes hold in the store, every version counted.
+    pub bytes: Option<u64>,
+    /// Commits, deletes and moves per UTC day.
+    pub writes_per_day: Option<u64>,
+    /// Searches (opens of `.search/` files) per minute.
+    pub searches_per_minute: Option<u32>,
+    /// Tokens sent to the embedder per UTC day (about 4 bytes of text each).
+    pub embed_tokens_per_day: Option<u64>,
+}
+
 /// Everything a config file sets.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub tenancy: Tenancy,
     pub index: IndexSection,
     pub redaction: RedactionPolicy,
+    /// Quotas by account (accounts without a `[account.quota]` are unlimited).
+    pub quotas: BTreeMap<String, Quota>,
 }
 
 impl Settings {
@@ -150,7 +166,11 @@ impl Settings {
         file.index.validate()?;
         let mut map = BTreeMap::new();
         let mut off = std::collections::BTreeSet::new();
+        let mut quotas = BTreeMap::new();
         for a in file.account {
+            if let Some(q) = a.quota.clone() {
+                quotas.insert(a.id.clone(), q);
+            }
             if !a.redact {
                 off.insert(a.id.clone());
             }
@@ -169,6 +189,7 @@ impl Settings {
                 section: file.redaction,
                 off,
             },
+            quotas,
         })
     }
 }
@@ -184,6 +205,7 @@ pub struct AccountConfig {
     /// `false` keeps this account's secrets as written (no redaction).
     #[serde(default = "yes")]
     pub redact: bool,
+    pub quota: Option<Quota>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -264,6 +286,14 @@ mod tests {
         assert!(Settings::parse("[index]\nembedder = \"http\"\n").is_err());
         assert!(Settings::parse("[index]\nhnsw_m = 300\n").is_err());
         assert!(Settings::parse("[index]\nmax_retries = 0\n").is_err());
+        assert!(Settings::parse("[[account]]\nid = \"a\"\n[account.quota]\nbytez = 1\n").is_err());
+        let s = Settings::parse(
+            "[[account]]\nid = \"a\"\n[account.quota]\nbytes = 1000\nsearches_per_minute = 5\n",
+        )
+        .unwrap();
+        assert_eq!(s.quotas["a"].bytes, Some(1000));
+        assert_eq!(s.quotas["a"].searches_per_minute, Some(5));
+        assert_eq!(s.quotas["a"].writes_per_day, None);
         let s = Settings::parse("[index]\nembedder = \"hash\"\nhnsw_ef_search = 128\n").unwrap();
         assert_eq!(s.index.ann().ef_search, 128);
     }

@@ -26,6 +26,7 @@ pub struct MountOpts {
     pub config: Option<PathBuf>,
     pub threads: usize,
     pub repair_grace: Duration,
+    pub sweep_interval: Duration,
     /// Overrides of the config's `[index] embedder` and `model_dir`.
     pub embedder: Option<String>,
     pub model_dir: Option<PathBuf>,
@@ -47,6 +48,7 @@ fn settings(
             tenancy: Tenancy::Owner(unsafe { libc::getuid() }),
             index: IndexSection::default(),
             redaction: Default::default(),
+            quotas: Default::default(),
         },
     };
     if let Some(e) = embedder {
@@ -63,8 +65,15 @@ fn settings(
 fn open_index(
     store: &Arc<RedbStore>,
     data: &Path,
-    sec: &IndexSection,
+    s: &Settings,
 ) -> Result<Arc<crate::index::Index>> {
+    let sec = &s.index;
+    let mut cfg = crate::index::IndexConfig::from_section(sec);
+    cfg.embed_tokens_per_day = s
+        .quotas
+        .iter()
+        .filter_map(|(a, q)| q.embed_tokens_per_day.map(|t| (a.clone(), t)))
+        .collect();
     let (emb, note) = crate::index::choose_embedder(sec, data).map_err(|e| anyhow!("{e}"))?;
     tracing::info!(model = emb.id(), "{note}");
     crate::index::Index::new(
@@ -72,7 +81,7 @@ fn open_index(
         &data.join("index"),
         emb,
         note,
-        crate::index::IndexConfig::from_section(sec),
+        cfg,
     )
     .map_err(|e| anyhow!("{e}"))
 }
@@ -130,7 +139,9 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
         .arg("--threads")
         .arg(o.threads.to_string())
         .arg("--repair-grace")
-        .arg(o.repair_grace.as_secs().to_string());
+        .arg(o.repair_grace.as_secs().to_string())
+        .arg("--sweep-interval")
+        .arg(o.sweep_interval.as_secs().to_string());
     if let Some(c) = &o.config {
         cmd.arg("--config").arg(c);
     }
@@ -241,9 +252,10 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let settings = precheck(o)?;
     let _lock = lock_data_dir(&o.data)?;
     let store = RedbStore::open(&o.data.join(DB_FILE)).map_err(|e| anyhow!("{e}"))?;
-    let fs =
-        Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy).map_err(|e| anyhow!("{e}"))?;
+    let fs = Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy.clone())
+        .map_err(|e| anyhow!("{e}"))?;
     fs.set_redaction(settings.redaction.clone());
+    fs.set_quotas(settings.quotas.clone());
     let t = Instant::now();
     let actions = fs
         .repair(o.repair_grace)
@@ -258,7 +270,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         tracing::info!("search disabled: no indexer runs");
         None
     } else {
-        let index = open_index(&store, &o.data, &settings.index)?;
+        let index = open_index(&store, &o.data, &settings)?;
         index.start().map_err(|e| anyhow!("{e}"))?;
         fs.set_index(index.clone());
         Some(index)
@@ -276,6 +288,8 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         .map_err(|e| anyhow!("cannot mount at {}: {e}", o.mountpoint.display()))?;
     tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), "mounted");
     ready.say("ok");
+
+    spawn_sweeper(fs.clone(), o.sweep_interval, stop.clone())?;
 
     let mut unmounting = false;
     while !session.guard.is_finished() {
@@ -301,6 +315,31 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         tracing::warn!(error = %e, "session ended with an error");
     }
     Ok(0)
+}
+
+/// The TTL sweeper: deletes expired nodes every `every` (they are already
+/// invisible; this frees their space and tells the indexer).
+fn spawn_sweeper(fs: Arc<Fs>, every: Duration, stop: Arc<AtomicBool>) -> Result<()> {
+    std::thread::Builder::new()
+        .name("ctxfs-ttl".into())
+        .spawn(move || {
+            let mut last = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                if last.elapsed() < every {
+                    continue;
+                }
+                last = Instant::now();
+                match fs.sweep_expired() {
+                    Ok(swept) if !swept.is_empty() => {
+                        tracing::info!(nodes = swept.len(), "TTL sweep")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "TTL sweep failed"),
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// The HTTP metrics endpoint on its own thread (`GET /metrics`). Binding
@@ -482,7 +521,7 @@ pub fn reindex(
 ) -> Result<i32> {
     let s = settings(config, embedder, model_dir)?;
     let (_lock, store) = open_offline(data)?;
-    let index = open_index(&store, data, &s.index)?;
+    let index = open_index(&store, data, &s)?;
     println!(
         "embedder: {} ({})",
         index.embedder().id(),
@@ -583,7 +622,7 @@ pub fn bench_ann(o: crate::cli::BenchAnnOpts) -> Result<i32> {
             o.model_dir.as_ref(),
         )?;
         let (_lock, store) = open_offline(data)?;
-        let index = open_index(&store, data, &s.index)?;
+        let index = open_index(&store, data, &s)?;
         let base = index.live_vectors(account).map_err(|e| anyhow!("{e}"))?;
         let file = o
             .queries_file

@@ -57,6 +57,15 @@ pub enum Error {
     /// A service a search needs (the embedder) failed; try again later.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
+    /// The object is in a state that refuses the operation for now.
+    #[error("busy: {0}")]
+    Busy(&'static str),
+    /// An account quota (stored bytes, writes per day) would be exceeded.
+    #[error("quota exceeded: {0}")]
+    Quota(String),
+    /// An account's rate limit (searches per minute) is exhausted for now.
+    #[error("rate limited: {0}")]
+    RateLimited(String),
 }
 
 impl Error {
@@ -87,6 +96,9 @@ impl Error {
             Error::Store(_) => libc::EIO,
             Error::TimedOut => libc::ETIMEDOUT,
             Error::Unavailable(_) => libc::EAGAIN,
+            Error::Busy(_) => libc::EBUSY,
+            Error::Quota(_) => libc::EDQUOT,
+            Error::RateLimited(_) => libc::EAGAIN,
         }
     }
 
@@ -122,6 +134,9 @@ mod tests {
             (Error::Store("x".into()), libc::EIO, "EIO"),
             (Error::TimedOut, libc::ETIMEDOUT, "ETIMEDOUT"),
             (Error::Unavailable("x".into()), libc::EAGAIN, "EAGAIN"),
+            (Error::Busy("x"), libc::EBUSY, "EBUSY"),
+            (Error::Quota("x".into()), libc::EDQUOT, "EDQUOT"),
+            (Error::RateLimited("x".into()), libc::EAGAIN, "EAGAIN"),
         ];
         let doc = include_str!("../docs/SEMANTICS.md");
         for (err, errno, name) in table {

@@ -50,6 +50,9 @@ impl Fs {
                 continue;
             }
             for (name, rec) in self.store.list_nodes(&p)? {
+                if self.expired(&rec.path) {
+                    continue;
+                }
                 match rec.status {
                     Status::Active => {
                         let full = format!("{p}/{name}");
@@ -253,6 +256,8 @@ pub fn help_text() -> &'static str {
      \x20      Secrets (api_key: ..., tokens, private keys) are replaced by [REDACTED].\n\
      \x20      Update: rewrite files, then .meta.json again. Archive: \"status\":\"ARCHIVED\".\n\
      \x20      Delete: rm -r N. Move: mv N NEW (same account).\n\
+     \x20      History: N/.versions/1/ ...; /bin/echo 2 > N/.versions/restore brings v2 back.\n\
+     \x20      Expiry: \"ttl_seconds\":3600 in .meta.json; gone everywhere when it expires.\n\
      \x20      Use /bin/echo or a program to write .meta.json: the shell's builtin echo\n\
      \x20      cannot report a refused commit.\n\
      \n\
@@ -262,7 +267,9 @@ pub fn help_text() -> &'static str {
      \x20      EACCES   not your account\n\
      \x20      EPERM    generated or append-only file\n\
      \x20      EXDEV    move across accounts (copy and delete instead)\n\
-     \x20      ETIMEDOUT .ctxfs/sync waited too long; EAGAIN: embedder down, retry\n\
+     \x20      EDQUOT   account quota spent: cat accounts/ACCOUNT/.ctxfs/usage\n\
+     \x20      EBUSY    restore with uncommitted changes in the node\n\
+     \x20      ETIMEDOUT .ctxfs/sync waited too long; EAGAIN: embedder down or search rate, retry\n\
      \n\
      MORE   .ctxfs/status (counts, index lag), .ctxfs/header, docs/AGENTS.md\n"
 }

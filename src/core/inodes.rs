@@ -46,6 +46,27 @@ pub enum Key {
     },
     /// A project's scratchpad, anything in it, or its activity log.
     Scratch(Arc<str>),
+    /// `accounts/{a}/.ctxfs/`: the account's own files (reached by path).
+    AccountCtxfs(Arc<str>),
+    /// `accounts/{a}/.ctxfs/usage`: usage against quota.
+    Usage(Arc<str>),
+    /// `NODE/.versions/`: every committed version (reached by path).
+    Versions(Arc<str>),
+    /// `NODE/.versions/N/`.
+    VersionDir {
+        node: Arc<str>,
+        id: u64,
+        version: u32,
+    },
+    /// A file of `NODE/.versions/N/` (read-only).
+    VersionFile {
+        node: Arc<str>,
+        name: Arc<str>,
+        id: u64,
+        version: u32,
+    },
+    /// `NODE/.versions/restore`: a version number written here is restored.
+    Restore(Arc<str>),
     /// `DIR/.search/`: reached by path, lists nothing.
     SearchDir(Arc<str>),
     /// `DIR/.search/QUERY`: results computed at open.

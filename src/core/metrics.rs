@@ -58,6 +58,8 @@ const ERRNOS: &[(i32, &str)] = &[
     (libc::ENOTSUP, "ENOTSUP"),
     (libc::EBADF, "EBADF"),
     (libc::EIO, "EIO"),
+    (libc::EBUSY, "EBUSY"),
+    (libc::EDQUOT, "EDQUOT"),
     (libc::ETIMEDOUT, "ETIMEDOUT"),
     (libc::EAGAIN, "EAGAIN"),
     (libc::ENOSYS, "ENOSYS"),
@@ -74,6 +76,8 @@ pub struct Metrics {
     ops: Vec<OpStats>,
     /// Refusals by tenancy: (account, "denied" | "read_only") → count.
     auth: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Refusals by quota: (account, "bytes" | "writes" | "searches") → count.
+    quota: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 impl Default for Metrics {
@@ -89,6 +93,7 @@ impl Default for Metrics {
                 })
                 .collect(),
             auth: Mutex::new(BTreeMap::new()),
+            quota: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -139,12 +144,12 @@ impl Metrics {
 
     /// The tenancy refused `account` to a caller.
     pub fn auth_failure(&self, account: &str, kind: &'static str) {
-        let mut a = self.auth.lock().unwrap_or_else(|p| p.into_inner());
-        // Names are validated before the gate in most paths; bound the label
-        // set anyway against made-up account names.
-        if a.len() < 10_000 || a.contains_key(&(account.to_string(), kind)) {
-            *a.entry((account.to_string(), kind)).or_default() += 1;
-        }
+        bump(&self.auth, account, kind);
+    }
+
+    /// A quota refused a request of `account` (`kind`: bytes, writes, searches).
+    pub fn quota_denial(&self, account: &str, kind: &'static str) {
+        bump(&self.quota, account, kind);
     }
 
     /// The request metrics in Prometheus text format.
@@ -202,17 +207,38 @@ impl Metrics {
             "# HELP ctxfs_auth_failures_total Requests refused by tenancy: another account (denied) or a reader writing (read_only).\n",
         );
         out.push_str("# TYPE ctxfs_auth_failures_total counter\n");
-        let a = self.auth.lock().unwrap_or_else(|p| p.into_inner());
-        for ((account, kind), n) in a.iter() {
-            if accounts.is_some_and(|v| !v.iter().any(|x| x == account)) {
-                continue;
-            }
-            let _ = writeln!(
-                out,
-                "ctxfs_auth_failures_total{{account=\"{}\",kind=\"{kind}\"}} {n}",
-                escape(account)
-            );
+        labelled(out, "ctxfs_auth_failures_total", &self.auth, accounts);
+        out.push_str(
+            "# HELP ctxfs_quota_denials_total Requests refused by an account quota (bytes, writes, searches).\n",
+        );
+        out.push_str("# TYPE ctxfs_quota_denials_total counter\n");
+        labelled(out, "ctxfs_quota_denials_total", &self.quota, accounts);
+    }
+}
+
+type ByAccount = Mutex<BTreeMap<(String, &'static str), u64>>;
+
+fn bump(m: &ByAccount, account: &str, kind: &'static str) {
+    let mut a = m.lock().unwrap_or_else(|p| p.into_inner());
+    // Names are validated before the gate in most paths; bound the label
+    // set anyway against made-up account names.
+    if a.len() < 10_000 || a.contains_key(&(account.to_string(), kind)) {
+        *a.entry((account.to_string(), kind)).or_default() += 1;
+    }
+}
+
+/// One counter line per (account, kind), only of `accounts` (all when `None`).
+fn labelled(out: &mut String, name: &str, m: &ByAccount, accounts: Option<&[String]>) {
+    let a = m.lock().unwrap_or_else(|p| p.into_inner());
+    for ((account, kind), n) in a.iter() {
+        if accounts.is_some_and(|v| !v.iter().any(|x| x == account)) {
+            continue;
         }
+        let _ = writeln!(
+            out,
+            "{name}{{account=\"{}\",kind=\"{kind}\"}} {n}",
+            escape(account)
+        );
     }
 }
 
@@ -255,6 +281,11 @@ impl super::Fs {
             ("ctxfs_deletes_total", "Deleted nodes.", &s.deletes),
             ("ctxfs_moves_total", "Moved nodes.", &s.moves),
             ("ctxfs_repairs_total", "Repair Job actions.", &s.repairs),
+            (
+                "ctxfs_expired_total",
+                "Expired nodes removed by the TTL sweeper.",
+                &s.expired,
+            ),
         ] {
             counter(&mut out, name, help, v.load(Ordering::Relaxed));
         }

@@ -13,9 +13,12 @@ pub mod inodes;
 pub mod metrics;
 pub mod ops;
 pub mod place;
+pub mod quota;
 pub mod repair;
 pub mod scratch;
 pub mod search;
+pub mod ttl;
+pub mod versions;
 
 pub use self::draft::{DFile, Draft, Slot};
 use self::inodes::{Inodes, Key};
@@ -99,6 +102,8 @@ pub(crate) enum Handle {
     Dir(Vec<DirEntry>),
     /// A file of a project's shared area.
     Scratch(scratch::ScratchHandle),
+    /// `NODE/.versions/restore` opened for writing.
+    Restore(Arc<str>),
 }
 
 pub(crate) struct DraftHandle {
@@ -127,6 +132,8 @@ pub struct Stats {
     pub deletes: AtomicU64,
     pub moves: AtomicU64,
     pub repairs: AtomicU64,
+    /// Nodes removed by the TTL sweeper.
+    pub expired: AtomicU64,
 }
 
 pub struct Fs {
@@ -156,6 +163,12 @@ pub struct Fs {
     inval: Mutex<Option<mpsc::Sender<Inval>>>,
     pub stats: Stats,
     pub metrics: metrics::Metrics,
+    /// Nodes with an expiry time (ns since the epoch), as in the store.
+    expiry: RwLock<HashMap<String, u64>>,
+    /// Quotas by account, once the daemon has set them (none: unlimited).
+    quotas: std::sync::OnceLock<std::collections::BTreeMap<String, crate::config::Quota>>,
+    /// Recent searches by account (the searches-per-minute quota).
+    searches: Mutex<HashMap<String, std::collections::VecDeque<std::time::Instant>>>,
 }
 
 type Inval = (Vec<Target>, Option<mpsc::SyncSender<()>>);
@@ -226,7 +239,15 @@ impl Fs {
             metrics: metrics::Metrics::default(),
             index: std::sync::OnceLock::new(),
             redaction: std::sync::OnceLock::new(),
+            expiry: RwLock::new(HashMap::new()),
+            quotas: std::sync::OnceLock::new(),
+            searches: Mutex::new(HashMap::new()),
         };
+        fs.count_bytes_once()?;
+        fs.expiry
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(fs.store.expiries()?);
         for (path, bytes) in fs.store.drafts()? {
             match crate::store::DraftRec::decode(&bytes) {
                 Ok(rec) => {
@@ -236,6 +257,36 @@ impl Fs {
             }
         }
         Ok(Arc::new(fs))
+    }
+
+    /// Data dirs from before byte quotas: count every account's stored bytes
+    /// once (later commits and deletes keep the counters current).
+    fn count_bytes_once(&self) -> Result<()> {
+        if self.store.high_water("bytes_counted")? > 0 {
+            return Ok(());
+        }
+        let mut recs = Vec::new();
+        self.store.scan_nodes(&mut |r| {
+            recs.push(r);
+            Ok(())
+        })?;
+        let mut by_account: HashMap<String, i64> = HashMap::new();
+        for r in &recs {
+            let a = Self::account_of(&r.path).to_string();
+            *by_account.entry(a).or_default() += self.history_bytes(r)? as i64;
+        }
+        let mut ops: Vec<Op> = by_account
+            .into_iter()
+            .map(|(a, n)| Op::Count {
+                key: quota::bytes_key(&a),
+                delta: n - self.store.counter(&quota::bytes_key(&a)).unwrap_or(0),
+            })
+            .collect();
+        ops.push(Op::HighWater {
+            key: "bytes_counted".into(),
+            value: 1,
+        });
+        self.store.apply(ops, true)
     }
 
     pub fn set_redaction(&self, policy: crate::config::RedactionPolicy) {
@@ -333,11 +384,16 @@ impl Fs {
         }
     }
 
+    /// The current record of a node, unless it has expired (an expired node
+    /// is not found anywhere, even before the sweeper removes it).
+    fn live_node(&self, node: &str) -> Result<Option<NodeRec>> {
+        Ok(self.store.get_node(node)?.filter(|_| !self.expired(node)))
+    }
+
     /// Committed record of a node visible to the caller.
     fn visible_node(&self, node: &str, access: Access) -> Result<Option<NodeRec>> {
         Ok(self
-            .store
-            .get_node(node)?
+            .live_node(node)?
             .filter(|r| Self::shows(r.status, access)))
     }
 

@@ -116,6 +116,7 @@ impl Fs {
                         let (rec, draft) = self.node_for(path, access)?;
                         match (&rec, &draft) {
                             (Some(r), _) if r.status != Status::Broken => {
+                                let shared = shared && !self.expires(path);
                                 Ok(self.dir_attr(ino, 0o755, time_of(r.updated_ns), shared))
                             }
                             (_, Some(d)) => {
@@ -174,6 +175,18 @@ impl Fs {
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
             Key::Scratch(path) => self.scratch_attr(c, path, ino),
+            Key::AccountCtxfs(account) => {
+                self.gate(c, account, false)?;
+                Ok(self.dir_attr(ino, 0o555, self.started, false))
+            }
+            Key::Usage(account) => {
+                self.gate(c, account, false)?;
+                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
+            }
+            Key::Versions(_)
+            | Key::VersionDir { .. }
+            | Key::VersionFile { .. }
+            | Key::Restore(_) => self.versions_attr(c, key, ino),
             Key::Generated { dir, .. } => {
                 self.check_space(c, dir)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
@@ -217,7 +230,10 @@ impl Fs {
 
     /// The record of a committed version, if the caller may see it.
     fn version_rec(&self, node: &str, id: u64, version: u32, access: Access) -> Result<NodeRec> {
-        let cur = self.store.get_node(node)?;
+        let cur = self.live_node(node)?;
+        if cur.is_none() && self.expired(node) {
+            return Err(Error::NotFound);
+        }
         let rec = match cur {
             Some(r) if r.id == id && r.version == version => r,
             _ => self
@@ -316,6 +332,15 @@ impl Fs {
                 Ok(Key::Scratch(arc(&join(path, name))))
             }
             Key::Scratch(dir) => self.scratch_child(c, dir, name),
+            Key::Versions(_) | Key::VersionDir { .. } => self.versions_child(c, parent, name),
+            Key::Dir(path) if name == super::quota::USAGE_DIR && !path.contains('/') => {
+                self.gate(c, path, false)?;
+                Ok(Key::AccountCtxfs(path.clone()))
+            }
+            Key::AccountCtxfs(account) if name == super::quota::USAGE_FILE => {
+                self.gate(c, account, false)?;
+                Ok(Key::Usage(account.clone()))
+            }
             Key::Dir(path)
                 if (name == agent::MAP_FILE || name == agent::HEADER_FILE)
                     && agent::is_owner_space(path) =>
@@ -378,6 +403,10 @@ impl Fs {
     ) -> Result<(Key, Option<Attr>)> {
         match name {
             place::OUTBOX => return Ok((Key::Outbox(arc(node)), None)),
+            super::versions::VERSIONS_DIR => {
+                self.visible_node(node, access)?.ok_or(Error::NotFound)?;
+                return Ok((Key::Versions(arc(node)), None));
+            }
             super::search::SEARCH_DIR => {
                 self.node_for(node, access)?;
                 return Ok((Key::SearchDir(arc(node)), None));
@@ -412,7 +441,7 @@ impl Fs {
     }
 
     fn committed_file_attr(&self, ino: u64, rec: &NodeRec, f: &crate::store::FileRec) -> Attr {
-        let shared = rec.status != Status::Broken;
+        let shared = rec.status != Status::Broken && !self.expires(&rec.path);
         self.file_attr(ino, f.size, f.mode, time_of(f.mtime_ns), shared)
     }
 
@@ -500,6 +529,7 @@ impl Fs {
                 let placed = place::classify_dir(&comps)?;
                 if placed == DirPlace::Node {
                     shared = self.draft(path).is_none()
+                        && !self.expires(path)
                         && self
                             .store
                             .get_node(path)?
@@ -524,6 +554,14 @@ impl Fs {
                     for (n, r) in self.store.list_nodes(path)? {
                         // BROKEN nodes are listed for writers only.
                         shared &= r.status != Status::Broken;
+                        // Expiring nodes leave the listing the instant they
+                        // expire: never cached by the kernel.
+                        if self.expires(&r.path) {
+                            shared = false;
+                            if self.expired(&r.path) {
+                                continue;
+                            }
+                        }
                         if Self::shows(r.status, access) {
                             names.push(n);
                         }
@@ -573,6 +611,17 @@ impl Fs {
                 }
             }
             Key::SearchDir(_) => shared = false,
+            Key::AccountCtxfs(account) => {
+                shared = false;
+                let k = Key::Usage(account.clone());
+                entries.push(d(k, super::quota::USAGE_FILE, Kind::File));
+            }
+            Key::Versions(_) | Key::VersionDir { .. } => {
+                shared = false;
+                for (k, name, kind) in self.versions_list(c, &key)? {
+                    entries.push(d(k, &name, kind));
+                }
+            }
             Key::Scratch(dir) => {
                 shared = false;
                 for (name, kind) in self.scratch_list(c, dir)? {
@@ -691,7 +740,7 @@ impl Fs {
             }
             DirPlace::Node => {
                 let _g = self.stripe(&path);
-                if self.store.get_node(&path)?.is_some() || self.draft(&path).is_some() {
+                if self.live_node(&path)?.is_some() || self.draft(&path).is_some() {
                     return Err(Error::Exists);
                 }
                 lock(&self.drafts).insert(path.clone(), Arc::new(Mutex::new(Draft::new(None))));
@@ -765,7 +814,7 @@ impl Fs {
 
     fn delete_node(&self, node: &str) -> Result<()> {
         let _g = self.stripe(node);
-        let rec = self.store.get_node(node)?;
+        let rec = self.live_node(node)?;
         let draft = self.draft(node);
         if rec.is_none() && draft.is_none() {
             return Err(Error::NotFound);
@@ -780,34 +829,73 @@ impl Fs {
             path: node.to_string(),
         }];
         if let Some(rec) = &rec {
-            let account = Self::account_of(node).to_string();
-            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
-            ops.extend([
-                Op::DelNode {
-                    path: node.to_string(),
-                },
-                Op::DropHistory { node_id: rec.id },
-                Op::Count {
-                    key: format!("nodes:{account}:{}", rec.status.as_str()),
-                    delta: -1,
-                },
-                Op::PutEvent {
-                    seq,
-                    node_path: node.to_string(),
-                    account,
-                    json: self.event(seq, "DELETE_CONTEXT", node, json!({})),
-                },
-                Op::HighWater {
-                    key: "event".into(),
-                    value: seq,
-                },
-            ]);
+            ops.extend(self.remove_ops(node, rec)?);
+            ops.extend(self.write_quota_ops(node, 0)?);
         }
         self.store.apply(ops, true)?;
         self.notify_index();
+        self.set_expiry(node, None);
         lock(&self.drafts).remove(node);
         self.stats.deletes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The ops that remove committed node `rec` at `node` with its history,
+    /// its expiry and its `DELETE_CONTEXT` event (delete, expiry sweep, and
+    /// a commit over an expired node).
+    pub(super) fn remove_ops(&self, node: &str, rec: &NodeRec) -> Result<Vec<Op>> {
+        let account = Self::account_of(node).to_string();
+        let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+        let freed = self.history_bytes(rec)?;
+        let mut ops = vec![
+            Op::DelNode {
+                path: node.to_string(),
+            },
+            Op::DropHistory { node_id: rec.id },
+            Op::Count {
+                key: format!("nodes:{account}:{}", rec.status.as_str()),
+                delta: -1,
+            },
+            Op::Count {
+                key: super::quota::bytes_key(&account),
+                delta: -(freed as i64),
+            },
+            Op::PutEvent {
+                seq,
+                node_path: node.to_string(),
+                account,
+                json: self.event(seq, "DELETE_CONTEXT", node, json!({})),
+            },
+            Op::HighWater {
+                key: "event".into(),
+                value: seq,
+            },
+        ];
+        if self.expiry_at(node).is_some() {
+            ops.push(Op::DelExpiry {
+                path: node.to_string(),
+            });
+        }
+        Ok(ops)
+    }
+
+    /// Bytes the versions of a node hold in the store (each blob once).
+    pub(super) fn history_bytes(&self, rec: &NodeRec) -> Result<u64> {
+        let mut seen = std::collections::HashSet::new();
+        let mut total = 0;
+        for v in 1..=rec.version {
+            let r = if v == rec.version {
+                Some(rec.clone())
+            } else {
+                self.store.get_version(rec.id, v)?
+            };
+            for f in r.map(|r| r.files).unwrap_or_default() {
+                if seen.insert(f.blob) {
+                    total += f.size;
+                }
+            }
+        }
+        Ok(total)
     }
 
     // ---- files --------------------------------------------------------------------
@@ -815,7 +903,7 @@ impl Fs {
     /// Copy-on-write: the draft file `name` of `node`, made from the committed
     /// file when the draft does not have it yet. Caller holds the node stripe.
     fn cow(&self, node: &str, name: &str, create_mode: Option<u16>) -> Result<Arc<RwLock<DFile>>> {
-        let rec = self.store.get_node(node)?;
+        let rec = self.live_node(node)?;
         let draft = match (&rec, self.draft(node)) {
             (_, Some(d)) => d,
             (Some(r), None) => self.draft_or_new(node, Some(r)),
@@ -902,6 +990,8 @@ impl Fs {
             Key::CtxfsFile("status") => data(self.status_json(c)?),
             Key::CtxfsFile("sync") => data(self.sync_file()?),
             Key::Scratch(path) => self.scratch_open(c, path, flags),
+            Key::VersionFile { .. } | Key::Restore(_) => self.versions_open(c, &key, write),
+            Key::Usage(account) => data(self.usage_json(c, account)?),
             Key::CtxfsFile("header") => data(self.header(c, None)?),
             Key::CtxfsFile("help") => data(agent::help_text().as_bytes().to_vec()),
             Key::CtxfsFile("metrics") => data(self.metrics_text(Some(c))?.into_bytes()),
@@ -1021,6 +1111,7 @@ impl Fs {
             Handle::Draft(d) => Ok(read_lock(&d.file).read_at(offset, size)),
             Handle::Dir(_) => Err(Error::IsDir),
             Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
+            Handle::Restore(_) => Err(Error::BadHandle),
         }
     }
 
@@ -1028,6 +1119,9 @@ impl Fs {
         let h = self.handle(fh)?;
         if let Handle::Scratch(s) = &*h {
             return Self::scratch_write(s, offset, data);
+        }
+        if let Handle::Restore(node) = &*h {
+            return self.restore_write(node, data);
         }
         let Handle::Draft(d) = &*h else {
             return Err(Error::BadHandle);
@@ -1041,6 +1135,12 @@ impl Fs {
         } else {
             offset
         };
+        // A file that could not be committed under the account's byte quota
+        // is refused at the write, before anything of it is stored.
+        let grown = start.saturating_add(data.len() as u64);
+        if grown > f.data.len() as u64 {
+            self.check_bytes(Self::account_of(&d.node), grown)?;
+        }
         let n = f.write_at(start, data)?;
         d.dirty.store(true, Ordering::Relaxed);
         Ok(n)
@@ -1112,6 +1212,10 @@ impl Fs {
                 return Err(Error::NotPermitted("generated file"));
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
+            // `echo N > restore` truncates first: nothing to truncate.
+            Key::Restore(_) if sa.mode.is_none() && sa.size == Some(0) => {
+                return self.attr_of(c, &key, ino)
+            }
             _ => return Err(Error::NotPermitted("read-only virtual file")),
         };
         self.gate(c, Self::account_of(&node), true)?;
@@ -1191,7 +1295,7 @@ impl Fs {
             let d = self.draft(node).ok_or(Error::NotFound)?;
             return lock(&d).error.take().map(|_| ()).ok_or(Error::NotFound);
         }
-        let rec = self.store.get_node(node)?;
+        let rec = self.live_node(node)?;
         let in_committed = rec.as_ref().and_then(|r| r.file(name)).is_some();
         let draft = match self.draft(node) {
             Some(d) => d,
@@ -1314,8 +1418,8 @@ impl Fs {
             return Err(Error::NotFound);
         }
         let file = self.cow(sn, sname, None)?;
-        let s_rec = self.store.get_node(sn)?;
-        let d_rec = self.store.get_node(dn)?;
+        let s_rec = self.live_node(sn)?;
+        let d_rec = self.live_node(dn)?;
         let sdraft = self.draft(sn).ok_or(Error::NotFound)?;
         let ddraft = self.draft_or_new(dn, d_rec.as_ref());
         let same = Arc::ptr_eq(&sdraft, &ddraft);
@@ -1378,7 +1482,7 @@ impl Fs {
 
     fn move_node(&self, src: &str, dst: &str, noreplace: bool) -> Result<()> {
         let _g = self.lock_two(src, dst);
-        let rec = self.store.get_node(src)?;
+        let rec = self.live_node(src)?;
         let draft = self.draft(src);
         if rec.is_none() && draft.is_none() {
             return Err(Error::NotFound);
@@ -1386,7 +1490,7 @@ impl Fs {
         if src == dst {
             return Ok(());
         }
-        if self.store.get_node(dst)?.is_some() || self.draft(dst).is_some() {
+        if self.live_node(dst)?.is_some() || self.draft(dst).is_some() {
             return Err(if noreplace {
                 Error::Exists
             } else {
@@ -1396,6 +1500,11 @@ impl Fs {
         let mut ops = vec![Op::DelDraft {
             path: src.to_string(),
         }];
+        // An expired node at the target goes now, in the same transaction.
+        if let Some(stale) = self.store.get_node(dst)? {
+            ops.extend(self.remove_ops(dst, &stale)?);
+        }
+        let expiry = self.expiry_at(src);
         let mut new_base = None;
         if let Some(rec) = &rec {
             let now = now_ns();
@@ -1485,11 +1594,33 @@ impl Fs {
                 },
             ]);
             new_base = Some((rec.id, version));
+            let new_bytes = ops
+                .iter()
+                .map(|o| match o {
+                    Op::PutBlob { data, .. } => data.len() as u64,
+                    _ => 0,
+                })
+                .sum();
+            self.check_write_quota(&account_of_owned(dst), new_bytes)?;
+            ops.extend(self.write_quota_ops(dst, new_bytes)?);
+            if let Some(at) = expiry {
+                ops.push(Op::DelExpiry {
+                    path: src.to_string(),
+                });
+                ops.push(Op::PutExpiry {
+                    path: dst.to_string(),
+                    at_ns: at,
+                });
+            }
         } else {
             ops.extend(self.container_ops(dst));
         }
         self.store.apply(ops, true)?;
         self.notify_index();
+        if rec.is_some() {
+            self.set_expiry(src, None);
+            self.set_expiry(dst, expiry);
+        }
         let mut drafts = lock(&self.drafts);
         if let Some(d) = drafts.remove(src) {
             if new_base.is_some() {
@@ -1541,7 +1672,13 @@ impl Fs {
         broken: Option<&str>,
         closing: Option<&Arc<RwLock<DFile>>>,
     ) -> Result<Committed> {
-        let rec = self.store.get_node(node)?;
+        let mut rec = self.store.get_node(node)?;
+        // An expired node is gone already: this commit starts a new node
+        // there and removes the old one in the same transaction.
+        let stale = match &rec {
+            Some(_) if self.expired(node) => rec.take(),
+            _ => None,
+        };
         let mut d = lock(draft);
         let mut contents: Vec<(&'static str, Content)> = Vec::new();
         for name in NODE_FILES {
@@ -1616,7 +1753,12 @@ impl Fs {
             (status, obj, edges)
         };
         let now = now_ns();
+        let mut expires = None;
         if broken.is_none() {
+            expires = match super::ttl::expiry_of(&mut obj, now) {
+                Ok(e) => e,
+                Err(reason) => return fail(&mut d, reason),
+            };
             let derived = self.derive_summaries(rec.as_ref(), &mut contents, now)?;
             obj.remove("derived");
             obj.remove("redacted");
@@ -1626,6 +1768,12 @@ impl Fs {
             if redacted > 0 {
                 obj.insert("redacted".into(), redacted.into());
             }
+            let content = match contents.iter().find(|(n, _)| *n == CONTENT) {
+                Some((_, Content::New(b, ..))) => content_hash(b),
+                Some((_, Content::Keep(f))) => content_hash(&self.store.read_blob(f.blob, f.size)?),
+                None => String::new(),
+            };
+            obj.insert("content_hash".into(), Value::String(content));
             let size: u64 = contents
                 .iter()
                 .filter(|(name, _)| *name != META)
@@ -1734,6 +1882,34 @@ impl Fs {
             delta: 1,
         });
         ops.extend(self.container_ops(node));
+        if let Some(old) = &stale {
+            ops.extend(self.remove_ops(node, old)?);
+        }
+        let new_bytes: u64 = ops
+            .iter()
+            .map(|o| match o {
+                Op::PutBlob { data, .. } => data.len() as u64,
+                _ => 0,
+            })
+            .sum();
+        if broken.is_none() {
+            if let Err(e) = self.check_write_quota(&account, new_bytes) {
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                d.error = Some(e.to_string());
+                return Err(e);
+            }
+        }
+        ops.extend(self.write_quota_ops(node, new_bytes)?);
+        match expires {
+            Some(at) => ops.push(Op::PutExpiry {
+                path: node.to_string(),
+                at_ns: at,
+            }),
+            None if stale.is_none() && self.expiry_at(node).is_some() => ops.push(Op::DelExpiry {
+                path: node.to_string(),
+            }),
+            None => {}
+        }
         let mut events = match status {
             Status::Archived => vec![("ARCHIVE_CONTEXT", json!({}))],
             Status::Active => vec![(
@@ -1780,6 +1956,7 @@ impl Fs {
         ]);
         self.store.apply(ops, true)?;
         self.notify_index();
+        self.set_expiry(node, expires);
 
         // The version is durable: the node files leave the draft, except those
         // still open for writing (later bytes start the next edit).
@@ -1969,6 +2146,22 @@ fn apply_move(
 }
 
 /// The file names of a node as a writer sees them, in protocol order.
+/// `content_hash` of `.meta.json`: what `sha256sum content.md` prints.
+fn content_hash(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(bytes);
+    let mut s = String::with_capacity(71);
+    s.push_str("sha256:");
+    for b in d {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn account_of_owned(path: &str) -> String {
+    Fs::account_of(path).to_string()
+}
+
 pub(super) fn view_names(rec: Option<&NodeRec>, draft: Option<&Draft>) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     if let Some(r) = rec {

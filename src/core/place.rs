@@ -86,7 +86,7 @@ pub fn check_file_name(name: &str) -> Result<()> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(Error::Invalid(format!("{name:?} is not a file name")));
     }
-    if name == OUTBOX || name == COMMIT_ERROR {
+    if super::versions::is_reserved(name) {
         return Err(Error::NotPermitted("reserved virtual name"));
     }
     Ok(())

@@ -205,6 +205,7 @@ impl Fs {
         // The directory must be there for the caller (readers: committed only).
         self.attr_of(c, &Key::Dir(dir.clone()), 0)?;
         let qn = parse_query_name(name)?;
+        self.check_search_rate(Self::account_of(dir))?;
         let ix = self.indexer()?;
         let q = Query {
             text: qn.text.clone(),
@@ -322,6 +323,9 @@ impl Fs {
         query: &str,
         semantic: bool,
     ) -> Result<Vec<Judged>> {
+        // Expired nodes leave search the instant they expire.
+        let mut hits = hits;
+        hits.retain(|h| !self.expired(h.path.strip_prefix("accounts/").unwrap_or(&h.path)));
         let mut qterms = crate::index::text::terms(query);
         qterms.sort();
         qterms.dedup();

@@ -95,6 +95,8 @@ pub struct IndexConfig {
     /// Weight of the vector channel in the fusion (BM25's is 1); `None`:
     /// 1 for learned embedders, 0.25 for the hashing fallback.
     pub vector_weight: Option<f32>,
+    /// Embedding tokens per UTC day, by account (the quota; absent: unlimited).
+    pub embed_tokens_per_day: HashMap<String, u64>,
 }
 
 impl Default for IndexConfig {
@@ -106,6 +108,7 @@ impl Default for IndexConfig {
             sync_timeout: Duration::from_secs(60),
             dump_after: Duration::from_secs(30),
             vector_weight: None,
+            embed_tokens_per_day: HashMap::new(),
         }
     }
 }
@@ -197,6 +200,8 @@ pub struct IndexStats {
     pub embedded: AtomicU64,
     pub embed_cache_hits: AtomicU64,
     pub embed_failures: AtomicU64,
+    /// Events put off to the next day by an embedding-token quota.
+    pub deferred: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub searches: AtomicU64,
     /// Query embedding time of the last search (microseconds).
@@ -670,6 +675,8 @@ impl Index {
         // Texts to embed, by hash, from every upsert of the batch.
         let mut need: HashMap<u128, String> = HashMap::new();
         let mut have: HashMap<u128, Arc<[f32]>> = HashMap::new();
+        // Tokens each account asks of the embedder in this batch (quota).
+        let mut asks: HashMap<String, (u64, Vec<u128>)> = HashMap::new();
         for p in &batch {
             if let Work::Upsert { texts, .. } = &p.work {
                 for (h, t) in record_texts(texts) {
@@ -682,6 +689,9 @@ impl Index {
                             have.insert(h, Arc::from(bytes_vec(&b)));
                         }
                         _ => {
+                            let a = asks.entry(p.account.clone()).or_default();
+                            a.0 += crate::core::quota::tokens_of(&t);
+                            a.1.push(h);
                             need.insert(h, t);
                         }
                     }
@@ -689,6 +699,27 @@ impl Index {
             }
         }
         let mut ops: Vec<Op> = Vec::new();
+        // An account over its daily embedding budget waits for the next UTC
+        // day: its texts are not embedded and its events are deferred.
+        let day = crate::core::quota::day_of(crate::core::now_ns());
+        let mut deferred: HashSet<String> = HashSet::new();
+        for (account, (tokens, hashes)) in &asks {
+            let key = crate::core::quota::tokens_key(account, day);
+            if let Some(&max) = self.cfg.embed_tokens_per_day.get(account) {
+                let used = self.store.counter(&key)?.max(0) as u64;
+                if used + tokens > max {
+                    deferred.insert(account.clone());
+                    for h in hashes {
+                        need.remove(h);
+                    }
+                    continue;
+                }
+            }
+            ops.push(Op::Count {
+                key,
+                delta: *tokens as i64,
+            });
+        }
         let mut failed: HashMap<u128, String> = HashMap::new();
         let mut todo: Vec<(u128, String)> = need.into_iter().collect();
         todo.sort_by_key(|(_, t)| t.len());
@@ -734,6 +765,18 @@ impl Index {
                 continue;
             }
             let ai = self.account(&p.account)?;
+            let missing = match &p.work {
+                Work::Upsert { texts, .. } => record_texts(texts)
+                    .iter()
+                    .any(|(h, _)| !have.contains_key(h) && !failed.contains_key(h)),
+                _ => false,
+            };
+            // Only a spent budget leaves a text neither embedded nor failed.
+            if missing {
+                self.defer_to_tomorrow(&mut ops, &p);
+                blocked.insert(p.path.clone());
+                continue;
+            }
             let err = match &p.work {
                 Work::Upsert { texts, .. } => record_texts(texts)
                     .iter()
@@ -806,6 +849,26 @@ impl Index {
             }
         }
         Ok(())
+    }
+
+    /// The account's embedding budget of today is spent: try again at the
+    /// start of the next UTC day, without counting a failed try.
+    fn defer_to_tomorrow(&self, ops: &mut Vec<Op>, p: &Pending) {
+        let next = crate::core::quota::next_day_ns(crate::core::now_ns());
+        let mut j = p.json.clone();
+        j["status"] = "DEFERRED".into();
+        j["last_error"] = format!(
+            "embedding budget (embed_tokens_per_day) of account {} is spent for today; deferred to {}",
+            p.account,
+            crate::core::rfc3339(next)
+        )
+        .into();
+        j["next_retry_ms"] = ((next / 1_000_000) as u64).into();
+        self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+        ops.push(Op::UpdateEvent {
+            seq: p.ev.seq,
+            json: serde_json::to_vec(&j).unwrap_or_default(),
+        });
     }
 
     fn retry_later(&self, ops: &mut Vec<Op>, p: &Pending, err: &str) {
@@ -1206,6 +1269,7 @@ impl Index {
             "embedded": s.embedded.load(Ordering::Relaxed),
             "embed_cache_hits": s.embed_cache_hits.load(Ordering::Relaxed),
             "embed_failures": s.embed_failures.load(Ordering::Relaxed),
+            "embed_deferred": s.deferred.load(Ordering::Relaxed),
             "dead_lettered": s.dead_lettered.load(Ordering::Relaxed),
             "searches": s.searches.load(Ordering::Relaxed),
             "graph_dumps": s.dumps.load(Ordering::Relaxed),
@@ -1745,6 +1809,7 @@ impl IndexConfig {
                 .unwrap_or(d.sync_timeout),
             dump_after: d.dump_after,
             vector_weight: sec.vector_weight,
+            embed_tokens_per_day: HashMap::new(),
         }
     }
 }

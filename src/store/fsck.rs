@@ -2,8 +2,8 @@
 //! invariants") and one checker for them, used by `ctxfs fsck` and the tests.
 
 use super::redb::{
-    decode, split_key, BLOBS, COUNTERS, DIRS, DLQ, DLQ_BY_NODE, DRAFTS, HIGH_WATER, NODES, OUTBOX,
-    OUTBOX_BY_NODE, VERSIONS,
+    decode, split_key, BLOBS, COUNTERS, DIRS, DLQ, DLQ_BY_NODE, DRAFTS, EXPIRY, HIGH_WATER, NODES,
+    OUTBOX, OUTBOX_BY_NODE, VERSIONS,
 };
 use super::{DraftRec, RedbStore, Status};
 use crate::core::place::{self, DirPlace};
@@ -59,6 +59,8 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
     let mut ids = HashSet::new();
     let mut max_node = 0;
     let mut recount: BTreeMap<String, i64> = BTreeMap::new();
+    let mut account_of_id: HashMap<u64, String> = HashMap::new();
+    let mut node_paths: HashSet<String> = HashSet::new();
     for item in nodes.iter().map_err(se)? {
         let (k, val) = item.map_err(se)?;
         let (parent, name) = k.value();
@@ -136,6 +138,8 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
         *recount
             .entry(format!("nodes:{}:{}", comps[0], rec.status.as_str()))
             .or_default() += 1;
+        account_of_id.insert(rec.id, comps[0].to_string());
+        node_paths.insert(path.clone());
     }
 
     // Versions and the blobs they reference.
@@ -149,6 +153,11 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
             continue;
         };
         for f in &rec.files {
+            if !referenced.contains(&f.blob) {
+                if let Some(a) = account_of_id.get(&id) {
+                    *recount.entry(format!("bytes:{a}")).or_default() += f.size as i64;
+                }
+            }
             referenced.insert(f.blob);
             max_blob = max_blob.max(f.blob);
             match blob_size.get(&f.blob) {
@@ -260,6 +269,10 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
         let (k, val) = item.map_err(se)?;
         stored.insert(k.value().to_string(), val.value());
     }
+    // Usage of the day (writes, embedding tokens) is a history, not a
+    // function of the stored state: not recounted.
+    stored.retain(|k, _| !k.starts_with("writes:") && !k.starts_with("embed_tokens:"));
+    recount.retain(|_, n| *n != 0);
     for (k, n) in &recount {
         if stored.get(k) != Some(n) {
             bad(
@@ -271,6 +284,14 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
     for (k, n) in &stored {
         if !recount.contains_key(k) {
             bad(8, format!("counter {k} is {n}, recount 0"));
+        }
+    }
+
+    let expiry = txn.open_table(EXPIRY).map_err(se)?;
+    for item in expiry.iter().map_err(se)? {
+        let (k, _) = item.map_err(se)?;
+        if !node_paths.contains(k.value()) {
+            bad(12, format!("expiry of {} names no current node", k.value()));
         }
     }
 

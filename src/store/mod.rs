@@ -166,6 +166,14 @@ pub enum Op {
     DelScratch {
         path: String,
     },
+    /// When a node expires (ns since the epoch; `expires_at` of its `.meta.json`).
+    PutExpiry {
+        path: String,
+        at_ns: u64,
+    },
+    DelExpiry {
+        path: String,
+    },
 }
 
 /// A file or directory of `projects/{p}/scratchpad/` (or the activity log).
@@ -222,6 +230,8 @@ pub trait Store: Send + Sync {
     fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>>;
     /// The entries directly under `parent` in a project's shared area, in name order.
     fn list_scratch(&self, parent: &str) -> Result<Vec<(String, Vec<u8>)>>;
+    /// Every node with an expiry time (path, ns since the epoch).
+    fn expiries(&self) -> Result<Vec<(String, u64)>>;
     /// Every current node record (any status), in no particular order.
     fn scan_nodes(&self, f: &mut dyn FnMut(NodeRec) -> Result<()>) -> Result<()>;
     /// Apply ops atomically; `durable` waits until they are on disk. Concurrent

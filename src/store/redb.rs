@@ -51,6 +51,8 @@ pub(super) const COUNTERS: TableDefinition<&str, i64> = TableDefinition::new("co
 /// (parent, name) → postcard `ScratchRec`: files and directories of project scratchpads.
 pub(super) const SCRATCH: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("scratch");
 /// id name → highest id handed out (`blob`, `node`, `event`).
+/// node path → when it expires (ns since the epoch).
+pub(super) const EXPIRY: TableDefinition<&str, u64> = TableDefinition::new("expiry");
 pub(super) const HIGH_WATER: TableDefinition<&str, u64> = TableDefinition::new("high_water");
 
 pub const CHUNK: usize = 64 * 1024 - 256;
@@ -111,6 +113,7 @@ impl RedbStore {
             txn.open_table(IX_DOCS).map_err(se)?;
             txn.open_table(VECS).map_err(se)?;
             txn.open_table(SCRATCH).map_err(se)?;
+            txn.open_table(EXPIRY).map_err(se)?;
         }
         txn.commit().map_err(se)?;
 
@@ -286,6 +289,7 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
         let mut ix = txn.open_table(IX_DOCS).map_err(se)?;
         let mut vecs = txn.open_table(VECS).map_err(se)?;
         let mut scratch = txn.open_table(SCRATCH).map_err(se)?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(se)?;
         for op in ops {
             match op {
                 Op::PutNode { path, rec } => {
@@ -418,6 +422,12 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                 }
                 Op::DelScratch { path } => {
                     scratch.remove(split_key(path)).map_err(se)?;
+                }
+                Op::PutExpiry { path, at_ns } => {
+                    expiry.insert(path.as_str(), *at_ns).map_err(se)?;
+                }
+                Op::DelExpiry { path } => {
+                    expiry.remove(path.as_str()).map_err(se)?;
                 }
                 Op::PutIx { path, data } => {
                     ix.insert(path.as_str(), data.as_slice()).map_err(se)?;
@@ -627,6 +637,17 @@ impl Store for RedbStore {
         Ok(t.get((model, hash))
             .map_err(se)?
             .map(|g| g.value().to_vec()))
+    }
+
+    fn expiries(&self) -> Result<Vec<(String, u64)>> {
+        let t = self.read()?;
+        let table = t.open_table(EXPIRY).map_err(se)?;
+        let mut out = Vec::new();
+        for item in table.iter().map_err(se)? {
+            let (k, v) = item.map_err(se)?;
+            out.push((k.value().to_string(), v.value()));
+        }
+        Ok(out)
     }
 
     fn scan_nodes(&self, f: &mut dyn FnMut(NodeRec) -> Result<()>) -> Result<()> {

@@ -1,0 +1,348 @@
+//! A node's life beyond one version: `.versions/` and restore, TTL, quotas.
+
+use crate::harness::*;
+
+const N: &str = "acme/users/alice/memories/prefs/tea";
+
+fn commit(m: &Mount, node: &str, content: &str) {
+    m.ok(WRITER, &four_steps(node, content, ACTIVE));
+}
+
+#[test]
+fn versions_are_kept_read_only_and_restorable() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    commit(&m, N, "green tea");
+    commit(&m, N, "black tea");
+    commit(&m, N, "no tea at all");
+    let v = format!("$M/accounts/{N}/.versions");
+    // Not listed in the node (grep -r and cp -r skip it), reached by path.
+    let ls = m.ok(WRITER, &format!("ls -a $M/accounts/{N}"));
+    assert!(!ls.contains(".versions"), "{ls}");
+    assert_eq!(m.ok(READER, &format!("ls {v}")), "1\n2\n3\nrestore\n");
+    assert_eq!(m.ok(READER, &format!("cat {v}/1/content.md")), "green tea");
+    assert_eq!(m.ok(READER, &format!("cat {v}/2/content.md")), "black tea");
+    let meta1: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat {v}/1/.meta.json"))).unwrap();
+    assert_eq!(meta1["version"], 1);
+    // content_hash is what sha256sum prints for the content.
+    let sum = m.ok(READER, &format!("sha256sum < $M/accounts/{N}/content.md"));
+    let meta: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{N}/.meta.json"))).unwrap();
+    assert_eq!(
+        meta["content_hash"].as_str().unwrap(),
+        format!("sha256:{}", sum.split_whitespace().next().unwrap())
+    );
+    assert_ne!(meta1["content_hash"], meta["content_hash"]);
+
+    // Old versions are read-only for everyone; readers cannot restore.
+    m.fails(
+        WRITER,
+        &format!("/bin/echo x > {v}/1/content.md"),
+        "Operation not permitted",
+    );
+    m.fails(
+        READER,
+        &format!("/bin/echo 1 > {v}/restore"),
+        "Read-only file system",
+    );
+    m.fails(STRANGER, &format!("ls {v}"), "Permission denied");
+    // Bad requests: a clear errno, nothing changes.
+    m.fails(
+        WRITER,
+        &format!("/bin/echo 9 > {v}/restore"),
+        "Invalid argument",
+    );
+    m.fails(
+        WRITER,
+        &format!("/bin/echo banana > {v}/restore"),
+        "Invalid argument",
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "no tea at all"
+    );
+
+    // Restore version 1: a new commit, version 4, with version 1's files.
+    m.ok(WRITER, &format!("echo 1 > {v}/restore"));
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "green tea"
+    );
+    let meta: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{N}/.meta.json"))).unwrap();
+    assert_eq!(meta["version"], 4);
+    assert_eq!(meta["restored_from"], 1);
+    assert_eq!(meta["content_hash"], meta1["content_hash"]);
+    assert_eq!(m.ok(READER, &format!("ls {v}")), "1\n2\n3\n4\nrestore\n");
+
+    // With uncommitted changes a restore is refused (EBUSY) and the draft kept.
+    m.ok(WRITER, &format!("echo draft > $M/accounts/{N}/content.md"));
+    m.fails(
+        WRITER,
+        &format!("/bin/echo 2 > {v}/restore"),
+        "Device or resource busy",
+    );
+    assert_eq!(
+        m.ok(WRITER, &format!("cat $M/accounts/{N}/content.md")),
+        "draft\n"
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "green tea"
+    );
+
+    // History survives a remount; a delete drops it.
+    let mut m = m;
+    m.umount();
+    m.fsck();
+    m.mount();
+    assert_eq!(
+        m.ok(READER, &format!("cat {v}/3/content.md")),
+        "no tea at all"
+    );
+    m.ok(WRITER, &format!("rm -r $M/accounts/{N}"));
+    m.fails(READER, &format!("ls {v}"), "No such file or directory");
+    m.umount();
+    m.fsck();
+}
+
+#[test]
+fn expired_nodes_vanish_at_once_and_are_swept() {
+    let m = Mount::with_args(
+        Some(CONFIG),
+        &["--embedder", "hash", "--sweep-interval", "1"],
+    );
+    let short = "acme/users/alice/memories/events/standup";
+    m.ok(
+        WRITER,
+        &four_steps(
+            short,
+            "daily standup at nine",
+            r#"{"status":"ACTIVE","ttl_seconds":3}"#,
+        ),
+    );
+    commit(&m, N, "green tea standup");
+    m.ok(0, "cat $M/.ctxfs/sync");
+    let meta: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{short}/.meta.json")))
+            .unwrap();
+    assert!(meta["expires_at"].as_str().unwrap().ends_with('Z'));
+    assert!(meta.get("ttl_seconds").is_none());
+    let search = "cat \"$M/accounts/acme/.search/standup nine\"";
+    assert!(m.ok(READER, search).contains("standup"));
+    // Hold a reader on the listing and the file until the node expires.
+    let users = "$M/accounts/acme/users/alice/memories/events";
+    assert_eq!(m.ok(READER, &format!("ls {users}")), "standup\n");
+    std::thread::sleep(std::time::Duration::from_millis(3300));
+    // Not found anywhere from the instant it expires (before any sweep).
+    m.fails(
+        READER,
+        &format!("cat $M/accounts/{short}/content.md"),
+        "No such file or directory",
+    );
+    assert_eq!(m.ok(READER, &format!("ls {users}")), "");
+    assert!(!m
+        .ok(READER, search)
+        .contains("accounts/acme/users/alice/memories/events"));
+    assert!(!m
+        .ok(READER, "cat $M/accounts/acme/users/alice/README.md")
+        .contains("events/standup"));
+    // The sweeper deletes it (a DELETE_CONTEXT event; counted in metrics).
+    let mut swept = false;
+    for _ in 0..50 {
+        if m.ok(0, "cat $M/.ctxfs/metrics")
+            .contains("ctxfs_expired_total 1")
+        {
+            swept = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(swept, "the sweeper did not remove the expired node");
+    // The path can be used again by a new node.
+    commit(&m, short, "standup moved to ten");
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{short}/content.md")),
+        "standup moved to ten"
+    );
+    // Bad TTL fields are refused at close with EINVAL and a reason.
+    m.fails(
+        WRITER,
+        &four_steps(
+            "acme/users/alice/memories/events/bad",
+            "x",
+            r#"{"status":"ACTIVE","expires_at":"2001-01-01T00:00:00Z"}"#,
+        ),
+        "Invalid argument",
+    );
+    let why = m.ok(
+        WRITER,
+        "cat $M/accounts/acme/users/alice/memories/events/bad/.commit-error",
+    );
+    assert!(why.contains("in the past"), "{why}");
+    let mut m = m;
+    m.umount();
+    m.fsck();
+}
+
+#[test]
+fn expiry_survives_a_restart() {
+    let mut m = Mount::with_args(Some(CONFIG), &["--no-index", "--sweep-interval", "3600"]);
+    m.ok(
+        WRITER,
+        &four_steps(N, "soon gone", r#"{"status":"ACTIVE","ttl_seconds":2}"#),
+    );
+    m.umount();
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    m.mount();
+    m.fails(
+        READER,
+        &format!("cat $M/accounts/{N}/content.md"),
+        "No such file or directory",
+    );
+    // A new node at the same path replaces the expired one in one commit.
+    commit(&m, N, "fresh");
+    let meta: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{N}/.meta.json"))).unwrap();
+    assert_eq!(meta["version"], 1);
+    assert_eq!(
+        m.ok(READER, &format!("ls $M/accounts/{N}/.versions")),
+        "1\nrestore\n"
+    );
+    m.umount();
+    m.fsck();
+}
+
+const QUOTA_CONFIG: &str = r#"
+[[account]]
+id = "acme"
+writers = [1001]
+readers = [1002]
+[account.quota]
+bytes = 20000
+writes_per_day = 6
+searches_per_minute = 3
+
+[[account]]
+id = "other"
+writers = [1003]
+"#;
+
+#[test]
+fn quotas_refuse_with_edquot_and_eagain_and_store_nothing() {
+    let m = Mount::with_args(Some(QUOTA_CONFIG), &["--embedder", "hash"]);
+    let usage = |m: &Mount| -> serde_json::Value {
+        serde_json::from_str(&m.ok(READER, "cat $M/accounts/acme/.ctxfs/usage")).unwrap()
+    };
+    commit(&m, N, "green tea");
+    let u = usage(&m);
+    assert_eq!(u["writes_today"]["used"], 1);
+    assert_eq!(u["writes_today"]["limit"], 6);
+    let used = u["bytes"]["used"].as_u64().unwrap();
+    assert!(used > 9 && used < 2000, "{u}");
+    m.fails(
+        STRANGER,
+        "cat $M/accounts/acme/.ctxfs/usage",
+        "Permission denied",
+    );
+
+    // A file larger than the quota: EDQUOT at the write, nothing stored.
+    let big = "acme/users/alice/memories/prefs/big";
+    m.fails(
+        WRITER,
+        &format!("mkdir -p $M/accounts/{big} && head -c 30000 /dev/zero | tr '\\0' a > $M/accounts/{big}/content.md"),
+        "Disk quota exceeded",
+    );
+    assert_eq!(usage(&m)["bytes"]["used"].as_u64().unwrap(), used);
+
+    // Writes per day: 6 in all (the first commit counted).
+    for i in 0..5 {
+        commit(&m, &format!("acme/users/alice/memories/prefs/n{i}"), "x");
+    }
+    m.fails(
+        WRITER,
+        &four_steps("acme/users/alice/memories/prefs/n9", "x", ACTIVE),
+        "Disk quota exceeded",
+    );
+    let why = m.ok(
+        WRITER,
+        "cat $M/accounts/acme/users/alice/memories/prefs/n9/.commit-error",
+    );
+    assert!(why.contains("writes"), "{why}");
+    m.fails(
+        READER,
+        "cat $M/accounts/acme/users/alice/memories/prefs/n9/content.md",
+        "No such file or directory",
+    );
+    // Deletes are never refused by a quota (they free space).
+    m.ok(
+        WRITER,
+        "rm -r $M/accounts/acme/users/alice/memories/prefs/n0",
+    );
+    // Other accounts are not limited by acme's quota.
+    m.ok(
+        STRANGER,
+        &four_steps("other/users/bob/memories/prefs/x", "fine", ACTIVE),
+    );
+
+    // Searches per minute: 3, then EAGAIN with a reason.
+    for _ in 0..3 {
+        m.ok(READER, "cat \"$M/accounts/acme/.search/tea\" > /dev/null");
+    }
+    m.fails(
+        READER,
+        "cat \"$M/accounts/acme/.search/tea\"",
+        "Resource temporarily unavailable",
+    );
+    let metrics = m.ok(0, "cat $M/.ctxfs/metrics");
+    for kind in ["bytes", "writes", "searches"] {
+        assert!(
+            metrics.contains(&format!(
+                "ctxfs_quota_denials_total{{account=\"acme\",kind=\"{kind}\"}}"
+            )),
+            "{kind}: {metrics}"
+        );
+    }
+    let mut m = m;
+    m.umount();
+    m.fsck();
+}
+
+const TOKEN_CONFIG: &str = r#"
+[[account]]
+id = "acme"
+writers = [1001]
+readers = [1002]
+[account.quota]
+embed_tokens_per_day = 40
+
+[index]
+sync_timeout_s = 2
+"#;
+
+#[test]
+fn embedding_over_budget_is_deferred_not_lost() {
+    let m = Mount::with_args(Some(TOKEN_CONFIG), &["--embedder", "hash"]);
+    commit(&m, N, "tea");
+    m.ok(0, "cat $M/.ctxfs/sync");
+    let long = "acme/users/alice/memories/prefs/long";
+    commit(&m, long, &"a long text about coffee beans ".repeat(20));
+    // The indexer defers the event to tomorrow: sync times out, the event
+    // says why, the node itself is committed and readable.
+    m.fails(0, "cat $M/.ctxfs/sync", "Connection timed out");
+    let ev = m.ok(WRITER, &format!("cat $M/accounts/{long}/.outbox/*.json"));
+    assert!(
+        ev.contains("DEFERRED") && ev.contains("embed_tokens_per_day"),
+        "{ev}"
+    );
+    assert!(m
+        .ok(READER, &format!("cat $M/accounts/{long}/content.md"))
+        .contains("coffee"));
+    let u: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, "cat $M/accounts/acme/.ctxfs/usage")).unwrap();
+    assert_eq!(u["embed_tokens_today"]["limit"], 40);
+    assert!(
+        u["embed_tokens_today"]["used"].as_u64().unwrap() <= 40,
+        "{u}"
+    );
+}

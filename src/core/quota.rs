@@ -1,0 +1,198 @@
+//! Account quotas (seed 001 "Quotas & cost controls"): stored bytes, writes
+//! per day, searches per minute, embedding tokens per day.
+//!
+//! Usage lives in the store's counters, changed in the same transaction as
+//! what it counts: `bytes:{account}` (every version's blobs, each once),
+//! `writes:{account}:{day}` and `embed_tokens:{account}:{day}` (UTC days
+//! since the epoch). Searches are counted in memory over a sliding minute.
+//! Usage is readable at `accounts/{a}/.ctxfs/usage`.
+
+use super::{now_ns, Caller, Fs};
+use crate::config::Quota;
+use crate::error::{Error, Result};
+use crate::store::Op;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+pub const USAGE_DIR: &str = ".ctxfs";
+pub const USAGE_FILE: &str = "usage";
+
+pub fn bytes_key(account: &str) -> String {
+    format!("bytes:{account}")
+}
+
+pub fn writes_key(account: &str, day: u64) -> String {
+    format!("writes:{account}:{day}")
+}
+
+pub fn tokens_key(account: &str, day: u64) -> String {
+    format!("embed_tokens:{account}:{day}")
+}
+
+/// The UTC day (days since the epoch) of `ns`.
+pub fn day_of(ns: i128) -> u64 {
+    (ns.max(0) / 86_400_000_000_000) as u64
+}
+
+/// Tokens an embedding of `text` costs, by the documented estimate
+/// (4 bytes of UTF-8 per token, at least 1).
+pub fn tokens_of(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4).max(1)
+}
+
+/// Start of the next UTC day, in ns since the epoch.
+pub fn next_day_ns(ns: i128) -> i128 {
+    (day_of(ns) as i128 + 1) * 86_400_000_000_000
+}
+
+impl Fs {
+    pub fn set_quotas(&self, q: std::collections::BTreeMap<String, Quota>) {
+        let _ = self.quotas.set(q);
+    }
+
+    pub(super) fn quota(&self, account: &str) -> Option<&Quota> {
+        self.quotas.get().and_then(|m| m.get(account))
+    }
+
+    fn deny(&self, account: &str, kind: &'static str, reason: String) -> Error {
+        self.metrics.quota_denial(account, kind);
+        tracing::info!(account, kind, %reason, "quota denial");
+        Error::Quota(reason)
+    }
+
+    /// May `account` store `new_bytes` more and make one more write today?
+    pub(super) fn check_write_quota(&self, account: &str, new_bytes: u64) -> Result<()> {
+        let Some(q) = self.quota(account) else {
+            return Ok(());
+        };
+        if let Some(max) = q.writes_per_day {
+            let used = self.store.counter(&writes_key(account, day_of(now_ns())))?;
+            if used as u64 >= max {
+                return Err(self.deny(
+                    account,
+                    "writes",
+                    format!(
+                        "account {account} has made its {max} writes of today (UTC); \
+                         try again tomorrow or raise writes_per_day"
+                    ),
+                ));
+            }
+        }
+        self.check_bytes(account, new_bytes)
+    }
+
+    /// Would `new_bytes` more go over the account's stored-bytes quota?
+    pub(super) fn check_bytes(&self, account: &str, new_bytes: u64) -> Result<()> {
+        let Some(max) = self.quota(account).and_then(|q| q.bytes) else {
+            return Ok(());
+        };
+        let used = self.store.counter(&bytes_key(account))?.max(0) as u64;
+        if used.saturating_add(new_bytes) > max {
+            return Err(self.deny(
+                account,
+                "bytes",
+                format!(
+                    "account {account} stores {used} of its {max} bytes; {new_bytes} more do not fit \
+                     (delete nodes or raise the quota)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The counter ops of one write of `node` that stores `new_bytes`.
+    pub(super) fn write_quota_ops(&self, node: &str, new_bytes: u64) -> Result<Vec<Op>> {
+        let account = Self::account_of(node);
+        let mut ops = vec![Op::Count {
+            key: writes_key(account, day_of(now_ns())),
+            delta: 1,
+        }];
+        if new_bytes > 0 {
+            ops.push(Op::Count {
+                key: bytes_key(account),
+                delta: new_bytes as i64,
+            });
+        }
+        Ok(ops)
+    }
+
+    /// One more search of `account`, unless its rate is used up (EAGAIN).
+    pub(super) fn check_search_rate(&self, account: &str) -> Result<()> {
+        let Some(max) = self.quota(account).and_then(|q| q.searches_per_minute) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let mut m = super::lock(&self.searches);
+        let q = m.entry(account.to_string()).or_default();
+        while q
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+        {
+            q.pop_front();
+        }
+        if q.len() as u64 >= max as u64 {
+            let wait = 60 - now.duration_since(q[0]).as_secs().min(59);
+            drop(m);
+            return Err(self.deny_rate(account, max, wait));
+        }
+        q.push_back(now);
+        Ok(())
+    }
+
+    fn deny_rate(&self, account: &str, max: u32, wait: u64) -> Error {
+        self.metrics.quota_denial(account, "searches");
+        Error::RateLimited(format!(
+            "account {account} has made its {max} searches of the last minute; retry in {wait} s"
+        ))
+    }
+
+    fn searches_last_minute(&self, account: &str) -> usize {
+        let now = Instant::now();
+        super::lock(&self.searches).get(account).map_or(0, |q| {
+            q.iter()
+                .filter(|t| now.duration_since(**t) < Duration::from_secs(60))
+                .count()
+        })
+    }
+
+    /// `accounts/{a}/.ctxfs/usage`: what the account uses, against its quota.
+    pub(super) fn usage_json(&self, c: Caller, account: &str) -> Result<Vec<u8>> {
+        self.gate(c, account, false)?;
+        let q = self.quota(account).cloned().unwrap_or_default();
+        let day = day_of(now_ns());
+        let pair = |used: i64, limit: Option<u64>| json!({"used": used.max(0), "limit": limit});
+        let v = json!({
+            "account": account,
+            "day": super::rfc3339(day as i128 * 86_400_000_000_000)[..10].to_string(),
+            "bytes": pair(self.store.counter(&bytes_key(account))?, q.bytes),
+            "writes_today": pair(self.store.counter(&writes_key(account, day))?, q.writes_per_day),
+            "searches_last_minute": pair(
+                self.searches_last_minute(account) as i64,
+                q.searches_per_minute.map(u64::from)
+            ),
+            "embed_tokens_today": pair(
+                self.store.counter(&tokens_key(account, day))?,
+                q.embed_tokens_per_day
+            ),
+        });
+        let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
+        out.push(b'\n');
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_and_tokens() {
+        assert_eq!(day_of(0), 0);
+        assert_eq!(day_of(86_400_000_000_000 - 1), 0);
+        assert_eq!(day_of(86_400_000_000_000), 1);
+        assert_eq!(next_day_ns(5), 86_400_000_000_000);
+        assert_eq!(tokens_of(""), 1);
+        assert_eq!(tokens_of("abcd"), 1);
+        assert_eq!(tokens_of("abcde"), 2);
+    }
+}

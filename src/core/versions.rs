@@ -1,0 +1,283 @@
+//! `NODE/.versions/`: every committed version of a node, read-only, and a
+//! control file that restores one of them as a new commit.
+//!
+//! ```text
+//! NODE/.versions/            reached by path, not listed in NODE (grep -r and cp -r skip it)
+//! NODE/.versions/3/          the files of version 3 as committed
+//! NODE/.versions/restore     `echo 3 > .versions/restore` commits version 3's files as version N+1
+//! ```
+
+use super::draft::{DFile, Draft, Slot};
+use super::inodes::Key;
+use super::place::{self, META, NODE_FILES};
+use super::{lock, time_of, Attr, Caller, Fs, Handle, Kind, Opened};
+use crate::config::Access;
+use crate::error::{Error, Result};
+use crate::store::{NodeRec, Status};
+use serde_json::Value;
+use std::sync::{Arc, Mutex};
+
+pub const VERSIONS_DIR: &str = ".versions";
+pub const RESTORE: &str = "restore";
+
+const RESTORE_HELP: &str = "Write a version number here to commit that version's files again \
+as the node's next version:\n  echo 3 > .versions/restore\nThe node must have no uncommitted \
+changes (EBUSY otherwise). Versions are the directories beside this file.\n";
+
+fn arc(s: &str) -> Arc<str> {
+    Arc::from(s)
+}
+
+impl Fs {
+    /// The current record of `node` and the caller's access, for `.versions/`.
+    fn versions_of(&self, c: Caller, node: &str) -> Result<(NodeRec, Access)> {
+        let access = self.gate(c, Self::account_of(node), false)?;
+        let rec = self.visible_node(node, access)?.ok_or(Error::NotFound)?;
+        Ok((rec, access))
+    }
+
+    /// Version `v` of `node` as `c` may see it.
+    fn version_for(&self, c: Caller, node: &str, v: u32) -> Result<NodeRec> {
+        let (cur, access) = self.versions_of(c, node)?;
+        let rec = if v == cur.version {
+            cur
+        } else {
+            self.store.get_version(cur.id, v)?.ok_or(Error::NotFound)?
+        };
+        if !Self::shows(rec.status, access) {
+            return Err(Error::NotFound);
+        }
+        Ok(rec)
+    }
+
+    pub(super) fn versions_attr(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
+        match key {
+            Key::Versions(node) => {
+                let (rec, _) = self.versions_of(c, node)?;
+                Ok(self.dir_attr(ino, 0o555, time_of(rec.updated_ns), false))
+            }
+            Key::VersionDir { node, version, .. } => {
+                let rec = self.version_for(c, node, *version)?;
+                Ok(self.dir_attr(ino, 0o555, time_of(rec.updated_ns), false))
+            }
+            Key::VersionFile {
+                node,
+                name,
+                version,
+                ..
+            } => {
+                let rec = self.version_for(c, node, *version)?;
+                let f = rec.file(name).ok_or(Error::NotFound)?;
+                Ok(self.file_attr(ino, f.size, 0o444, time_of(f.mtime_ns), false))
+            }
+            Key::Restore(node) => {
+                self.versions_of(c, node)?;
+                let size = RESTORE_HELP.len() as u64;
+                Ok(self.file_attr(ino, size, 0o644, self.started, false))
+            }
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    /// A name inside `.versions/` or one of its version directories.
+    pub(super) fn versions_child(&self, c: Caller, parent: &Key, name: &str) -> Result<Key> {
+        match parent {
+            Key::Versions(node) => {
+                if name == RESTORE {
+                    self.versions_of(c, node)?;
+                    return Ok(Key::Restore(node.clone()));
+                }
+                let v: u32 = name.parse().map_err(|_| Error::NotFound)?;
+                if name != v.to_string() {
+                    return Err(Error::NotFound);
+                }
+                let rec = self.version_for(c, node, v)?;
+                Ok(Key::VersionDir {
+                    node: node.clone(),
+                    id: rec.id,
+                    version: v,
+                })
+            }
+            Key::VersionDir { node, id, version } => {
+                let rec = self.version_for(c, node, *version)?;
+                if rec.id != *id {
+                    return Err(Error::NotFound);
+                }
+                rec.file(name).ok_or(Error::NotFound)?;
+                Ok(Key::VersionFile {
+                    node: node.clone(),
+                    name: arc(name),
+                    id: *id,
+                    version: *version,
+                })
+            }
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    /// The entries of `.versions/` (oldest first, then `restore`) or of one version.
+    pub(super) fn versions_list(&self, c: Caller, key: &Key) -> Result<Vec<(Key, String, Kind)>> {
+        let mut out = Vec::new();
+        match key {
+            Key::Versions(node) => {
+                let (cur, access) = self.versions_of(c, node)?;
+                for v in 1..=cur.version {
+                    let rec = if v == cur.version {
+                        Some(cur.clone())
+                    } else {
+                        self.store.get_version(cur.id, v)?
+                    };
+                    if rec.is_some_and(|r| Self::shows(r.status, access)) {
+                        let k = Key::VersionDir {
+                            node: node.clone(),
+                            id: cur.id,
+                            version: v,
+                        };
+                        out.push((k, v.to_string(), Kind::Dir));
+                    }
+                }
+                out.push((Key::Restore(node.clone()), RESTORE.into(), Kind::File));
+            }
+            Key::VersionDir { node, id, version } => {
+                let rec = self.version_for(c, node, *version)?;
+                for name in NODE_FILES {
+                    if rec.file(name).is_some() {
+                        let k = Key::VersionFile {
+                            node: node.clone(),
+                            name: arc(name),
+                            id: *id,
+                            version: *version,
+                        };
+                        out.push((k, name.to_string(), Kind::File));
+                    }
+                }
+            }
+            _ => return Err(Error::NotDir),
+        }
+        Ok(out)
+    }
+
+    pub(super) fn versions_open(&self, c: Caller, key: &Key, write: bool) -> Result<Opened> {
+        let data = match key {
+            Key::VersionFile {
+                node,
+                name,
+                version,
+                ..
+            } => {
+                if write {
+                    self.gate(c, Self::account_of(node), true)?;
+                    return Err(Error::NotPermitted(
+                        "old versions are read-only; restore one with `echo N > .versions/restore`",
+                    ));
+                }
+                let rec = self.version_for(c, node, *version)?;
+                let f = rec.file(name).ok_or(Error::NotFound)?;
+                self.store.read_blob(f.blob, f.size)?
+            }
+            Key::Restore(node) => {
+                self.versions_of(c, node)?;
+                if write {
+                    self.gate(c, Self::account_of(node), true)?;
+                    let fh = self.new_handle(Handle::Restore(node.clone()));
+                    return Ok(Opened {
+                        fh,
+                        direct_io: true,
+                        keep_cache: false,
+                        no_flush: true,
+                    });
+                }
+                RESTORE_HELP.as_bytes().to_vec()
+            }
+            _ => return Err(Error::IsDir),
+        };
+        let fh = self.new_handle(Handle::Data(Arc::from(data)));
+        Ok(Opened {
+            fh,
+            direct_io: false,
+            // A version's bytes never change under its inode.
+            keep_cache: matches!(key, Key::VersionFile { .. }),
+            no_flush: true,
+        })
+    }
+
+    /// `echo N > NODE/.versions/restore`: commit version N's files as the next
+    /// version. Refused with EBUSY while the node has uncommitted changes.
+    pub(super) fn restore_write(&self, node: &str, data: &[u8]) -> Result<u32> {
+        let text = String::from_utf8_lossy(data);
+        let want = text.trim().trim_start_matches('v');
+        let v: u32 = want.parse().map_err(|_| {
+            Error::Invalid(format!(
+                "{:?} is not a version number (write e.g. `echo 3 > .versions/restore`)",
+                text.trim()
+            ))
+        })?;
+        let done = {
+            let _g = self.stripe(node);
+            let cur = self.live_node(node)?.ok_or(Error::NotFound)?;
+            if let Some(d) = self.draft(node) {
+                if !lock(&d).files.is_empty() {
+                    return Err(Error::Busy(
+                        "the node has uncommitted changes; commit or remove them before a restore",
+                    ));
+                }
+            }
+            let old = if v == cur.version {
+                cur.clone()
+            } else {
+                self.store.get_version(cur.id, v)?.ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "the node has no version {v} (its versions are 1 to {})",
+                        cur.version
+                    ))
+                })?
+            };
+            if old.status == Status::Broken {
+                return Err(Error::Invalid(format!(
+                    "version {v} is BROKEN; only ACTIVE and ARCHIVED versions can be restored"
+                )));
+            }
+            let mut draft = Draft::new(Some((cur.id, cur.version)));
+            for name in NODE_FILES {
+                match old.file(name) {
+                    Some(f) => {
+                        let mut bytes = self.store.read_blob(f.blob, f.size)?;
+                        if name == META {
+                            bytes = restored_meta(&bytes, old.status, v)?;
+                        }
+                        let file = DFile::new(bytes, f.mode);
+                        file.write().unwrap_or_else(|p| p.into_inner()).mtime = time_of(f.mtime_ns);
+                        draft.files.insert(name.to_string(), Slot::File(file));
+                    }
+                    None if cur.file(name).is_some() => {
+                        draft.files.insert(name.to_string(), Slot::Whiteout);
+                    }
+                    None => {}
+                }
+            }
+            self.commit_locked(node, &Arc::new(Mutex::new(draft)), None, None)?
+        };
+        if let super::ops::Committed::Version(_) = done {
+            self.invalidate_commit(node, true);
+        }
+        tracing::info!(node, version = v, "version restored");
+        Ok(data.len() as u32)
+    }
+}
+
+/// An old `.meta.json` made into a commit request: its status again, and
+/// where it came from. The daemon fills in version and times at commit.
+fn restored_meta(bytes: &[u8], status: Status, v: u32) -> Result<Vec<u8>> {
+    let mut obj = match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(o)) => o,
+        _ => serde_json::Map::new(),
+    };
+    obj.insert("status".into(), Value::String(status.as_str().into()));
+    obj.insert("restored_from".into(), Value::from(v));
+    serde_json::to_vec(&Value::Object(obj)).map_err(|e| Error::Store(e.to_string()))
+}
+
+/// Is `name` reserved inside node directories?
+pub fn is_reserved(name: &str) -> bool {
+    name == VERSIONS_DIR || name == place::OUTBOX || name == place::COMMIT_ERROR
+}
