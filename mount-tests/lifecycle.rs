@@ -346,3 +346,182 @@ fn embedding_over_budget_is_deferred_not_lost() {
         "{u}"
     );
 }
+
+#[test]
+fn export_import_round_trip_is_lossless_and_all_or_nothing() {
+    let mut m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    commit(&m, N, "green tea");
+    commit(&m, N, "green tea, twice a day");
+    // Derived summaries and a redacted secret survive the trip.
+    m.ok(
+        WRITER,
+        "set -e; N=$M/accounts/acme/agents/bot/skills/deploy; mkdir -p $N; \
+         printf '# Deploy\\nRun make deploy.\\napi_key: sk-abcdefghijklmnopqrstuvwxyz\\n' > $N/content.md; \
+         /bin/echo '{\"status\":\"ACTIVE\",\"tags\":[\"ops\"]}' > $N/.meta.json",
+    );
+    m.ok(
+        STRANGER,
+        &four_steps("other/users/bob/memories/prefs/x", "bob", ACTIVE),
+    );
+    // Archived nodes are not exported.
+    m.ok(
+        WRITER,
+        &four_steps(
+            "acme/users/alice/memories/prefs/old",
+            "old",
+            r#"{"status":"ARCHIVED"}"#,
+        ),
+    );
+    m.umount();
+    let dir = m.shared_file("x");
+    let base = dir.parent().unwrap();
+    let out1 = base.join("export1");
+    let out2 = base.join("export2");
+    let data2 = base.join("data2");
+    let data = m.p("../data");
+    let run = |args: &[&str]| {
+        let o = ctxfs(args);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&[
+        "export",
+        "--data",
+        data.to_str().unwrap(),
+        out1.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("exported 3 node(s)"), "{stdout}");
+    let skill = out1.join("accounts/acme/agents/bot/skills/deploy");
+    for f in ["content.md", ".abstract.md", ".overview.md", ".meta.json"] {
+        assert!(skill.join(f).is_file(), "{f}");
+    }
+    assert!(!out1
+        .join("accounts/acme/users/alice/memories/prefs/old")
+        .exists());
+    let meta = std::fs::read_to_string(skill.join(".meta.json")).unwrap();
+    for field in [
+        "\"derived\"",
+        "\"redacted\": 1",
+        "\"content_hash\"",
+        "\"tags\"",
+    ] {
+        assert!(meta.contains(field), "{field}: {meta}");
+    }
+    let tea: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out1.join(format!("accounts/{N}/.meta.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(tea["version"], 2);
+    // An existing target is refused.
+    let (code, _, stderr) = run(&[
+        "export",
+        "--data",
+        data.to_str().unwrap(),
+        out1.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("exists"), "{stderr}");
+
+    let (code, stdout, stderr) = run(&[
+        "import",
+        "--data",
+        data2.to_str().unwrap(),
+        out1.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("imported 3 node(s)"), "{stdout}");
+    run(&["fsck", "--data", data2.to_str().unwrap()]);
+    let (code, _, stderr) = run(&[
+        "export",
+        "--data",
+        data2.to_str().unwrap(),
+        out2.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let diff = std::process::Command::new("diff")
+        .args(["-r", out1.to_str().unwrap(), out2.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "round trip differs:\n{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    let fsck = ctxfs(&["fsck", "--data", data2.to_str().unwrap()]);
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
+
+    // A tree with bad nodes: all reported, nothing imported, store unchanged.
+    let bad = base.join("bad");
+    std::process::Command::new("cp")
+        .args(["-r", out1.to_str().unwrap(), bad.to_str().unwrap()])
+        .status()
+        .unwrap();
+    let b1 = bad.join("accounts/acme/users/alice/memories/prefs/b1");
+    std::fs::create_dir_all(&b1).unwrap();
+    std::fs::write(b1.join("content.md"), "x").unwrap();
+    std::fs::write(b1.join(".meta.json"), "{not json").unwrap();
+    let b2 = bad.join("accounts/acme/users/alice/nodes-here/x");
+    std::fs::create_dir_all(&b2).unwrap();
+    std::fs::write(b2.join("content.md"), "x").unwrap();
+    let data3 = base.join("data3");
+    let (code, _, stderr) = run(&[
+        "import",
+        "--data",
+        data3.to_str().unwrap(),
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("prefs/b1: .meta.json is not valid JSON"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("nodes-here/x"), "{stderr}");
+    assert!(stderr.contains("nothing imported"), "{stderr}");
+    let (code, _, _) = run(&[
+        "export",
+        "--data",
+        data3.to_str().unwrap(),
+        base.join("empty").to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        std::fs::read_dir(base.join("empty/accounts"))
+            .unwrap()
+            .count(),
+        0
+    );
+    // Into the data dir that already holds them: every node exists.
+    let (code, _, stderr) = run(&[
+        "import",
+        "--data",
+        data2.to_str().unwrap(),
+        "--skip-bad",
+        out1.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("a node exists at this path"), "{stderr}");
+    // --skip-bad imports the good ones of the bad tree.
+    let (code, stdout, _) = run(&[
+        "import",
+        "--data",
+        data3.to_str().unwrap(),
+        "--skip-bad",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stdout.contains("imported 3 node(s)"), "{stdout}");
+    let fsck = ctxfs(&["fsck", "--data", data3.to_str().unwrap()]);
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
+}

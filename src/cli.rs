@@ -93,6 +93,27 @@ pub enum Cmd {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Write every ACTIVE node of an unmounted data dir as a plain directory
+    /// tree (OUT/accounts/...), the layout of the context spec.
+    Export {
+        #[arg(long)]
+        data: PathBuf,
+        /// Must not exist yet (written to a temp dir, renamed at the end).
+        out: PathBuf,
+    },
+    /// Load such a tree into an unmounted data dir: every node is checked
+    /// first; with any bad node nothing is imported (unless --skip-bad).
+    Import {
+        #[arg(long)]
+        data: PathBuf,
+        /// Redaction policy of this config applies (default: built-in).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Import the good nodes and report the bad ones (exit status 1).
+        #[arg(long)]
+        skip_bad: bool,
+        input: PathBuf,
+    },
     /// Run the Repair Job on an unmounted data dir and print what it did.
     Repair {
         #[arg(long)]
@@ -191,6 +212,13 @@ pub fn run() -> i32 {
             lazy,
         } => crate::daemon::umount(&mountpoint, timeout, lazy),
         Cmd::Fsck { data } => crate::daemon::fsck(&data),
+        Cmd::Export { data, out } => crate::transfer::export(&data, &out),
+        Cmd::Import {
+            data,
+            config,
+            skip_bad,
+            input,
+        } => crate::transfer::import(&data, config.as_deref(), &input, skip_bad),
         Cmd::Reindex {
             data,
             config,

@@ -467,9 +467,14 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
     Ok(0)
 }
 
-fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {
+pub(crate) fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {
+    open_data(data, false)
+}
+
+/// The store of a data dir no daemon serves; with `create`, a new one is made.
+pub(crate) fn open_data(data: &Path, create: bool) -> Result<(DataLock, Arc<RedbStore>)> {
     let db = data.join(DB_FILE);
-    if !db.exists() {
+    if !db.exists() && !create {
         bail!(
             "{} holds no ctxfs data ({} missing)",
             data.display(),

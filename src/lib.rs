@@ -8,3 +8,4 @@ pub mod error;
 pub mod fuse;
 pub mod index;
 pub mod store;
+pub mod transfer;

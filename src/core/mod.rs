@@ -17,6 +17,7 @@ pub mod quota;
 pub mod repair;
 pub mod scratch;
 pub mod search;
+pub mod transfer;
 pub mod ttl;
 pub mod versions;
 

@@ -1672,6 +1672,19 @@ impl Fs {
         broken: Option<&str>,
         closing: Option<&Arc<RwLock<DFile>>>,
     ) -> Result<Committed> {
+        self.commit_with(node, draft, broken, closing, None)
+    }
+
+    /// `commit_locked`; with `imported`, a node from an export keeps its
+    /// version, times and summary marks (`ctxfs import`).
+    pub(super) fn commit_with(
+        &self,
+        node: &str,
+        draft: &Arc<Mutex<Draft>>,
+        broken: Option<&str>,
+        closing: Option<&Arc<RwLock<DFile>>>,
+        imported: Option<&super::transfer::Imported>,
+    ) -> Result<Committed> {
         let mut rec = self.store.get_node(node)?;
         // An expired node is gone already: this commit starts a new node
         // there and removes the old one in the same transaction.
@@ -1759,9 +1772,17 @@ impl Fs {
                 Ok(e) => e,
                 Err(reason) => return fail(&mut d, reason),
             };
-            let derived = self.derive_summaries(rec.as_ref(), &mut contents, now)?;
+            let mut derived = self.derive_summaries(rec.as_ref(), &mut contents, now)?;
             obj.remove("derived");
             obj.remove("redacted");
+            if let Some(i) = imported {
+                for label in ["abstract", "overview"] {
+                    if i.derived.iter().any(|d| d == label) && !derived.contains(&label) {
+                        derived.push(label);
+                    }
+                }
+                redacted += i.redacted as usize;
+            }
             if !derived.is_empty() {
                 obj.insert("derived".into(), json!(derived));
             }
@@ -1794,13 +1815,22 @@ impl Fs {
             }
         }
 
-        let (id, version, created_at) = match &rec {
-            Some(r) => (r.id, r.version + 1, r.created_at.clone()),
-            None => (
+        let (id, version, created_at) = match (&rec, imported) {
+            (Some(r), _) => (r.id, r.version + 1, r.created_at.clone()),
+            (None, Some(i)) => (
+                self.next_node.fetch_add(1, Ordering::Relaxed),
+                i.version,
+                i.created_at.clone(),
+            ),
+            (None, None) => (
                 self.next_node.fetch_add(1, Ordering::Relaxed),
                 1,
                 rfc3339(now),
             ),
+        };
+        let (stamp_ns, stamp) = match imported {
+            Some(i) => (i.updated_ns, i.updated_at.clone()),
+            None => (now, rfc3339(now)),
         };
         let meta_bytes = commit::render_meta(
             obj,
@@ -1809,7 +1839,7 @@ impl Fs {
                 status,
                 version,
                 created_at: &created_at,
-                updated_at: &rfc3339(now),
+                updated_at: &stamp,
             },
         );
         let account = Self::account_of(node).to_string();
@@ -1867,8 +1897,8 @@ impl Fs {
             status,
             version,
             created_at,
-            updated_at: rfc3339(now),
-            updated_ns: now,
+            updated_at: stamp,
+            updated_ns: stamp_ns,
             files,
         };
         if let Some(old) = &rec {
@@ -2043,7 +2073,7 @@ impl Fs {
             .iter()
             .any(|(n, c)| *n == CONTENT && matches!(c, Content::New(..)));
         let before: Vec<String> = match rec.and_then(|r| r.file(META)) {
-            Some(f) if content_new => {
+            Some(f) => {
                 let b = self.store.read_blob(f.blob, f.size)?;
                 serde_json::from_slice::<Value>(&b)
                     .ok()
@@ -2062,10 +2092,17 @@ impl Fs {
         };
         let mut derived = Vec::new();
         for (file, label) in [(place::ABSTRACT, "abstract"), (place::OVERVIEW, "overview")] {
+            let was = before.iter().any(|x| x == label);
             let needed = match contents.iter().find(|(n, _)| *n == file) {
                 None => true,
                 Some((_, Content::New(b, ..))) => b.iter().all(u8::is_ascii_whitespace),
-                Some((_, Content::Keep(_))) => before.iter().any(|x| x == label),
+                // Derived before: derived again when the content changed,
+                // else kept and still marked derived.
+                Some((_, Content::Keep(_))) if was && !content_new => {
+                    derived.push(label);
+                    continue;
+                }
+                Some((_, Content::Keep(_))) => was,
             };
             if !needed {
                 continue;
