@@ -3,6 +3,7 @@
 
 mod agent;
 mod harness;
+mod hostile;
 mod lifecycle;
 mod ops;
 mod search;

@@ -265,4 +265,70 @@ mod tests {
         assert_eq!(v["tags"][0], "a");
         assert_eq!(v["status"], "ACTIVE");
     }
+
+    proptest::proptest! {
+        /// Hostile bytes never panic a parser: each answers Ok or a reason.
+        #[test]
+        fn parsers_take_any_bytes(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048)) {
+            let _ = parse_meta(&bytes);
+            let _ = check_relations(&bytes, N);
+            let _ = check_abstract(&bytes);
+            let files = vec![
+                ("content.md".to_string(), bytes.clone()),
+                (".meta.json".to_string(), bytes.clone()),
+                (".relations.json".to_string(), bytes.clone()),
+            ];
+            let _ = crate::core::transfer::check_import(N, files);
+        }
+
+        /// JSON-shaped input (the interesting part of the space).
+        #[test]
+        fn parsers_take_any_json(v in json_value()) {
+            let b = serde_json::to_vec(&v).unwrap();
+            let _ = parse_meta(&b);
+            let _ = check_relations(&b, N);
+            if let Value::Object(mut o) = v {
+                let _ = crate::core::ttl::expiry_of(&mut o, 0);
+            }
+        }
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f)
+                .map(Value::Number)
+                .unwrap_or(Value::Null)),
+            prop_oneof![
+                Just("ACTIVE".to_string()),
+                Just("ctx://acme/users/alice/memories/events/e1".to_string()),
+                Just("2001-01-01T00:00:00Z".to_string()),
+                ".{0,20}",
+            ]
+            .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..8).prop_map(Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("status".to_string()),
+                        Just("from_uri".to_string()),
+                        Just("to_uri".to_string()),
+                        Just("relation_type".to_string()),
+                        Just("weight".to_string()),
+                        Just("expires_at".to_string()),
+                        Just("ttl_seconds".to_string()),
+                        "[a-z]{1,8}",
+                    ],
+                    inner,
+                    0..8
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
 }
