@@ -3,6 +3,7 @@
 #   make stop   unmount cleanly
 #   make test   every test: unit, model, real-mount (needs /dev/fuse and root for other-uid tests)
 #   make torture crash torture at a large size (a small one runs in make test)
+#   make conformance  pjdfstest (scratchpad) and fsx (a node file) on a real mount
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
 #   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount
 #   make model  fetch the embedding model into models/
@@ -12,7 +13,7 @@ CARGO  ?= cargo
 BIN    := target/release/ctxfs
 MODEL  ?= models/all-MiniLM-L6-v2
 
-.PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc clean
+.PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc conformance clean
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
@@ -51,6 +52,11 @@ test: deps model lint
 	$(CARGO) test
 	$(CARGO) build
 	CTXFS_BIN=target/debug/ctxfs python3 scripts/crash-torture.py --rounds 3 --writers 3
+	BIN=target/debug/ctxfs FSX_OPS=20000 scripts/conformance.sh
+
+# POSIX conformance: pjdfstest's applicable groups and fsx (installs both with cargo).
+conformance: deps build
+	scripts/conformance.sh
 
 # SIGKILL the daemon during concurrent commits, N times (CI runs 3 rounds in `make test`).
 torture: deps build
