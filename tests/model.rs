@@ -222,7 +222,8 @@ fn apply(sut: &mut Sut, m: &mut Model, op: &Op) {
                 r.unwrap();
                 let version = m.committed.get(&n).map(|(v, _)| v + 1).unwrap_or(1);
                 // Missing summaries are derived from content.md, and derived
-                // ones again when the content changes under them.
+                // ones again when the content changes under them (kept, and
+                // still marked, when it does not).
                 let mut view = view;
                 let draft = m.drafts.get(&n).cloned().unwrap_or_default();
                 let content_new = matches!(draft.get("content.md"), Some(Some(_)));
@@ -231,6 +232,16 @@ fn apply(sut: &mut Sut, m: &mut Model, op: &Op) {
                 let mut derived = Vec::new();
                 for (file, label) in [(".abstract.md", "abstract"), (".overview.md", "overview")] {
                     let written = matches!(draft.get(file), Some(Some(_)));
+                    // Derived before and the content unchanged: kept as it
+                    // is, and still marked derived.
+                    if view.get(file).is_some_and(|v| !v.trim().is_empty())
+                        && !written
+                        && !content_new
+                        && before.contains(&label)
+                    {
+                        derived.push(label);
+                        continue;
+                    }
                     let needed = match view.get(file) {
                         None => true,
                         Some(v) if v.trim().is_empty() => true,
