@@ -3,7 +3,9 @@
 the mount while the daemon is killed with SIGKILL at random moments. After
 each remount: `ctxfs fsck` is clean, every commit whose close returned 0 is
 present with its exact content (unless a later acknowledged delete removed
-it), every acknowledged delete is gone, and no PENDING node is visible.
+it), every acknowledged delete is gone, no PENDING node is visible, and
+search agrees with the store (once `.ctxfs/sync` returns, a sample of the
+present nodes is found by its unique word and no deleted node is returned).
 
 Usage: scripts/crash-torture.py [--rounds N] [--writers W] [--seed S]
 Prints rounds survived and commits lost (must be 0); exits 1 on any loss.
@@ -32,7 +34,7 @@ def writer(base, wid, rnd_seed, log_path, stop_at):
             i += 1
             node = f"acme/users/w{wid}/memories/t/n{rnd_seed % 100000}_{i}"
             d = os.path.join(base, node)
-            body = f"writer {wid} node {i} " + "x" * rnd.randrange(0, 3000)
+            body = f"writer {wid} node {i} {token(node)} " + "x" * rnd.randrange(0, 3000)
             try:
                 if rnd.random() < 0.15 and i > 1:
                     # delete an earlier node of this writer
@@ -61,6 +63,32 @@ def writer(base, wid, rnd_seed, log_path, stop_at):
                 log.write(f"C {node} {len(body)} {hash(body) & 0xffffffff}\n")
             except OSError:
                 return
+
+
+def token(node):
+    """A word only this node's content holds: n123_45 -> z123q45."""
+    a, b = node.rsplit("/", 1)[1][1:].split("_")
+    return f"z{a}q{b}"
+
+
+def search_consistent(mnt, expect, rnd, r):
+    """After `.ctxfs/sync`: sampled present nodes are found by their word,
+    deleted ones are never returned. Returns the number of disagreements."""
+    base = os.path.join(mnt, "accounts")
+    with open(os.path.join(mnt, ".ctxfs/sync")) as f:
+        f.read()
+    present = [n for n, w in expect.items() if w is not None]
+    deleted = [n for n, w in expect.items() if w is None]
+    bad = 0
+    for node in rnd.sample(present, min(20, len(present))) + rnd.sample(deleted, min(20, len(deleted))):
+        q = os.path.join(base, "acme", ".search", f"{token(node)}?mode=lexical&k=5")
+        with open(q) as f:
+            paths = [line.split("\t")[2] for line in f.read().splitlines() if line.strip()]
+        found = f"accounts/{node}" in paths
+        if found != (expect[node] is not None):
+            print(f"  round {r}: search {'misses' if not found else 'returns deleted'} {node}")
+            bad += 1
+    return bad
 
 
 def main():
@@ -103,6 +131,7 @@ def main():
             except OSError as e:
                 print(f"  round {r}: acknowledged commit {node} lost ({e})")
                 lost += 1
+        lost += search_consistent(mnt, expect, rnd, r)
         for lp in logs:
             open(lp, "w").close()
         for k in range(a.writers):
@@ -157,6 +186,7 @@ def main():
         if (want is None) == exists:
             print(f"  final: {node} {'lost' if want else 'not deleted'}")
             lost += 1
+    lost += search_consistent(mnt, expect, rnd, "final")
     status = subprocess.run(["cat", os.path.join(mnt, ".ctxfs/status")], capture_output=True, text=True).stdout
     subprocess.run([BIN, "umount", mnt], stdout=subprocess.DEVNULL)
     print(f"rounds survived: {a.rounds}, acknowledged commits: {total}, commits lost: {lost}")

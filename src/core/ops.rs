@@ -1040,10 +1040,27 @@ impl Fs {
                     no_flush: true,
                 })
             }
-            Key::Draft { node, name } => {
-                let file = self.draft_file(c, node, name)?;
-                self.draft_handle(node, name, file, flags)
-            }
+            Key::Draft { node, name } => match self.draft_file(c, node, name) {
+                Ok(file) => self.draft_handle(node, name, file, flags),
+                // Another writer committed between the lookup and this open:
+                // the file left the draft and is the committed version now.
+                Err(Error::NotFound) => {
+                    let access = self.gate(c, Self::account_of(node), write)?;
+                    let rec = self.visible_node(node, access)?.ok_or(Error::NotFound)?;
+                    let key = Key::File {
+                        node: node.clone(),
+                        name: name.clone(),
+                        id: rec.id,
+                        version: rec.version,
+                    };
+                    rec.file(name).ok_or(Error::NotFound)?;
+                    let ino = self.ino_lookup(key);
+                    let opened = self.open(c, ino, flags);
+                    self.forget(ino, 1);
+                    opened
+                }
+                Err(e) => Err(e),
+            },
             _ => Err(Error::IsDir),
         }
     }

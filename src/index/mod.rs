@@ -578,6 +578,7 @@ impl Index {
             tracing::error!("reindex after a model change failed: {e}");
         }
         let mut last_work = Instant::now();
+        let mut last_rebuild_check = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             let scan = {
                 let mut p = lock(&self.progress);
@@ -605,6 +606,13 @@ impl Index {
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 last_work = Instant::now();
+                // Under a steady stream of updates the indexer is never idle:
+                // rebuild graphs full of tombstones now and then anyway, so
+                // memory follows the live vectors, not every version ever.
+                if last_rebuild_check.elapsed() >= Duration::from_secs(10) {
+                    self.rebuild_tombstoned();
+                    last_rebuild_check = Instant::now();
+                }
                 continue;
             }
             // Idle: maybe rebuild or dump, then wait.
@@ -1036,6 +1044,12 @@ impl Index {
 
     /// Rebuild graphs with many tombstones; dump changed graphs.
     fn maintain(&self) {
+        self.rebuild_tombstoned();
+        self.dump_all();
+    }
+
+    /// Rebuild the graphs whose tombstones outnumber a quarter of the live vectors.
+    fn rebuild_tombstoned(&self) {
         let accts: Vec<Arc<AccountIndex>> = lock(&self.accounts)
             .values()
             .filter_map(|c| c.get().cloned())
@@ -1049,7 +1063,6 @@ impl Index {
                 self.rebuild(&ai);
             }
         }
-        self.dump_all();
     }
 
     /// Build a new graph from the live vectors and swap it in.

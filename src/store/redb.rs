@@ -55,6 +55,8 @@ pub(super) const SCRATCH: TableDefinition<(&str, &str), &[u8]> = TableDefinition
 pub(super) const EXPIRY: TableDefinition<&str, u64> = TableDefinition::new("expiry");
 pub(super) const HIGH_WATER: TableDefinition<&str, u64> = TableDefinition::new("high_water");
 
+/// redb's page cache (its default is 1 GiB).
+const CACHE_BYTES: usize = 128 << 20;
 pub const CHUNK: usize = 64 * 1024 - 256;
 
 fn se<E: std::fmt::Display>(e: E) -> Error {
@@ -88,13 +90,18 @@ pub struct RedbStore {
 impl RedbStore {
     /// Open (or create) the database file. Refuses a file another process holds.
     pub fn open(path: &Path) -> Result<Arc<Self>> {
-        let db = Database::builder().create(path).map_err(|e| match e {
-            ::redb::DatabaseError::DatabaseAlreadyOpen => Error::Store(format!(
+        // redb caches up to 1 GiB by default; the OS page cache holds the
+        // file too, so a smaller cache bounds the daemon's RSS at little cost.
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|e| match e {
+                ::redb::DatabaseError::DatabaseAlreadyOpen => Error::Store(format!(
                 "{} is already open in another process (is a ctxfs daemon serving this data dir?)",
                 path.display()
             )),
-            e => Error::Store(format!("cannot open {}: {e}", path.display())),
-        })?;
+                e => Error::Store(format!("cannot open {}: {e}", path.display())),
+            })?;
         let db = Arc::new(db);
         // Create every table so readers never meet a missing one.
         let txn = db.begin_write().map_err(se)?;
