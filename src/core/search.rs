@@ -222,16 +222,22 @@ impl Fs {
                                     "best": judged.first().map(|j| j.tier.as_str())})];
         let mut answered_by = q.text.clone();
         // No good hit: retry with relaxed variants, the query respelled from
-        // the indexed words, then its keywords alone; keep the best answer.
+        // the indexed words, then (learned embedders) its keywords alone;
+        // keep the best answer.
         if judged.first().is_none_or(|j| j.tier == Tier::Low) {
             let keywords: String = crate::index::text::words(&q.text)
                 .into_iter()
                 .filter(|w| !crate::index::text::is_stopword(w))
                 .collect::<Vec<_>>()
                 .join(" ");
+            // Keywords alone only help a learned embedder, which reads the
+            // whole sentence: BM25 drops stopwords itself, and the hashing
+            // embedder's vector barely moves without them.
+            let keywords_help = semantic && q.mode != Mode::Lexical;
             let variants = [
                 ix.respell(Self::account_of(dir), &q.text)?,
-                (!keywords.is_empty() && keywords != q.text.to_lowercase()).then_some(keywords),
+                (keywords_help && !keywords.is_empty() && keywords != q.text.to_lowercase())
+                    .then_some(keywords),
             ];
             for text in variants.into_iter().flatten() {
                 if judged.first().is_some_and(|j| j.tier > Tier::Low)
