@@ -289,7 +289,11 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), "mounted");
     ready.say("ok");
 
-    spawn_sweeper(fs.clone(), o.sweep_interval, stop.clone())?;
+    // Its own flag: the sweeper must end (and drop its reference to the
+    // store) however the session ends, or redb is not closed cleanly and
+    // the next open has to repair the whole file.
+    let sweeper_done = Arc::new(AtomicBool::new(false));
+    let sweeper = spawn_sweeper(fs.clone(), o.sweep_interval, sweeper_done.clone())?;
 
     let mut unmounting = false;
     while !session.guard.is_finished() {
@@ -303,6 +307,8 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let served = session.join();
+    sweeper_done.store(true, Ordering::Relaxed);
+    let _ = sweeper.join();
     let drafts = fs
         .persist_all_drafts()
         .map_err(|e| anyhow!("saving drafts: {e}"))?;
@@ -319,8 +325,12 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
 
 /// The TTL sweeper: deletes expired nodes every `every` (they are already
 /// invisible; this frees their space and tells the indexer).
-fn spawn_sweeper(fs: Arc<Fs>, every: Duration, stop: Arc<AtomicBool>) -> Result<()> {
-    std::thread::Builder::new()
+fn spawn_sweeper(
+    fs: Arc<Fs>,
+    every: Duration,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>> {
+    Ok(std::thread::Builder::new()
         .name("ctxfs-ttl".into())
         .spawn(move || {
             let mut last = Instant::now();
@@ -338,8 +348,7 @@ fn spawn_sweeper(fs: Arc<Fs>, every: Duration, stop: Arc<AtomicBool>) -> Result<
                     Err(e) => tracing::error!(error = %e, "TTL sweep failed"),
                 }
             }
-        })?;
-    Ok(())
+        })?)
 }
 
 /// The HTTP metrics endpoint on its own thread (`GET /metrics`). Binding
@@ -348,13 +357,20 @@ fn serve_metrics(addr: std::net::SocketAddr, fs: Arc<Fs>) -> Result<()> {
     let server = tiny_http::Server::http(addr)
         .map_err(|e| anyhow!("cannot serve metrics at {addr}: {e}"))?;
     tracing::info!(%addr, "metrics over HTTP");
+    // A weak reference: this thread never ends on its own, and must not keep
+    // the store open past the unmount (redb closes cleanly on drop).
+    let fs = Arc::downgrade(&fs);
     std::thread::Builder::new()
         .name("ctxfs-metrics".into())
         .spawn(move || {
             for req in server.incoming_requests() {
                 let path = req.url().split('?').next().unwrap_or("");
                 let r = if path == "/metrics" && *req.method() == tiny_http::Method::Get {
-                    match fs.metrics_text(None) {
+                    let text = match fs.upgrade() {
+                        Some(fs) => fs.metrics_text(None),
+                        None => Err(crate::error::Error::Unavailable("unmounting".into())),
+                    };
+                    match text {
                         Ok(text) => tiny_http::Response::from_string(text).with_header(
                             tiny_http::Header::from_bytes(
                                 &b"Content-Type"[..],
