@@ -577,6 +577,9 @@ impl Index {
         if let Err(e) = self.reindex_stale_models(None) {
             tracing::error!("reindex after a model change failed: {e}");
         }
+        if let Err(e) = self.index_unindexed() {
+            tracing::error!("indexing nodes the index lacks failed: {e}");
+        }
         let mut last_work = Instant::now();
         let mut last_rebuild_check = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
@@ -1130,6 +1133,51 @@ impl Index {
         );
         let n = stale.len();
         self.reindex_paths(stale, &mut |_, _| {})?;
+        Ok(n)
+    }
+
+    /// ACTIVE nodes with no index document (an interrupted `ctxfs reindex`,
+    /// an index dir deleted by hand): index them from the store. Cheap when
+    /// the counts agree: one counter per account.
+    pub fn index_unindexed(&self) -> Result<usize> {
+        let mut short = HashSet::new();
+        // Account directories (a commit creates its account's).
+        for a in self.store.list_dirs("")? {
+            let active = self.store.counter(&format!("nodes:{a}:ACTIVE"))?.max(0) as usize;
+            let docs = rlock(&self.account(&a)?.st).docs.len();
+            if docs < active {
+                short.insert(a);
+            }
+        }
+        if short.is_empty() {
+            return Ok(0);
+        }
+        let mut missing = Vec::new();
+        self.store.scan_nodes(&mut |r| {
+            let a = r.path.split('/').next().unwrap_or("");
+            if r.status == Status::Active && short.contains(a) {
+                missing.push(r.path);
+            }
+            Ok(())
+        })?;
+        let accounts: HashMap<String, Arc<AccountIndex>> = short
+            .iter()
+            .map(|a| Ok((a.clone(), self.account(a)?)))
+            .collect::<Result<_>>()?;
+        missing.retain(|p| {
+            let a = p.split('/').next().unwrap_or("");
+            accounts
+                .get(a)
+                .is_some_and(|ai| !rlock(&ai.st).docs.contains_key(p.as_str()))
+        });
+        let n = missing.len();
+        if n > 0 {
+            tracing::warn!(
+                nodes = n,
+                "ACTIVE nodes without an index document: indexing them"
+            );
+            self.reindex_paths(missing, &mut |_, _| {})?;
+        }
         Ok(n)
     }
 
