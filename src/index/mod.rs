@@ -182,6 +182,11 @@ pub struct AccountIndex {
     name: String,
     graph: RwLock<Arc<Graph>>,
     st: RwLock<State>,
+    /// The graph and the vectors are loaded (phase two of a load). Until
+    /// then searches answer from BM25 alone.
+    ready: AtomicBool,
+    /// Held by the one thread that loads the vectors.
+    loading: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -431,6 +436,37 @@ impl Index {
             name: account.to_string(),
             graph: RwLock::new(Arc::new(ann::new_graph(&self.cfg.ann, 1024))),
             st: RwLock::new(State::default()),
+            ready: AtomicBool::new(true),
+            loading: Mutex::new(()),
+        }
+    }
+
+    /// Load the account's graph and vectors unless done (phase two). Only
+    /// the indexer thread (or an offline command) calls this: it is the
+    /// only writer of graphs, so nothing changes the graph meanwhile.
+    fn ensure_vectors(&self, ai: &AccountIndex) -> Result<()> {
+        if ai.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _g = lock(&ai.loading);
+        if ai.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.load_vectors(ai)?;
+        ai.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Phase two for every account loaded so far.
+    fn ensure_all_vectors(&self) {
+        let accts: Vec<Arc<AccountIndex>> = lock(&self.accounts)
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .collect();
+        for ai in accts {
+            if let Err(e) = self.ensure_vectors(&ai) {
+                tracing::error!(account = %ai.name, "cannot load vectors: {e}");
+            }
         }
     }
 
@@ -440,12 +476,13 @@ impl Index {
 
     /// Build an account's in-memory index from its stored documents and its
     /// graph dump.
+    /// Phase one of a load: the documents and BM25 postings (enough to
+    /// answer lexically). The graph comes in `load_vectors`.
     fn load_account(&self, account: &str) -> Result<AccountIndex> {
         let t0 = Instant::now();
         let mut st = State::default();
         let prefix = format!("{account}/");
         let mut max_label = self.store.high_water(&format!("label:{account}"))? as usize;
-        let dim = self.embedder.dim();
         self.store.scan_ix(&prefix, &mut |path, bytes| {
             let ix = IxDoc::decode(bytes)?;
             let path: Arc<str> = Arc::from(path);
@@ -459,37 +496,60 @@ impl Index {
             Ok(())
         })?;
         st.next_label = max_label + 1;
+        tracing::info!(
+            account,
+            docs = st.docs.len(),
+            ms = t0.elapsed().as_millis() as u64,
+            "index documents loaded (lexical search ready)"
+        );
+        Ok(AccountIndex {
+            name: account.to_string(),
+            graph: RwLock::new(Arc::new(ann::new_graph(&self.cfg.ann, 1024))),
+            st: RwLock::new(st),
+            ready: AtomicBool::new(false),
+            loading: Mutex::new(()),
+        })
+    }
+
+    /// Phase two: the graph from its dump, reconciled with the documents.
+    fn load_vectors(&self, ai: &AccountIndex) -> Result<()> {
+        let t0 = Instant::now();
+        let account = ai.name.as_str();
+        let dim = self.embedder.dim();
+        let slots: HashMap<usize, (Arc<str>, u16)> = rlock(&ai.st).slots.clone();
         let (graph, mut vecs) = match ann::load(&self.graph_dir(account), dim) {
             Some(x) => x,
-            None => (
-                ann::new_graph(&self.cfg.ann, st.slots.len()),
-                HashMap::new(),
-            ),
+            None => (ann::new_graph(&self.cfg.ann, slots.len()), HashMap::new()),
         };
         let loaded = vecs.len();
         // Labels in the dump that no document holds: tombstones.
-        for l in vecs.keys() {
-            if !st.slots.contains_key(l) {
-                st.dead.insert(*l);
-            }
-        }
-        vecs.retain(|l, _| st.slots.contains_key(l));
+        let dead: HashSet<usize> = vecs
+            .keys()
+            .filter(|l| !slots.contains_key(l))
+            .copied()
+            .collect();
+        vecs.retain(|l, _| slots.contains_key(l));
         // Labels documents hold that the dump lacks: insert from the store.
         let mut missing = Vec::new();
         let model = self.embedder.id().to_string();
-        for (label, (path, i)) in &st.slots {
-            if vecs.contains_key(label) {
-                continue;
-            }
-            let doc = &st.docs[path];
-            if doc.ix.model != model {
-                continue;
-            }
-            let r = &doc.ix.recs[*i as usize];
-            if let Some(b) = self.store.get_vec(&model, r.hash)? {
-                let v = bytes_vec(&b);
-                if v.len() == dim {
-                    missing.push((*label, Arc::<[f32]>::from(v)));
+        {
+            let st = rlock(&ai.st);
+            for (label, (path, i)) in &slots {
+                if vecs.contains_key(label) {
+                    continue;
+                }
+                let Some(doc) = st.docs.get(path) else {
+                    continue;
+                };
+                if doc.ix.model != model {
+                    continue;
+                }
+                let r = &doc.ix.recs[*i as usize];
+                if let Some(b) = self.store.get_vec(&model, r.hash)? {
+                    let v = bytes_vec(&b);
+                    if v.len() == dim {
+                        missing.push((*label, Arc::<[f32]>::from(v)));
+                    }
                 }
             }
         }
@@ -500,26 +560,26 @@ impl Index {
         for (l, v) in missing.iter() {
             vecs.insert(*l, v.clone());
         }
-        st.dirty = !missing.is_empty() || !st.dead.is_empty();
-        st.vecs = vecs;
-        tracing::info!(
-            account,
-            docs = st.docs.len(),
-            vectors = st.vecs.len(),
-            from_dump = loaded,
-            inserted = missing.len(),
-            tombstones = st.dead.len(),
-            ms = t0.elapsed().as_millis() as u64,
-            "index loaded"
-        );
-        Ok(AccountIndex {
-            name: account.to_string(),
-            graph: RwLock::new(Arc::new(graph)),
-            st: RwLock::new(st),
-        })
+        {
+            let mut st = wlock(&ai.st);
+            st.dirty = !missing.is_empty() || !dead.is_empty();
+            st.dead = dead;
+            st.vecs = vecs;
+            *wlock(&ai.graph) = Arc::new(graph);
+            tracing::info!(
+                account,
+                docs = st.docs.len(),
+                vectors = st.vecs.len(),
+                from_dump = loaded,
+                inserted = missing.len(),
+                tombstones = st.dead.len(),
+                ms = t0.elapsed().as_millis() as u64,
+                "index loaded"
+            );
+        }
+        Ok(())
     }
 
-    /// Accounts with stored index documents.
     fn stored_accounts(&self) -> Result<Vec<String>> {
         let mut out: Vec<String> = Vec::new();
         self.store.scan_ix("", &mut |path, _| {
@@ -574,6 +634,8 @@ impl Index {
             }
             Err(e) => tracing::error!("cannot list indexed accounts: {e}"),
         }
+        // Lexical search works from here; then the graphs.
+        self.ensure_all_vectors();
         if let Err(e) = self.reindex_stale_models(None) {
             tracing::error!("reindex after a model change failed: {e}");
         }
@@ -583,6 +645,8 @@ impl Index {
         let mut last_work = Instant::now();
         let mut last_rebuild_check = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
+            // Accounts a search loaded meanwhile get their graphs here.
+            self.ensure_all_vectors();
             let scan = {
                 let mut p = lock(&self.progress);
                 p.started += 1;
@@ -776,6 +840,7 @@ impl Index {
                 continue;
             }
             let ai = self.account(&p.account)?;
+            self.ensure_vectors(&ai)?;
             let missing = match &p.work {
                 Work::Upsert { texts, .. } => record_texts(texts)
                     .iter()
@@ -1058,6 +1123,9 @@ impl Index {
             .filter_map(|c| c.get().cloned())
             .collect();
         for ai in accts {
+            if !ai.ready.load(Ordering::Acquire) {
+                continue;
+            }
             let (dead, live) = {
                 let st = rlock(&ai.st);
                 (st.dead.len(), st.vecs.len())
@@ -1092,7 +1160,8 @@ impl Index {
             .filter_map(|c| c.get().cloned())
             .collect();
         for ai in accts {
-            if !rlock(&ai.st).dirty {
+            // Never dump a graph that is not loaded yet over the real one.
+            if !ai.ready.load(Ordering::Acquire) || !rlock(&ai.st).dirty {
                 continue;
             }
             let g = rlock(&ai.graph).clone();
@@ -1308,8 +1377,10 @@ impl Index {
         let mut docs = 0;
         let mut vectors = 0;
         let mut tomb = 0;
+        let mut loading = 0;
         for a in accounts {
             if let Some(ai) = lock(&self.accounts).get(a).and_then(|c| c.get().cloned()) {
+                loading += !ai.ready.load(Ordering::Acquire) as usize;
                 let st = rlock(&ai.st);
                 docs += st.docs.len();
                 vectors += st.vecs.len();
@@ -1325,6 +1396,7 @@ impl Index {
             "recent_lag_ms": {"p50": pct(0.5), "p95": pct(0.95), "samples": lags.len()},
             "indexed_nodes": docs,
             "vectors": vectors,
+            "accounts_loading_vectors": loading,
             "tombstones": tomb,
             "events_done": s.events_done.load(Ordering::Relaxed),
             "embedded": s.embedded.load(Ordering::Relaxed),
@@ -1369,10 +1441,19 @@ impl Index {
         let k = q.k.clamp(1, MAX_K);
         let ai = self.account(account)?;
         // Hybrid degrades to the lexical channel when the query cannot be
-        // embedded (embedding server down); vector-only fails.
+        // embedded (embedding server down) or the graph is still loading
+        // after a mount; vector-only fails then.
+        let vectors = ai.ready.load(Ordering::Acquire);
+        if !vectors && q.mode == Mode::Vector {
+            return Err(Error::Unavailable(
+                "the vector index of this account is still loading; retry in a few seconds or use mode=lexical"
+                    .into(),
+            ));
+        }
         let t_embed = Instant::now();
         let qv = match q.mode {
             Mode::Lexical => None,
+            Mode::Hybrid if !vectors => None,
             Mode::Vector => Some(self.query_vec(&q.text)?),
             Mode::Hybrid => match self.query_vec(&q.text) {
                 Ok(v) => Some(v),
@@ -1641,6 +1722,7 @@ impl Index {
     /// The live vectors of an account by label (benchmarks).
     pub fn live_vectors(&self, account: &str) -> Result<Vec<(usize, Arc<[f32]>)>> {
         let ai = self.account(account)?;
+        self.ensure_vectors(&ai)?;
         let st = rlock(&ai.st);
         let mut v: Vec<(usize, Arc<[f32]>)> =
             st.vecs.iter().map(|(l, v)| (*l, v.clone())).collect();
@@ -2021,7 +2103,12 @@ mod tests {
         .unwrap();
         t.ix = ix2;
         let ai = t.ix.account("a").unwrap();
+        // Phase one: documents, lexical answers, no vectors yet.
         assert_eq!(rlock(&ai.st).docs.len(), 10);
+        assert!(!ai.ready.load(Ordering::Acquire));
+        assert_eq!(t.hits("widget3")[0], "accounts/a/users/u/memories/c/n3");
+        // Phase two (the indexer thread's job): the graph from its dump.
+        t.ix.ensure_vectors(&ai).unwrap();
         assert_eq!(rlock(&ai.st).vecs.len(), 10);
         assert_eq!(t.hits("widget3")[0], "accounts/a/users/u/memories/c/n3");
         assert_eq!(t.hits("gadgets")[0], "accounts/a/users/u/memories/c/n7");
