@@ -1611,13 +1611,7 @@ impl Fs {
                 },
             ]);
             new_base = Some((rec.id, version));
-            let new_bytes = ops
-                .iter()
-                .map(|o| match o {
-                    Op::PutBlob { data, .. } => data.len() as u64,
-                    _ => 0,
-                })
-                .sum();
+            let new_bytes = blob_bytes(&ops);
             self.check_write_quota(&account_of_owned(dst), new_bytes)?;
             ops.extend(self.write_quota_ops(dst, new_bytes)?);
             if let Some(at) = expiry {
@@ -1932,13 +1926,7 @@ impl Fs {
         if let Some(old) = &stale {
             ops.extend(self.remove_ops(node, old)?);
         }
-        let new_bytes: u64 = ops
-            .iter()
-            .map(|o| match o {
-                Op::PutBlob { data, .. } => data.len() as u64,
-                _ => 0,
-            })
-            .sum();
+        let new_bytes = blob_bytes(&ops);
         if broken.is_none() {
             if let Err(e) = self.check_write_quota(&account, new_bytes) {
                 self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
@@ -2200,6 +2188,16 @@ fn apply_move(
 }
 
 /// The file names of a node as a writer sees them, in protocol order.
+/// Bytes of the new blobs among `ops` (what a change adds to the store).
+fn blob_bytes(ops: &[Op]) -> u64 {
+    ops.iter()
+        .map(|o| match o {
+            Op::PutBlob { data, .. } => data.len() as u64,
+            _ => 0,
+        })
+        .sum()
+}
+
 /// `content_hash` of `.meta.json`: what `sha256sum content.md` prints.
 fn content_hash(bytes: &[u8]) -> String {
     use sha2::Digest;

@@ -457,12 +457,17 @@ impl Index {
         Ok(())
     }
 
-    /// Phase two for every account loaded so far.
-    fn ensure_all_vectors(&self) {
-        let accts: Vec<Arc<AccountIndex>> = lock(&self.accounts)
+    /// Every account whose index is loaded (phase one at least).
+    fn loaded_accounts(&self) -> Vec<Arc<AccountIndex>> {
+        lock(&self.accounts)
             .values()
             .filter_map(|c| c.get().cloned())
-            .collect();
+            .collect()
+    }
+
+    /// Phase two for every account loaded so far.
+    fn ensure_all_vectors(&self) {
+        let accts = self.loaded_accounts();
         for ai in accts {
             if let Err(e) = self.ensure_vectors(&ai) {
                 tracing::error!(account = %ai.name, "cannot load vectors: {e}");
@@ -1118,10 +1123,7 @@ impl Index {
 
     /// Rebuild the graphs whose tombstones outnumber a quarter of the live vectors.
     fn rebuild_tombstoned(&self) {
-        let accts: Vec<Arc<AccountIndex>> = lock(&self.accounts)
-            .values()
-            .filter_map(|c| c.get().cloned())
-            .collect();
+        let accts = self.loaded_accounts();
         for ai in accts {
             if !ai.ready.load(Ordering::Acquire) {
                 continue;
@@ -1155,10 +1157,7 @@ impl Index {
 
     /// Dump every graph changed since its last dump.
     fn dump_all(&self) {
-        let accts: Vec<Arc<AccountIndex>> = lock(&self.accounts)
-            .values()
-            .filter_map(|c| c.get().cloned())
-            .collect();
+        let accts = self.loaded_accounts();
         for ai in accts {
             // Never dump a graph that is not loaded yet over the real one.
             if !ai.ready.load(Ordering::Acquire) || !rlock(&ai.st).dirty {
