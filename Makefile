@@ -65,7 +65,7 @@ torture: deps build
 bench: deps model build
 	scripts/bench.sh
 
-# Retrieval quality through the mount on BEIR SciFact (SCIFACT_DIR=... to point at it).
+# Retrieval quality through the mount on BEIR SciFact (in datasets/scifact, or SCIFACT_DIR=...).
 eval: deps model build
 	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
 

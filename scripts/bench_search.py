@@ -32,7 +32,7 @@ from mountutil import query_name, wait_sync  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("CTXFS_BIN", os.path.join(HERE, "../target/release/ctxfs"))
-DS = os.environ.get("SCIFACT_DIR", os.path.join(HERE, "../../shared/datasets/scifact"))
+DS = os.environ.get("SCIFACT_DIR", os.path.join(HERE, "..", "datasets", "scifact"))
 MODEL = os.path.abspath(os.environ.get("CTXFS_MODEL_DIR", os.path.join(HERE, "../models/all-MiniLM-L6-v2")))
 
 

@@ -164,7 +164,7 @@ def mount_and_eval(args, corpus, queries, qrels, embedder, modes):
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--dataset", default=os.environ.get("SCIFACT_DIR", os.path.join(here, "../../shared/datasets/scifact")))
+    ap.add_argument("--dataset", default=os.environ.get("SCIFACT_DIR", os.path.join(here, "..", "datasets", "scifact")))
     ap.add_argument("--bin", default=os.environ.get("CTXFS_BIN", "target/release/ctxfs"))
     ap.add_argument("--model-dir", default="models/all-MiniLM-L6-v2")
     ap.add_argument("--runs", default="hash,minilm")

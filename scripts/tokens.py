@@ -71,7 +71,7 @@ def judge_latency(mnt, queries):
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--dataset", default=os.environ.get("SCIFACT_DIR", os.path.join(here, "../../shared/datasets/scifact")))
+    ap.add_argument("--dataset", default=os.environ.get("SCIFACT_DIR", os.path.join(here, "..", "datasets", "scifact")))
     ap.add_argument("--bin", default=os.environ.get("CTXFS_BIN", "target/release/ctxfs"))
     ap.add_argument("--embedder", default="hash")
     ap.add_argument("--model-dir", default="models/all-MiniLM-L6-v2")
