@@ -233,6 +233,18 @@ impl Mount {
         );
     }
 
+    /// Run and require success; stdout parsed as JSON.
+    pub fn json(&self, uid: u32, script: &str) -> serde_json::Value {
+        let out = self.ok(uid, script);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{script}`: not JSON ({e}): {out}"))
+    }
+
+    /// Unmount, then require a clean `ctxfs fsck` of the data dir.
+    pub fn umount_and_fsck(mut self) {
+        self.umount();
+        self.fsck();
+    }
+
     pub fn fsck(&self) -> String {
         let out = ctxfs(&["fsck", "--data", self.data.to_str().unwrap()]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -155,11 +155,9 @@ fn hostile_input_is_refused_with_its_errno_and_changes_nothing() {
     // The daemon still serves, and nothing of the above reached the store.
     assert_eq!(snapshot(&m), before);
     assert_eq!(m.ok(READER, &format!("cat {n}/content.md")), "target v1");
-    let status: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    let status = m.json(0, "cat $M/.ctxfs/status");
     assert_eq!(status["nodes"]["ACTIVE"], 2, "{status}");
-    let mut m = m;
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 #[test]
@@ -188,9 +186,7 @@ fn a_million_tiny_writes_to_one_file() {
     assert_eq!(sum.trim(), "200000");
     let head = m.ok(READER, &format!("head -c 25 $M/accounts/{T}/content.md"));
     assert_eq!(head, "abcdefghijabcdefghijabcde");
-    let mut m = m;
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 #[test]
@@ -230,14 +226,12 @@ fn concurrent_commits_of_one_node_by_two_writers() {
     for mut child in [a, b, reader] {
         assert!(child.wait().unwrap().success());
     }
-    let v: serde_json::Value =
-        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{T}/.meta.json"))).unwrap();
+    let v = m.json(READER, &format!("cat $M/accounts/{T}/.meta.json"));
     assert_eq!(v["version"], 51, "every commit made exactly one version");
     // Every version holds one writer's files; the last one is the winner.
     for ver in 2..=51 {
         let dir = format!("$M/accounts/{T}/.versions/{ver}");
-        let meta: serde_json::Value =
-            serde_json::from_str(&m.ok(READER, &format!("cat {dir}/.meta.json"))).unwrap();
+        let meta = m.json(READER, &format!("cat {dir}/.meta.json"));
         let who = meta["writer"].as_str().unwrap();
         let content = m.ok(READER, &format!("cat {dir}/content.md"));
         assert_eq!(content, format!("{who} {}", meta["i"]), "version {ver}");
@@ -249,7 +243,5 @@ fn concurrent_commits_of_one_node_by_two_writers() {
         &format!("cat $M/accounts/{T}/.versions/51/content.md"),
     );
     assert_eq!(last, v51);
-    let mut m = m;
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }

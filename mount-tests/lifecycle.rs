@@ -21,13 +21,11 @@ fn versions_are_kept_read_only_and_restorable() {
     assert_eq!(m.ok(READER, &format!("ls {v}")), "1\n2\n3\nrestore\n");
     assert_eq!(m.ok(READER, &format!("cat {v}/1/content.md")), "green tea");
     assert_eq!(m.ok(READER, &format!("cat {v}/2/content.md")), "black tea");
-    let meta1: serde_json::Value =
-        serde_json::from_str(&m.ok(READER, &format!("cat {v}/1/.meta.json"))).unwrap();
+    let meta1 = m.json(READER, &format!("cat {v}/1/.meta.json"));
     assert_eq!(meta1["version"], 1);
     // content_hash is what sha256sum prints for the content.
     let sum = m.ok(READER, &format!("sha256sum < $M/accounts/{N}/content.md"));
-    let meta: serde_json::Value =
-        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{N}/.meta.json"))).unwrap();
+    let meta = m.json(READER, &format!("cat $M/accounts/{N}/.meta.json"));
     assert_eq!(
         meta["content_hash"].as_str().unwrap(),
         format!("sha256:{}", sum.split_whitespace().next().unwrap())
@@ -68,8 +66,7 @@ fn versions_are_kept_read_only_and_restorable() {
         m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
         "green tea"
     );
-    let meta: serde_json::Value =
-        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{N}/.meta.json"))).unwrap();
+    let meta = m.json(READER, &format!("cat $M/accounts/{N}/.meta.json"));
     assert_eq!(meta["version"], 4);
     assert_eq!(meta["restored_from"], 1);
     assert_eq!(meta["content_hash"], meta1["content_hash"]);
@@ -123,9 +120,7 @@ fn expired_nodes_vanish_at_once_and_are_swept() {
     );
     commit(&m, N, "green tea standup");
     m.ok(0, "cat $M/.ctxfs/sync");
-    let meta: serde_json::Value =
-        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{short}/.meta.json")))
-            .unwrap();
+    let meta = m.json(READER, &format!("cat $M/accounts/{short}/.meta.json"));
     assert!(meta["expires_at"].as_str().unwrap().ends_with('Z'));
     assert!(meta.get("ttl_seconds").is_none());
     let search = "cat \"$M/accounts/acme/.search/standup nine\"";
@@ -180,9 +175,7 @@ fn expired_nodes_vanish_at_once_and_are_swept() {
         "cat $M/accounts/acme/users/alice/memories/events/bad/.commit-error",
     );
     assert!(why.contains("in the past"), "{why}");
-    let mut m = m;
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 #[test]
@@ -202,8 +195,7 @@ fn expiry_survives_a_restart() {
     );
     // A new node at the same path replaces the expired one in one commit.
     commit(&m, N, "fresh");
-    let meta: serde_json::Value =
-        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{N}/.meta.json"))).unwrap();
+    let meta = m.json(READER, &format!("cat $M/accounts/{N}/.meta.json"));
     assert_eq!(meta["version"], 1);
     assert_eq!(
         m.ok(READER, &format!("ls $M/accounts/{N}/.versions")),
@@ -231,9 +223,8 @@ writers = [1003]
 #[test]
 fn quotas_refuse_with_edquot_and_eagain_and_store_nothing() {
     let m = Mount::with_args(Some(QUOTA_CONFIG), &["--embedder", "hash"]);
-    let usage = |m: &Mount| -> serde_json::Value {
-        serde_json::from_str(&m.ok(READER, "cat $M/accounts/acme/.ctxfs/usage")).unwrap()
-    };
+    let usage =
+        |m: &Mount| -> serde_json::Value { m.json(READER, "cat $M/accounts/acme/.ctxfs/usage") };
     commit(&m, N, "green tea");
     let u = usage(&m);
     assert_eq!(u["writes_today"]["used"], 1);
@@ -303,9 +294,7 @@ fn quotas_refuse_with_edquot_and_eagain_and_store_nothing() {
             "{kind}: {metrics}"
         );
     }
-    let mut m = m;
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 const TOKEN_CONFIG: &str = r#"
@@ -338,8 +327,7 @@ fn embedding_over_budget_is_deferred_not_lost() {
     assert!(m
         .ok(READER, &format!("cat $M/accounts/{long}/content.md"))
         .contains("coffee"));
-    let u: serde_json::Value =
-        serde_json::from_str(&m.ok(READER, "cat $M/accounts/acme/.ctxfs/usage")).unwrap();
+    let u = m.json(READER, "cat $M/accounts/acme/.ctxfs/usage");
     assert_eq!(u["embed_tokens_today"]["limit"], 40);
     assert!(
         u["embed_tokens_today"]["used"].as_u64().unwrap() <= 40,

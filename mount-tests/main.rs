@@ -277,17 +277,7 @@ except OSError as e:
         p = m.p(&format!("accounts/{N1}")).display()
     );
     assert_eq!(m.ok(0, &py), "errno True\n");
-    m.fsck_offline_after_umount();
-}
-
-trait Offline {
-    fn fsck_offline_after_umount(self);
-}
-impl Offline for Mount {
-    fn fsck_offline_after_umount(mut self) {
-        self.umount();
-        self.fsck();
-    }
+    m.umount_and_fsck();
 }
 
 #[test]

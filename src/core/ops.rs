@@ -551,12 +551,14 @@ impl Fs {
                         .map(|f| f.name().to_string())
                         .collect();
                     names.extend(self.store.list_dirs(path)?);
+                    // One probe of the expiry map per listing when no node expires.
+                    let any_expiry = self.any_expiry();
                     for (n, r) in self.store.list_nodes(path)? {
                         // BROKEN nodes are listed for writers only.
                         shared &= r.status != Status::Broken;
                         // Expiring nodes leave the listing the instant they
                         // expire: never cached by the kernel.
-                        if self.expires(&r.path) {
+                        if any_expiry && self.expires(&r.path) {
                             shared = false;
                             if self.expired(&r.path) {
                                 continue;
@@ -1612,7 +1614,7 @@ impl Fs {
             ]);
             new_base = Some((rec.id, version));
             let new_bytes = blob_bytes(&ops);
-            self.check_write_quota(&account_of_owned(dst), new_bytes)?;
+            self.check_write_quota(Self::account_of(dst), new_bytes)?;
             ops.extend(self.write_quota_ops(dst, new_bytes)?);
             if let Some(at) = expiry {
                 ops.push(Op::DelExpiry {
@@ -1783,7 +1785,17 @@ impl Fs {
                 Ok(e) => e,
                 Err(reason) => return fail(&mut d, reason),
             };
-            let mut derived = self.derive_summaries(rec.as_ref(), &mut contents, now)?;
+            // content.md once (UTF-8, checked above or at its own commit):
+            // for the derived summaries and the content hash.
+            let content = match contents.iter().find(|(n, _)| *n == CONTENT) {
+                Some((_, Content::New(b, ..))) => Some(String::from_utf8_lossy(b).into_owned()),
+                Some((_, Content::Keep(f))) => Some(
+                    String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned(),
+                ),
+                None => None,
+            };
+            let mut derived =
+                self.derive_summaries(rec.as_ref(), &mut contents, content.as_deref(), now)?;
             obj.remove("derived");
             obj.remove("redacted");
             if let Some(i) = imported {
@@ -1800,12 +1812,11 @@ impl Fs {
             if redacted > 0 {
                 obj.insert("redacted".into(), redacted.into());
             }
-            let content = match contents.iter().find(|(n, _)| *n == CONTENT) {
-                Some((_, Content::New(b, ..))) => content_hash(b),
-                Some((_, Content::Keep(f))) => content_hash(&self.store.read_blob(f.blob, f.size)?),
-                None => String::new(),
-            };
-            obj.insert("content_hash".into(), Value::String(content));
+            let hash = content.as_deref().map(|c| content_hash(c.as_bytes()));
+            obj.insert(
+                "content_hash".into(),
+                Value::String(hash.unwrap_or_default()),
+            );
             let size: u64 = contents
                 .iter()
                 .filter(|(name, _)| *name != META)
@@ -2072,6 +2083,7 @@ impl Fs {
         &self,
         rec: Option<&NodeRec>,
         contents: &mut Vec<(&'static str, Content)>,
+        content: Option<&str>,
         now: i128,
     ) -> Result<Vec<&'static str>> {
         let content_new = contents
@@ -2088,12 +2100,8 @@ impl Fs {
             }
             _ => Vec::new(),
         };
-        let content = match contents.iter().find(|(n, _)| *n == CONTENT) {
-            Some((_, Content::New(b, ..))) => String::from_utf8_lossy(b).into_owned(),
-            Some((_, Content::Keep(f))) => {
-                String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
-            }
-            None => return Ok(Vec::new()),
+        let Some(content) = content else {
+            return Ok(Vec::new());
         };
         let mut derived = Vec::new();
         for (file, label) in [(place::ABSTRACT, "abstract"), (place::OVERVIEW, "overview")] {
@@ -2113,9 +2121,9 @@ impl Fs {
                 continue;
             }
             let mut text = if file == place::ABSTRACT {
-                derive::derive_abstract(&content, commit::MAX_ABSTRACT_CHARS)
+                derive::derive_abstract(content, commit::MAX_ABSTRACT_CHARS)
             } else {
-                derive::derive_overview(&content)
+                derive::derive_overview(content)
             };
             if !text.ends_with('\n') {
                 text.push('\n');
@@ -2208,10 +2216,6 @@ fn content_hash(bytes: &[u8]) -> String {
         s.push_str(&format!("{b:02x}"));
     }
     s
-}
-
-fn account_of_owned(path: &str) -> String {
-    Fs::account_of(path).to_string()
 }
 
 pub(super) fn view_names(rec: Option<&NodeRec>, draft: Option<&Draft>) -> Vec<String> {

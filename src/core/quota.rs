@@ -54,10 +54,11 @@ impl Fs {
         self.quotas.get().and_then(|m| m.get(account))
     }
 
-    fn deny(&self, account: &str, kind: &'static str, reason: String) -> Error {
+    /// Count and log a refusal by quota; returns `err`.
+    fn deny(&self, account: &str, kind: &'static str, err: Error) -> Error {
         self.metrics.quota_denial(account, kind);
-        tracing::info!(account, kind, %reason, "quota denial");
-        Error::Quota(reason)
+        tracing::info!(account, kind, %err, "quota denial");
+        err
     }
 
     /// May `account` store `new_bytes` more and make one more write today?
@@ -71,10 +72,10 @@ impl Fs {
                 return Err(self.deny(
                     account,
                     "writes",
-                    format!(
+                    Error::Quota(format!(
                         "account {account} has made its {max} writes of today (UTC); \
                          try again tomorrow or raise writes_per_day"
-                    ),
+                    )),
                 ));
             }
         }
@@ -91,10 +92,10 @@ impl Fs {
             return Err(self.deny(
                 account,
                 "bytes",
-                format!(
+                Error::Quota(format!(
                     "account {account} stores {used} of its {max} bytes; {new_bytes} more do not fit \
                      (delete nodes or raise the quota)"
-                ),
+                )),
             ));
         }
         Ok(())
@@ -133,17 +134,16 @@ impl Fs {
         if q.len() as u64 >= max as u64 {
             let wait = 60 - now.duration_since(q[0]).as_secs().min(59);
             drop(m);
-            return Err(self.deny_rate(account, max, wait));
+            return Err(self.deny(
+                account,
+                "searches",
+                Error::RateLimited(format!(
+                    "account {account} has made its {max} searches of the last minute; retry in {wait} s"
+                )),
+            ));
         }
         q.push_back(now);
         Ok(())
-    }
-
-    fn deny_rate(&self, account: &str, max: u32, wait: u64) -> Error {
-        self.metrics.quota_denial(account, "searches");
-        Error::RateLimited(format!(
-            "account {account} has made its {max} searches of the last minute; retry in {wait} s"
-        ))
     }
 
     fn searches_last_minute(&self, account: &str) -> usize {

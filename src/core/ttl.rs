@@ -71,6 +71,15 @@ impl Fs {
         !map.is_empty() && map.contains_key(node)
     }
 
+    /// Does any node carry an expiry?
+    pub(super) fn any_expiry(&self) -> bool {
+        !self
+            .expiry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     pub(super) fn expiry_at(&self, node: &str) -> Option<u64> {
         let map = self.expiry.read().unwrap_or_else(|p| p.into_inner());
         map.get(node).copied()

@@ -521,7 +521,11 @@ impl Index {
         let t0 = Instant::now();
         let account = ai.name.as_str();
         let dim = self.embedder.dim();
-        let slots: HashMap<usize, (Arc<str>, u16)> = rlock(&ai.st).slots.clone();
+        // Only this thread changes the account's state (see `ensure_vectors`):
+        // reading it under a read lock while the graph loads is consistent,
+        // and searches keep their read access meanwhile.
+        let st = rlock(&ai.st);
+        let slots = &st.slots;
         let (graph, mut vecs) = match ann::load(&self.graph_dir(account), dim) {
             Some(x) => x,
             None => (ann::new_graph(&self.cfg.ann, slots.len()), HashMap::new()),
@@ -537,27 +541,25 @@ impl Index {
         // Labels documents hold that the dump lacks: insert from the store.
         let mut missing = Vec::new();
         let model = self.embedder.id().to_string();
-        {
-            let st = rlock(&ai.st);
-            for (label, (path, i)) in &slots {
-                if vecs.contains_key(label) {
-                    continue;
-                }
-                let Some(doc) = st.docs.get(path) else {
-                    continue;
-                };
-                if doc.ix.model != model {
-                    continue;
-                }
-                let r = &doc.ix.recs[*i as usize];
-                if let Some(b) = self.store.get_vec(&model, r.hash)? {
-                    let v = bytes_vec(&b);
-                    if v.len() == dim {
-                        missing.push((*label, Arc::<[f32]>::from(v)));
-                    }
+        for (label, (path, i)) in slots {
+            if vecs.contains_key(label) {
+                continue;
+            }
+            let Some(doc) = st.docs.get(path) else {
+                continue;
+            };
+            if doc.ix.model != model {
+                continue;
+            }
+            let r = &doc.ix.recs[*i as usize];
+            if let Some(b) = self.store.get_vec(&model, r.hash)? {
+                let v = bytes_vec(&b);
+                if v.len() == dim {
+                    missing.push((*label, Arc::<[f32]>::from(v)));
                 }
             }
         }
+        drop(st);
         let data: Vec<(&[f32], usize)> = missing.iter().map(|(l, v)| (&v[..], *l)).collect();
         if !data.is_empty() {
             graph.parallel_insert_slice(&data);
