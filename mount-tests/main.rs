@@ -495,6 +495,57 @@ fn names_and_shapes_are_validated() {
         .contains("\"SKILL\""));
 }
 
+/// Directories are opened without asking the daemon and listings live in
+/// the kernel's cache: listings that differ by uid must still never reach
+/// another uid, also when several uids list the same directory at once.
+#[test]
+fn concurrent_listings_stay_per_uid() {
+    let m = Mount::with_config(Some(CONFIG));
+    let cat = "$M/accounts/acme/users/alice/memories/events";
+    m.ok(WRITER, &four_steps(N1, "one", ACTIVE));
+    // The writer's draft adds a file the reader must not see.
+    m.ok(WRITER, &format!("echo tmp > {cat}/e1/extra.txt"));
+    // Each loop prints a line only when it sees something it must not.
+    let watch = |want_accounts: &str, want_node: Option<&str>| {
+        let cat_check = match want_node {
+            Some(w) => format!("[ \"$(ls {cat}/e1 | tr '\\n' ' ')\" = \"{w}\" ] || echo \"node $(ls {cat}/e1 | tr '\\n' ' ')\";"),
+            None => String::new(),
+        };
+        format!(
+            "i=0; while [ $i -lt 300 ]; do \
+               [ \"$(ls $M/accounts | tr '\\n' ' ')\" = \"{want_accounts}\" ] || echo \"accounts $(ls $M/accounts | tr '\\n' ' ')\"; \
+               {cat_check} i=$((i+1)); done"
+        )
+    };
+    let out = |c: std::process::Child| {
+        let o = c.wait_with_output().expect("wait");
+        assert!(o.status.success());
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let spawn = |uid: u32, script: String| {
+        std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "/bin/sh",
+                "-c",
+                &script,
+            ])
+            .env("M", &m.mnt)
+            .current_dir("/tmp")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let w = spawn(WRITER, watch("acme ", Some("content.md extra.txt ")));
+    let r = spawn(READER, watch("acme ", Some("content.md ")));
+    let s = spawn(STRANGER, watch("other ", None));
+    assert_eq!(out(w), "", "writer saw a listing not its own");
+    assert_eq!(out(r), "", "reader saw a listing not its own");
+    assert_eq!(out(s), "", "stranger saw a listing not its own");
+}
+
 #[test]
 fn tenancy_is_enforced_per_uid() {
     let m = Mount::with_config(Some(CONFIG));
@@ -504,11 +555,14 @@ fn tenancy_is_enforced_per_uid() {
         &four_steps("other/users/x/memories/a/b", "other data", ACTIVE),
     );
     // Listings show only one's own accounts; root sees all.
-    assert_eq!(m.ok(WRITER, "ls $M/accounts"), "acme\n");
-    assert_eq!(m.ok(READER, "ls $M/accounts"), "acme\n");
-    assert_eq!(m.ok(STRANGER, "ls $M/accounts"), "other\n");
-    assert_eq!(m.ok(0, "ls $M/accounts"), "acme\nother\n");
-    assert_eq!(m.ok(4242, "ls $M/accounts"), "");
+    // In turns, twice: no caller is served another's listing from a cache.
+    for _ in 0..2 {
+        assert_eq!(m.ok(WRITER, "ls $M/accounts"), "acme\n");
+        assert_eq!(m.ok(READER, "ls $M/accounts"), "acme\n");
+        assert_eq!(m.ok(STRANGER, "ls $M/accounts"), "other\n");
+        assert_eq!(m.ok(0, "ls $M/accounts"), "acme\nother\n");
+        assert_eq!(m.ok(4242, "ls $M/accounts"), "");
+    }
     // Cross-account read, write, list, rename: EACCES.
     for (uid, path) in [
         (STRANGER, format!("accounts/{N1}")),
@@ -888,6 +942,16 @@ fn cached_listings_follow_commits_and_hide_drafts() {
         &four_steps("acme/users/alice/memories/events/e2", "two", ACTIVE),
     );
     assert_eq!(m.ok(READER, &format!("ls {cat}")), "e1\ne2\n");
+    // A PENDING node is listed for no one, read in turns by both roles.
+    m.ok(
+        WRITER,
+        &format!("mkdir {cat}/p1 && echo x > {cat}/p1/content.md"),
+    );
+    for _ in 0..3 {
+        assert_eq!(m.ok(WRITER, &format!("ls {cat}")), "e1\ne2\n");
+        assert_eq!(m.ok(READER, &format!("ls {cat}")), "e1\ne2\n");
+    }
+    m.ok(WRITER, &format!("rm -r {cat}/p1"));
     // A writer's draft file never shows in a reader's listing, cached or not.
     m.ok(WRITER, &format!("echo tmp > {cat}/e1/scratch.txt"));
     for _ in 0..2 {

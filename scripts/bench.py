@@ -27,10 +27,11 @@ WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo li
 
 
 def content(i):
+    """~1 KB; one node in 100 holds the word `grep -r` looks for."""
     rnd = random.Random(i)
     body = " ".join(rnd.choice(WORDS) for _ in range(170))
-    extra = " needle" if i % 100 == 0 else ""
-    return f"# note {i}\n{body}{extra}\n"[:1024]
+    needle = "needle " if i % 100 == 0 else ""
+    return f"# note {i}\n{needle}{body}"[:1023] + "\n"
 
 
 def node_rel(i, per_cat=100):
@@ -125,7 +126,7 @@ def timed(cmd, reps=3):
 
 TREE_OPS = {
     "find": "find {d} | wc -l",
-    "grep -r": "grep -r needle {d} | wc -l",
+    "grep -r": "grep -r needle {d} | wc -l",  # 100 matches per 10,000 nodes
     "cat .abstract.md": "find {d} -name .abstract.md -exec cat {{}} + | wc -l",
 }
 

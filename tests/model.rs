@@ -121,15 +121,18 @@ impl Sut {
 
     fn list(&self, c: Caller, path: &str) -> Result<Vec<String>, Error> {
         let ino = self.resolve(c, path)?;
-        let fh = self.fs.opendir(c, ino)?;
-        let names = self
-            .fs
-            .readdir(fh, 0)?
-            .into_iter()
-            .map(|(_, e)| e.name)
-            .filter(|n| n != "." && n != "..")
-            .collect();
-        self.fs.release(fh);
+        // As the kernel reads: from offset 0, each batch from the offset the
+        // last entry named, until an empty batch.
+        let (mut names, mut offset) = (Vec::new(), 0);
+        loop {
+            let batch = self.fs.readdir(c, ino, offset)?;
+            let Some((next, _)) = batch.entries.last() else {
+                break;
+            };
+            offset = *next;
+            names.extend(batch.entries.into_iter().map(|(_, e)| e.name));
+        }
+        names.retain(|n| n != "." && n != "..");
         Ok(names)
     }
 

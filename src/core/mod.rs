@@ -72,6 +72,21 @@ pub struct DirEntry {
     pub kind: Kind,
 }
 
+/// A directory's entries as one caller saw them at offset 0.
+pub(crate) struct Listing {
+    entries: Vec<DirEntry>,
+    shared: bool,
+}
+
+/// One readdir reply's worth of entries, each with the offset of the next.
+#[derive(Debug)]
+pub struct DirBatch {
+    pub entries: Vec<(u64, DirEntry)>,
+    /// The listing is the same for every caller: the kernel may keep it.
+    /// Otherwise the adapter drops the kernel's copy at the end of a reading.
+    pub shared: bool,
+}
+
 /// How the kernel may cache an open file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Opened {
@@ -79,8 +94,7 @@ pub struct Opened {
     /// Bytes change under this handle (drafts, generated files): bypass the page cache.
     pub direct_io: bool,
     /// The bytes of this inode never change (a committed version): keep the
-    /// cache. For a directory: its listing is the same for every caller and
-    /// the kernel may cache it.
+    /// cache.
     pub keep_cache: bool,
     /// Nothing happens at close (read-only handles): the kernel may skip FLUSH.
     pub no_flush: bool,
@@ -100,7 +114,6 @@ pub(crate) enum Handle {
     /// Immutable bytes: a committed version or a generated file.
     Data(Arc<[u8]>),
     Draft(DraftHandle),
-    Dir(Vec<DirEntry>),
     /// A file of a project's shared area.
     Scratch(scratch::ScratchHandle),
     /// `NODE/.versions/restore` opened for writing.
@@ -148,6 +161,8 @@ pub struct Fs {
     drafts: Mutex<HashMap<String, Arc<Mutex<Draft>>>>,
     stripes: Vec<Mutex<()>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Listings being read, by (directory inode, uid): see [`Fs::readdir`].
+    listings: Mutex<HashMap<(u64, u32), Arc<Listing>>>,
     /// Open files of project scratchpads, by path: one buffer per file.
     scratch_open: Mutex<HashMap<String, Arc<RwLock<DFile>>>>,
     /// Serialises structural changes of scratchpads.
@@ -230,6 +245,7 @@ impl Fs {
             drafts: Mutex::new(HashMap::new()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             handles: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
             scratch_open: Mutex::new(HashMap::new()),
             scratch_lock: Mutex::new(()),
             next_fh: AtomicU64::new(1),

@@ -30,6 +30,9 @@ enum Content {
 /// Entries handed to one readdir reply at most (a reply buffer holds fewer).
 const READDIR_BATCH: usize = 1024;
 
+/// Directory listings kept between the readdir calls of one reading.
+const MAX_LISTINGS: usize = 4096;
+
 fn arc(s: &str) -> Arc<str> {
     Arc::from(s)
 }
@@ -475,15 +478,12 @@ impl Fs {
 
     // ---- directories -----------------------------------------------------------
 
-    pub fn opendir(&self, c: Caller, ino: u64) -> Result<u64> {
-        Ok(self.opendir_cached(c, ino)?.fh)
-    }
-
-    /// Open a directory; `keep_cache` says its listing is the same for every
-    /// caller (no draft, no BROKEN node in it, not `accounts/`), so the
-    /// kernel may keep it. Changes the kernel does not see itself (commits)
+    /// A directory's listing as caller `c` sees it (with `.` and `..`), and
+    /// whether it is `shared`: the same for every caller allowed in (no
+    /// draft, no BROKEN or expiring node, not `accounts/`), so the kernel
+    /// may cache it. Changes the kernel does not see itself (commits)
     /// invalidate it.
-    pub fn opendir_cached(&self, c: Caller, ino: u64) -> Result<Opened> {
+    pub fn listing(&self, c: Caller, ino: u64) -> Result<(Vec<DirEntry>, bool)> {
         let key = self.key_of(ino)?;
         let attr = self.attr_of(c, &key, ino)?;
         if attr.kind != Kind::Dir {
@@ -633,12 +633,7 @@ impl Fs {
             }
             _ => return Err(Error::NotDir),
         }
-        Ok(Opened {
-            fh: self.new_handle(Handle::Dir(entries)),
-            direct_io: false,
-            keep_cache: shared,
-            no_flush: true,
-        })
+        Ok((entries, shared))
     }
 
     /// An inode number for a directory entry: the real one if the kernel
@@ -686,19 +681,49 @@ impl Fs {
         Ok(out)
     }
 
-    pub fn readdir(&self, fh: u64, offset: u64) -> Result<Vec<(u64, DirEntry)>> {
-        let h = self.handle(fh)?;
-        let Handle::Dir(entries) = &*h else {
-            return Err(Error::BadHandle);
+    /// Entries of directory `ino` from `offset` on (an empty batch is the
+    /// end), with `shared` as in [`Fs::listing`]. There is no open handle:
+    /// the kernel opens directories without asking (`no_opendir`), so the
+    /// listing is taken at offset 0 and kept per (directory, uid) until its
+    /// end is read; a continuation without one rebuilds it.
+    pub fn readdir(&self, c: Caller, ino: u64, offset: u64) -> Result<DirBatch> {
+        let key = (ino, c.uid);
+        let kept = if offset == 0 {
+            None
+        } else {
+            lock(&self.listings).get(&key).cloned()
+        };
+        let snap = match kept {
+            Some(s) => s,
+            None => {
+                let (entries, shared) = self.listing(c, ino)?;
+                let s = Arc::new(Listing { entries, shared });
+                let mut l = lock(&self.listings);
+                // Listings abandoned half-read are not kept forever; a
+                // dropped one is rebuilt on demand.
+                if l.len() >= MAX_LISTINGS {
+                    l.clear();
+                }
+                l.insert(key, s.clone());
+                s
+            }
         };
         // One reply holds a few hundred entries; never copy the whole rest.
-        Ok(entries
+        let entries: Vec<(u64, DirEntry)> = snap
+            .entries
             .iter()
             .enumerate()
             .skip(offset as usize)
             .take(READDIR_BATCH)
             .map(|(i, e)| (i as u64 + 1, e.clone()))
-            .collect())
+            .collect();
+        if entries.is_empty() {
+            lock(&self.listings).remove(&key);
+        }
+        Ok(DirBatch {
+            entries,
+            shared: snap.shared,
+        })
     }
 
     /// The path of directory `name` in `parent`, for a change by writer `c`
@@ -1128,7 +1153,6 @@ impl Fs {
         match &*h {
             Handle::Data(d) => Ok(super::draft::slice_at(d, offset, size)),
             Handle::Draft(d) => Ok(read_lock(&d.file).read_at(offset, size)),
-            Handle::Dir(_) => Err(Error::IsDir),
             Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
             Handle::Restore(_) => Err(Error::BadHandle),
         }

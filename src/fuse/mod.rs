@@ -5,13 +5,13 @@ use crate::core::{Attr, Caller, Fs, Kind, SetAttr, Target};
 use crate::error::Error;
 use fuser::{
     AccessFlags, BsdFileFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    FopenFlags, Generation, INodeNo, LockOwner, MountOption, Notifier, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 /// The kernel's dentry and attribute caches are shared by all uids, while
@@ -30,11 +30,33 @@ fn ttl(a: &Attr) -> Duration {
 
 pub struct Adapter {
     fs: Arc<Fs>,
+    /// Set once the session is up: drops a per-caller listing from the
+    /// kernel's cache from inside `readdir` (see there).
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl Adapter {
     pub fn new(fs: Arc<Fs>) -> Self {
-        Adapter { fs }
+        Adapter {
+            fs,
+            notifier: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Invalidate the cached pages of directory `ino` now, on this worker.
+    /// Safe inside `readdir`: dropping an inode's pages takes no directory
+    /// lock (unlike dropping a dentry, which the invalidation thread does).
+    fn drop_cached_listing(&self, ino: INodeNo) {
+        match self.notifier.get() {
+            Some(n) => {
+                if let Err(e) = n.inval_inode(ino, 0, 0) {
+                    if e.raw_os_error() != Some(libc::ENOENT) {
+                        tracing::warn!(ino = ino.0, error = %e, "listing not dropped from the kernel cache");
+                    }
+                }
+            }
+            None => tracing::error!(ino = ino.0, "no notifier: listing left in the kernel cache"),
+        }
     }
 }
 
@@ -65,7 +87,12 @@ pub fn spawn(
     mountpoint: &Path,
     threads: usize,
 ) -> std::io::Result<fuser::BackgroundSession> {
-    let session = fuser::spawn_mount(Adapter::new(fs.clone()), mountpoint, &config(threads))?;
+    let adapter = Adapter::new(fs.clone());
+    let early = adapter.notifier.clone();
+    let session = fuser::Session::new(adapter, mountpoint, &config(threads))?;
+    // Before any request is served.
+    let _ = early.set(session.notifier());
+    let session = session.spawn()?;
     let notifier = session.notifier();
     fs.set_invalidator(move |t| {
         // fuser already treats ENOENT (nothing cached) as done.
@@ -416,31 +443,33 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _t = self.fs.metrics.start("opendir");
-        match self.fs.opendir_cached(caller(req), ino.0) {
-            // Without KEEP_CACHE the kernel drops a listing it cached before.
-            Ok(o) if o.keep_cache => reply.opened(
-                FileHandle(o.fh),
-                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Ok(o) => reply.opened(FileHandle(o.fh), FopenFlags::empty()),
-            Err(e) => reply.error(self.err("opendir", &e)),
-        }
+    /// Directories are opened by the kernel alone: ENOSYS here sets the
+    /// connection's `no_opendir`, so `ls`, `find` and `grep -r` cost no
+    /// OPENDIR/RELEASEDIR round trips, and every listing may be kept in the
+    /// kernel's readdir cache (see `readdir` for listings that must not).
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let _t = self.fs.metrics.start("readdir");
-        match self.fs.readdir(fh.0, offset) {
-            Ok(entries) => {
-                for (next, e) in entries {
+        match self.fs.readdir(caller(req), ino.0, offset) {
+            Ok(batch) => {
+                if batch.entries.is_empty() && !batch.shared {
+                    // The end of a listing that depends on the caller: the
+                    // kernel has just cached it and would serve it to the
+                    // next caller. Drop its pages before it marks the cache
+                    // complete, so the next reading asks again.
+                    self.drop_cached_listing(ino);
+                }
+                for (next, e) in batch.entries {
                     let kind = match e.kind {
                         Kind::Dir => FileType::Directory,
                         Kind::File => FileType::RegularFile,
@@ -459,12 +488,10 @@ impl Filesystem for Adapter {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let _t = self.fs.metrics.start("releasedir");
-        self.fs.release(fh.0);
         reply.ok();
     }
 
