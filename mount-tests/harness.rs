@@ -168,8 +168,9 @@ impl Mount {
         self.mnt.join(rel)
     }
 
-    /// Run a shell script as `uid` (0 = root) with `$M` set to the mountpoint.
-    pub fn sh(&self, uid: u32, script: &str) -> Output {
+    /// `/bin/sh -c script` as `uid` (0 = root), with `$M` set to the
+    /// mountpoint, in /tmp.
+    fn sh_cmd(&self, uid: u32, script: &str) -> Command {
         let mut cmd = if uid == 0 {
             Command::new("/bin/sh")
         } else {
@@ -186,7 +187,13 @@ impl Mount {
             .arg(script)
             .env("M", &self.mnt)
             .env("HOME", "/tmp")
-            .current_dir("/tmp")
+            .current_dir("/tmp");
+        cmd
+    }
+
+    /// Run a shell script as `uid` (0 = root) with `$M` set to the mountpoint.
+    pub fn sh(&self, uid: u32, script: &str) -> Output {
+        self.sh_cmd(uid, script)
             .stdin(Stdio::null())
             .output()
             .expect("run sh")
@@ -194,16 +201,15 @@ impl Mount {
 
     /// Start a shell script as `uid` in the background.
     pub fn spawn_as(&self, uid: u32, script: &str) -> std::process::Child {
-        Command::new("setpriv")
-            .args([
-                &format!("--reuid={uid}"),
-                &format!("--regid={uid}"),
-                "--clear-groups",
-                "/bin/sh",
-                "-c",
-                script,
-            ])
-            .env("M", &self.mnt)
+        self.sh_cmd(uid, script).spawn().expect("spawn as uid")
+    }
+
+    /// Start a shell script as `uid` in the background, its output captured
+    /// (`wait_with_output`).
+    pub fn spawn_piped(&self, uid: u32, script: &str) -> std::process::Child {
+        self.sh_cmd(uid, script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("spawn as uid")
     }

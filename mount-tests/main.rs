@@ -522,25 +522,9 @@ fn concurrent_listings_stay_per_uid() {
         assert!(o.status.success());
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    let spawn = |uid: u32, script: String| {
-        std::process::Command::new("setpriv")
-            .args([
-                &format!("--reuid={uid}"),
-                &format!("--regid={uid}"),
-                "--clear-groups",
-                "/bin/sh",
-                "-c",
-                &script,
-            ])
-            .env("M", &m.mnt)
-            .current_dir("/tmp")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn")
-    };
-    let w = spawn(WRITER, watch("acme ", Some("content.md extra.txt ")));
-    let r = spawn(READER, watch("acme ", Some("content.md ")));
-    let s = spawn(STRANGER, watch("other ", None));
+    let w = m.spawn_piped(WRITER, &watch("acme ", Some("content.md extra.txt ")));
+    let r = m.spawn_piped(READER, &watch("acme ", Some("content.md ")));
+    let s = m.spawn_piped(STRANGER, &watch("other ", None));
     assert_eq!(out(w), "", "writer saw a listing not its own");
     assert_eq!(out(r), "", "reader saw a listing not its own");
     assert_eq!(out(s), "", "stranger saw a listing not its own");
