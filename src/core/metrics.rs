@@ -10,29 +10,9 @@ use std::time::{Duration, Instant};
 
 /// The filesystem operations measured, as the FUSE adapter names them.
 pub const OPS: &[&str] = &[
-    "lookup",
-    "getattr",
-    "setattr",
-    "mknod",
-    "mkdir",
-    "unlink",
-    "rmdir",
-    "symlink",
-    "link",
-    "rename",
-    "open",
-    "read",
-    "write",
-    "flush",
-    "release",
-    "fsync",
-    "opendir",
-    "readdir",
-    "releasedir",
-    "fsyncdir",
-    "statfs",
-    "access",
-    "create",
+    "lookup", "getattr", "setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "link",
+    "rename", "open", "read", "write", "flush", "release", "fsync", "readdir", "fsyncdir",
+    "statfs", "access", "create",
 ];
 
 /// Upper bounds of the latency buckets, in seconds.
