@@ -483,7 +483,7 @@ impl Fs {
     /// draft, no BROKEN or expiring node, not `accounts/`), so the kernel
     /// may cache it. Changes the kernel does not see itself (commits)
     /// invalidate it.
-    pub fn listing(&self, c: Caller, ino: u64) -> Result<(Vec<DirEntry>, bool)> {
+    pub(crate) fn listing(&self, c: Caller, ino: u64) -> Result<Listing> {
         let key = self.key_of(ino)?;
         let attr = self.attr_of(c, &key, ino)?;
         if attr.kind != Kind::Dir {
@@ -633,7 +633,7 @@ impl Fs {
             }
             _ => return Err(Error::NotDir),
         }
-        Ok((entries, shared))
+        Ok(Listing { entries, shared })
     }
 
     /// An inode number for a directory entry: the real one if the kernel
@@ -696,8 +696,7 @@ impl Fs {
         let snap = match kept {
             Some(s) => s,
             None => {
-                let (entries, shared) = self.listing(c, ino)?;
-                let s = Arc::new(Listing { entries, shared });
+                let s = Arc::new(self.listing(c, ino)?);
                 let mut l = lock(&self.listings);
                 // Listings abandoned half-read are not kept forever; a
                 // dropped one is rebuilt on demand.

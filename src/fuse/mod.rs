@@ -88,12 +88,12 @@ pub fn spawn(
     threads: usize,
 ) -> std::io::Result<fuser::BackgroundSession> {
     let adapter = Adapter::new(fs.clone());
-    let early = adapter.notifier.clone();
+    let for_readdir = adapter.notifier.clone();
     let session = fuser::Session::new(adapter, mountpoint, &config(threads))?;
-    // Before any request is served.
-    let _ = early.set(session.notifier());
-    let session = session.spawn()?;
     let notifier = session.notifier();
+    // Before any request is served.
+    let _ = for_readdir.set(notifier.clone());
+    let session = session.spawn()?;
     fs.set_invalidator(move |t| {
         // fuser already treats ENOENT (nothing cached) as done.
         let r = match t {
@@ -482,17 +482,6 @@ impl Filesystem for Adapter {
             }
             Err(e) => reply.error(self.err("readdir", &e)),
         }
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
     }
 
     fn fsyncdir(
