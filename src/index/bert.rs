@@ -5,7 +5,7 @@
 
 use super::embed::{normalize, Embedder};
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
+use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, VarBuilder};
 use std::path::Path;
 use std::sync::Mutex;
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
@@ -28,14 +28,47 @@ struct Config {
     layer_norm_eps: f64,
 }
 
+/// A dense layer whose weight is stored transposed (`[in, out]`,
+/// contiguous) once at load: a multiplication then reads it in place
+/// instead of repacking a strided view on every call.
+struct Dense {
+    wt: Tensor,
+    b: Tensor,
+}
+
+impl Dense {
+    /// The layers under `names`, side by side along the output (one
+    /// multiplication computes query, key and value together).
+    fn load(vb: &VarBuilder, names: &[&str], inp: usize, out: usize) -> CResult<Self> {
+        let mut w = Vec::new();
+        let mut b = Vec::new();
+        for n in names {
+            let l = linear(inp, out, vb.pp(n))?;
+            w.push(l.weight().clone());
+            b.push(
+                l.bias().cloned().ok_or_else(|| {
+                    candle_core::Error::Msg(format!("{n}: the layer has no bias"))
+                })?,
+            );
+        }
+        Ok(Dense {
+            wt: Tensor::cat(&w, 0)?.t()?.contiguous()?,
+            b: Tensor::cat(&b, 0)?,
+        })
+    }
+
+    /// `[n, in]` → `[n, out]`.
+    fn forward(&self, x: &Tensor) -> CResult<Tensor> {
+        x.matmul(&self.wt)?.broadcast_add(&self.b)
+    }
+}
+
 struct Layer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    attn_out: Linear,
+    qkv: Dense,
+    attn_out: Dense,
     attn_norm: LayerNorm,
-    inter: Linear,
-    out: Linear,
+    inter: Dense,
+    out: Dense,
     out_norm: LayerNorm,
 }
 
@@ -57,14 +90,17 @@ impl Bert {
         let mut layers = Vec::new();
         for i in 0..c.num_hidden_layers {
             let l = vb.pp(format!("encoder.layer.{i}"));
+            let qkv = [
+                "attention.self.query",
+                "attention.self.key",
+                "attention.self.value",
+            ];
             layers.push(Layer {
-                q: linear(h, h, l.pp("attention.self.query"))?,
-                k: linear(h, h, l.pp("attention.self.key"))?,
-                v: linear(h, h, l.pp("attention.self.value"))?,
-                attn_out: linear(h, h, l.pp("attention.output.dense"))?,
+                qkv: Dense::load(&l, &qkv, h, h)?,
+                attn_out: Dense::load(&l, &["attention.output.dense"], h, h)?,
                 attn_norm: layer_norm(h, c.layer_norm_eps, l.pp("attention.output.LayerNorm"))?,
-                inter: linear(h, c.intermediate_size, l.pp("intermediate.dense"))?,
-                out: linear(c.intermediate_size, h, l.pp("output.dense"))?,
+                inter: Dense::load(&l, &["intermediate.dense"], h, c.intermediate_size)?,
+                out: Dense::load(&l, &["output.dense"], c.intermediate_size, h)?,
                 out_norm: layer_norm(h, c.layer_norm_eps, l.pp("output.LayerNorm"))?,
             });
         }
@@ -79,7 +115,8 @@ impl Bert {
     }
 
     /// Token ids and mask `[batch, seq]` (u32) → hidden states `[batch, seq, h]`.
-    fn forward(&self, ids: &Tensor, mask: &Tensor) -> CResult<Tensor> {
+    /// `padded`: some mask entry is 0.
+    fn forward(&self, ids: &Tensor, mask: &Tensor, padded: bool) -> CResult<Tensor> {
         let (b, s) = ids.dims2()?;
         let dev = ids.device();
         let pos = Tensor::arange(0u32, s as u32, dev)?
@@ -91,31 +128,92 @@ impl Bert {
             .forward(ids)?
             .add(&self.pos.forward(&pos)?)?
             .add(&self.typ.forward(&typ)?)?;
-        let mut x = self.norm.forward(&x)?;
-        // Additive mask: 0 for tokens, a large negative for padding.
-        let m = mask.to_dtype(DType::F32)?;
-        let bias = ((m - 1.0)? * 1e4)?.reshape((b, 1, 1, s))?;
         let h = x.dim(2)?;
+        // Tokens as rows of one matrix from here: every dense layer is one
+        // multiplication over the whole batch.
+        let mut x = self.norm.forward(&x)?.reshape((b * s, h))?;
+        // Additive mask: 0 for tokens, a large negative for padding; none
+        // when nothing is padded (always so for a single text).
+        let bias = if padded {
+            let m = mask.to_dtype(DType::F32)?;
+            Some(((m - 1.0)? * 1e4)?.reshape((b, 1, 1, s))?)
+        } else {
+            None
+        };
         let hd = h / self.heads;
         let scale = 1.0 / (hd as f64).sqrt();
         for l in &self.layers {
-            let split = |t: Tensor| -> CResult<Tensor> {
-                t.reshape((b, s, self.heads, hd))?
+            let qkv = l.qkv.forward(&x)?;
+            let split = |i: usize| -> CResult<Tensor> {
+                qkv.narrow(1, i * h, h)?
+                    .reshape((b, s, self.heads, hd))?
                     .transpose(1, 2)?
                     .contiguous()
             };
-            let q = split(l.q.forward(&x)?)?;
-            let k = split(l.k.forward(&x)?)?;
-            let v = split(l.v.forward(&x)?)?;
-            let att = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&bias)?;
+            let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+            let mut att = (q.matmul(&k.t()?)? * scale)?;
+            if let Some(bias) = &bias {
+                att = att.broadcast_add(bias)?;
+            }
             let att = candle_nn::ops::softmax_last_dim(&att)?;
-            let ctx = att.matmul(&v)?.transpose(1, 2)?.reshape((b, s, h))?;
+            let ctx = att.matmul(&v)?.transpose(1, 2)?.reshape((b * s, h))?;
             let a = l.attn_norm.forward(&(l.attn_out.forward(&ctx)? + &x)?)?;
-            let i = l.inter.forward(&a)?.gelu()?;
+            let i = l.inter.forward(&a)?;
+            i.inplace_op1(&Gelu)?;
             x = l.out_norm.forward(&(l.out.forward(&i)? + &a)?)?;
         }
-        Ok(x)
+        x.reshape((b, s, h))
     }
+}
+
+/// GELU with the exact error function, as BERT defines it (`hidden_act =
+/// gelu`), applied in place. `erf` is a rational approximation (odd degree
+/// 13 over even degree 8, the form Eigen and XNNPACK use) that the compiler
+/// vectorises: no library call per element.
+struct Gelu;
+
+impl candle_core::InplaceOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "gelu-erf"
+    }
+    fn cpu_fwd(&self, s: &mut candle_core::CpuStorage, l: &candle_core::Layout) -> CResult<()> {
+        let (candle_core::CpuStorage::F32(v), Some((a, z))) = (s, l.contiguous_offsets()) else {
+            return Err(candle_core::Error::Msg(
+                "gelu: a contiguous f32 tensor".into(),
+            ));
+        };
+        gelu(&mut v[a..z]);
+        Ok(())
+    }
+}
+
+fn gelu(v: &mut [f32]) {
+    for x in v {
+        *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2));
+    }
+}
+
+#[inline(always)]
+fn erf(x: f32) -> f32 {
+    // Beyond ±4, erf is ±1 in f32. Plain multiply-adds: `mul_add` would be
+    // a library call without the FMA target feature.
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
+    for c in [
+        -2.101_024e-6,
+        -5.692_506_4e-5,
+        -7.349_906_3e-4,
+        -2.954_6e-3,
+        -1.609_603_3e-2,
+    ] {
+        p = x2 * p + c;
+    }
+    let mut q = x2 * -1.456_607_2e-5 - 2.133_740_6e-4;
+    for c in [-1.682_827e-3, -7.373_329e-3, -1.426_473_9e-2] {
+        q = x2 * q + c;
+    }
+    x * p / q
 }
 
 pub struct MiniLm {
@@ -189,8 +287,9 @@ impl MiniLm {
         }
         let dev = Device::Cpu;
         let ids = Tensor::from_vec(ids, (b, s), &dev)?;
+        let padded = mask.contains(&0);
         let mask = Tensor::from_vec(mask, (b, s), &dev)?;
-        let hidden = self.bert.forward(&ids, &mask)?;
+        let hidden = self.bert.forward(&ids, &mask, padded)?;
         // Mean over real tokens.
         let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
         let sum = hidden.broadcast_mul(&m)?.sum(1)?;
@@ -235,6 +334,35 @@ mod tests {
                     .join("models")
                     .join(MODEL_ID)
             })
+    }
+
+    /// The rational `erf` against the series/continued fraction in f64.
+    #[test]
+    fn erf_is_accurate() {
+        fn erf64(x: f64) -> f64 {
+            // Maclaurin series; converges well for |x| <= 3 in f64.
+            let (mut term, mut sum, mut n) = (x, x, 0.0);
+            while term.abs() > 1e-17 {
+                n += 1.0;
+                term *= -x * x / n;
+                sum += term / (2.0 * n + 1.0);
+            }
+            sum * 2.0 / std::f64::consts::PI.sqrt()
+        }
+        let mut worst = 0f64;
+        for i in -3000..=3000 {
+            let x = i as f64 / 1000.0;
+            worst = worst.max((erf(x as f32) as f64 - erf64(x)).abs());
+        }
+        assert!(worst < 2e-6, "erf error {worst}");
+        assert_eq!(erf(9.0), erf(4.0));
+        assert!((erf(4.0) - 1.0).abs() < 1e-6 && (erf(-30.0) + 1.0).abs() < 1e-6);
+        let mut g = [-10.0f32, -1.0, 0.0, 1.0, 10.0];
+        gelu(&mut g);
+        let want = [0.0f32, -0.158_655_26, 0.0, 0.841_344_7, 10.0];
+        for (a, b) in g.iter().zip(want) {
+            assert!((a - b).abs() < 1e-5, "{g:?}");
+        }
     }
 
     /// Vectors of sentence-transformers 5 (mean pooling, L2 norm) for ten
