@@ -188,6 +188,18 @@ impl candle_core::InplaceOp1 for Gelu {
 }
 
 fn gelu(v: &mut [f32]) {
+    // A batch's activations (millions of values) on every core; a query's
+    // (tens of thousands) on the caller's thread.
+    const PART: usize = 1 << 16;
+    if v.len() > 2 * PART {
+        use rayon::prelude::*;
+        v.par_chunks_mut(PART).for_each(gelu_part);
+    } else {
+        gelu_part(v);
+    }
+}
+
+fn gelu_part(v: &mut [f32]) {
     for x in v {
         *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2));
     }

@@ -1741,16 +1741,27 @@ fn set_lex_path(v: &mut Vec<Option<Arc<str>>>, id: u32, p: Option<Arc<str>>) {
 }
 
 /// (level, first line, text) of every record an upsert makes: L0, L1, and
-/// the chunks of L2.
+/// the chunks of L2. An overview the daemon derived from a content of one
+/// chunk is made of that chunk's own lines: it gets no record of its own,
+/// as its vector would only repeat the chunk's (and cost as much to embed).
 fn records(texts: &[(u8, String)]) -> Vec<(u8, u32, String)> {
+    let content = texts.iter().find(|(l, _)| *l == 2).map(|(_, t)| t.as_str());
+    let chunks = content.map(text::chunks).unwrap_or_default();
     let mut out = Vec::new();
     for (level, t) in texts {
         if *level == 2 {
-            for c in text::chunks(t) {
-                out.push((2, c.line, c.text));
+            for c in &chunks {
+                out.push((2, c.line, c.text.clone()));
             }
         } else if !t.trim().is_empty() {
-            out.push((*level, 0, t.trim().to_string()));
+            let t = t.trim();
+            if *level == 1
+                && chunks.len() == 1
+                && content.is_some_and(|c| crate::core::derive::derive_overview(c).trim() == t)
+            {
+                continue;
+            }
+            out.push((*level, 0, t.to_string()));
         }
     }
     out
@@ -1962,6 +1973,25 @@ impl IndexConfig {
 mod tests {
     use super::*;
     use crate::store::RedbStore;
+
+    #[test]
+    fn derived_overview_of_one_chunk_has_no_record() {
+        let one = "First line of a note.\nSecond line.\n".to_string();
+        let derived = crate::core::derive::derive_overview(&one);
+        let levels = |texts: &[(u8, String)]| -> Vec<u8> {
+            records(texts).into_iter().map(|(l, _, _)| l).collect()
+        };
+        let t = [(0, "A note".into()), (1, derived), (2, one.clone())];
+        assert_eq!(levels(&t), [0, 2]);
+        // An overview the writer wrote is a record.
+        let t = [(1, "What this note covers".into()), (2, one)];
+        assert_eq!(levels(&t), [1, 2]);
+        // A long content: the derived overview spans chunks, and stays.
+        let long = "A line of some length that fills the chunk.\n".repeat(60);
+        let t = [(1, crate::core::derive::derive_overview(&long)), (2, long)];
+        let l = levels(&t);
+        assert!(l[0] == 1 && l.len() > 2, "{l:?}");
+    }
 
     struct T {
         _dir: tempfile::TempDir,
