@@ -239,7 +239,20 @@ impl Fs {
                 (keywords_help && !keywords.is_empty() && keywords != q.text.to_lowercase())
                     .then_some(keywords),
             ];
-            for text in variants.into_iter().flatten() {
+            let variants: Vec<String> = variants
+                .into_iter()
+                .flatten()
+                .filter(|v| *v != q.text)
+                .collect();
+            // The variants' vectors in one pass of the model, before the
+            // first of them is searched.
+            if keywords_help && variants.len() > 1 {
+                let texts: Vec<&str> = variants.iter().map(String::as_str).collect();
+                if let Err(e) = ix.embed_queries(&texts) {
+                    tracing::warn!("{e}");
+                }
+            }
+            for text in variants {
                 if judged.first().is_some_and(|j| j.tier > Tier::Low)
                     || tried.iter().any(|t| t["query"] == text.as_str())
                 {

@@ -1417,22 +1417,47 @@ impl Index {
         if let Some(v) = lock(&self.qcache).0.get(q) {
             return Ok(v.clone());
         }
-        let v: Arc<[f32]> = Arc::from(
-            self.embedder
-                .embed(&[q])
-                .map_err(|e| Error::Unavailable(format!("query embedding failed: {e}")))?
-                .pop()
-                .unwrap_or_default(),
-        );
+        self.embed_queries(&[q])?;
+        lock(&self.qcache)
+            .0
+            .get(q)
+            .cloned()
+            .ok_or_else(|| Error::Unavailable("query embedding failed: no vector".into()))
+    }
+
+    /// Embed the queries not cached yet in one batch (one pass of the model
+    /// for several short texts costs little more than for one) and cache
+    /// them. For the variants a search retries with.
+    pub fn embed_queries(&self, qs: &[&str]) -> Result<()> {
+        let todo: Vec<&str> = {
+            let c = lock(&self.qcache);
+            let mut t: Vec<&str> = qs
+                .iter()
+                .copied()
+                .filter(|q| !c.0.contains_key(*q))
+                .collect();
+            t.dedup();
+            t
+        };
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let vs = self
+            .embedder
+            .embed(&todo)
+            .map_err(|e| Error::Unavailable(format!("query embedding failed: {e}")))?;
         let mut c = lock(&self.qcache);
-        if c.0.len() >= 1024 {
-            if let Some(old) = c.1.pop_front() {
-                c.0.remove(&old);
+        for (q, v) in todo.into_iter().zip(vs) {
+            if c.0.len() >= 1024 {
+                if let Some(old) = c.1.pop_front() {
+                    c.0.remove(&old);
+                }
+            }
+            if c.0.insert(q.to_string(), Arc::from(v)).is_none() {
+                c.1.push_back(q.to_string());
             }
         }
-        c.0.insert(q.to_string(), v.clone());
-        c.1.push_back(q.to_string());
-        Ok(v)
+        Ok(())
     }
 
     /// The best ACTIVE nodes under `scope` (a path under `accounts/`).
