@@ -1,22 +1,32 @@
-//! Query-embedding latency of MiniLM on SciFact's queries, in process:
-//! `cargo run --release --example embed_bench -- MODEL_DIR QUERIES.jsonl`.
+//! MiniLM in process, without a mount: query-embedding latency on SciFact's
+//! claims (one at a time), then passages/s on three-sentence passages of its
+//! abstracts (batches of 32; skipped with `QUERIES_ONLY=1`):
+//! `cargo run --release --example embed_bench -- MODEL_DIR SCIFACT/queries.jsonl`.
 use ctxfs::index::bert::MiniLm;
 use ctxfs::index::embed::Embedder;
+use std::path::Path;
 use std::time::Instant;
-fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let m = MiniLm::load(std::path::Path::new(&a[1])).unwrap();
-    let qs: Vec<String> = std::fs::read_to_string(&a[2])
+
+/// The `text` field of the first `n` lines of a JSONL file.
+fn texts(path: &Path, n: usize) -> Vec<String> {
+    std::fs::read_to_string(path)
         .unwrap()
         .lines()
+        .take(n)
         .map(|l| {
             serde_json::from_str::<serde_json::Value>(l).unwrap()["text"]
                 .as_str()
                 .unwrap()
                 .to_string()
         })
-        .take(200)
-        .collect();
+        .collect()
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let m = MiniLm::load(Path::new(&a[1])).unwrap();
+    let queries = Path::new(&a[2]);
+    let qs = texts(queries, 200);
     for q in &qs[..5] {
         m.embed(&[q]).unwrap();
     }
@@ -27,33 +37,6 @@ fn main() {
         ts.push(t.elapsed().as_secs_f64() * 1e3);
     }
     ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let docs: Vec<String> =
-        std::fs::read_to_string(std::path::Path::new(&a[2]).with_file_name("corpus.jsonl"))
-            .unwrap()
-            .lines()
-            .take(64)
-            .map(|l| {
-                let t = serde_json::from_str::<serde_json::Value>(l).unwrap()["text"]
-                    .as_str()
-                    .unwrap()
-                    .to_string();
-                t.split(". ").take(3).collect::<Vec<_>>().join(". ")
-            })
-            .collect();
-    let refs: Vec<&str> = docs.iter().map(|s| s.as_str()).collect();
-    let t = Instant::now();
-    let passages = if std::env::var_os("QUERIES_ONLY").is_some() {
-        0
-    } else {
-        refs.len()
-    };
-    for part in refs[..passages].chunks(32) {
-        m.embed(part).unwrap();
-    }
-    println!(
-        "64 passages of 3 sentences: {:.1} passages/s",
-        64.0 / t.elapsed().as_secs_f64()
-    );
     println!(
         "{} queries: p50 {:.2} ms p90 {:.2} p99 {:.2} min {:.2}",
         ts.len(),
@@ -61,5 +44,22 @@ fn main() {
         ts[ts.len() * 9 / 10],
         ts[ts.len() * 99 / 100],
         ts[0]
+    );
+    if std::env::var_os("QUERIES_ONLY").is_some() {
+        return;
+    }
+    let docs: Vec<String> = texts(&queries.with_file_name("corpus.jsonl"), 64)
+        .iter()
+        .map(|t| t.split(". ").take(3).collect::<Vec<_>>().join(". "))
+        .collect();
+    let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    for part in refs.chunks(32) {
+        m.embed(part).unwrap();
+    }
+    println!(
+        "{} passages of 3 sentences: {:.1} passages/s",
+        refs.len(),
+        refs.len() as f64 / t.elapsed().as_secs_f64()
     );
 }

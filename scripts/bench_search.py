@@ -87,17 +87,13 @@ def write_nodes(root, nodes, commit, start=0, step=1):
     return time.time() - t
 
 
-def _write_part(job):
-    write_nodes(*job)
-
-
 def commit_parallel(root, nodes, writers):
     """Commit `nodes` with `writers` processes (node i by writer i % writers),
     so the indexer gets more than one writer's commit rate. Returns seconds."""
     t = time.time()
     jobs = [(root, nodes[w::writers], True, w, writers) for w in range(writers)]
     with multiprocessing.Pool(writers) as p:
-        p.map(_write_part, jobs)
+        p.starmap(write_nodes, jobs)
     return time.time() - t
 
 

@@ -848,24 +848,20 @@ impl Index {
             }
             let ai = self.account(&p.account)?;
             self.ensure_vectors(&ai)?;
-            let missing = match &p.work {
-                Work::Upsert { texts, .. } => record_texts(texts)
-                    .iter()
-                    .any(|(h, _)| !have.contains_key(h) && !failed.contains_key(h)),
-                _ => false,
+            let recs = match &p.work {
+                Work::Upsert { texts, .. } => record_texts(texts),
+                _ => Vec::new(),
             };
             // Only a spent budget leaves a text neither embedded nor failed.
-            if missing {
+            if recs
+                .iter()
+                .any(|(h, _)| !have.contains_key(h) && !failed.contains_key(h))
+            {
                 self.defer_to_tomorrow(&mut ops, &p);
                 blocked.insert(p.path.clone());
                 continue;
             }
-            let err = match &p.work {
-                Work::Upsert { texts, .. } => record_texts(texts)
-                    .iter()
-                    .find_map(|(h, _)| failed.get(h).cloned()),
-                _ => None,
-            };
+            let err = recs.iter().find_map(|(h, _)| failed.get(h).cloned());
             if let Some(e) = err {
                 self.retry_later(&mut ops, &p, &e);
                 blocked.insert(p.path.clone());
