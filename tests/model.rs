@@ -438,3 +438,43 @@ fn regression_update_then_delete_then_recreate() {
         check(&sut, &m);
     }
 }
+
+/// A file inode the kernel looked up before a commit (a dentry not yet
+/// dropped) serves the node's current version, never a mix of two, and
+/// `ENOENT` once the node is gone.
+#[test]
+fn an_inode_from_before_a_commit_serves_the_current_version() {
+    let sut = Sut::new();
+    let n = node(0);
+    sut.ensure_dir(&n);
+    let commit = |v: &str| {
+        sut.write(WRITER, &n, "content.md", v).unwrap();
+        sut.write(WRITER, &n, ".meta.json", r#"{"status":"ACTIVE"}"#)
+            .unwrap();
+    };
+    commit("first\n");
+    let old = sut.resolve(READER, &format!("{n}/content.md")).unwrap();
+    let o = sut.fs.open(READER, old, libc::O_RDONLY).unwrap();
+    assert!(!o.direct_io && o.keep_cache, "a current inode is cached");
+    sut.fs.release(o.fh);
+
+    commit("second, longer\n");
+    let new = sut.resolve(READER, &format!("{n}/content.md")).unwrap();
+    assert_ne!(old, new, "a new version is a new inode");
+    let o = sut.fs.open(READER, old, libc::O_RDONLY).unwrap();
+    assert!(o.direct_io && !o.keep_cache, "around the stale pages");
+    assert_eq!(sut.fs.read(o.fh, 0, 1 << 20).unwrap(), b"second, longer\n");
+    sut.fs.release(o.fh);
+    assert_eq!(sut.fs.getattr(READER, old, None).unwrap().size, 15);
+
+    let dir = sut.resolve(WRITER, &n).unwrap();
+    for name in sut.list(WRITER, &n).unwrap() {
+        sut.fs.unlink(WRITER, dir, &name).unwrap();
+    }
+    let cat = sut.resolve(WRITER, CAT).unwrap();
+    sut.fs.rmdir(WRITER, cat, "n0").unwrap();
+    assert!(matches!(
+        sut.fs.open(READER, old, libc::O_RDONLY),
+        Err(Error::NotFound)
+    ));
+}

@@ -147,9 +147,15 @@ impl Fs {
                 version,
             } => {
                 let access = self.gate(c, Self::account_of(node), false)?;
-                let rec = self.version_rec(node, *id, *version, access)?;
+                let (rec, stale) = self.current_rec(node, *id, *version, access)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
-                Ok(self.committed_file_attr(ino, &rec, f))
+                let attr = self.committed_file_attr(ino, &rec, f);
+                // A stale inode's answer is not cached: the next lookup
+                // finds the current inode.
+                Ok(Attr {
+                    shared: attr.shared && !stale,
+                    ..attr
+                })
             }
             Key::Draft { node, name } => {
                 let file = self.draft_file(c, node, name)?;
@@ -232,22 +238,27 @@ impl Fs {
     }
 
     /// The record of a committed version, if the caller may see it.
-    fn version_rec(&self, node: &str, id: u64, version: u32, access: Access) -> Result<NodeRec> {
-        let cur = self.live_node(node)?;
-        if cur.is_none() && self.expired(node) {
-            return Err(Error::NotFound);
-        }
-        let rec = match cur {
-            Some(r) if r.id == id && r.version == version => r,
-            _ => self
-                .store
-                .get_version(id, version)?
-                .ok_or(Error::NotFound)?,
-        };
+    /// The record a committed file's inode is served from, and whether the
+    /// inode is stale. The inode names the version its lookup saw; after a
+    /// commit the kernel may still hold that dentry for a moment (the
+    /// invalidations of a node's five files are not one atomic step, and a
+    /// lookup can race with them). An open or stat through a stale inode
+    /// meets the node's *current* version, never an older one, so a reader
+    /// cannot combine files of two versions; a deleted or moved node's stale
+    /// file is `ENOENT`.
+    fn current_rec(
+        &self,
+        node: &str,
+        id: u64,
+        version: u32,
+        access: Access,
+    ) -> Result<(NodeRec, bool)> {
+        let rec = self.live_node(node)?.ok_or(Error::NotFound)?;
         if !Self::shows(rec.status, access) {
             return Err(Error::NotFound);
         }
-        Ok(rec)
+        let stale = rec.id != id || rec.version != version;
+        Ok((rec, stale))
     }
 
     fn draft_file(&self, c: Caller, node: &str, name: &str) -> Result<Arc<RwLock<DFile>>> {
@@ -1055,14 +1066,17 @@ impl Fs {
                         return self.draft_handle(node, name, file, flags);
                     }
                 }
-                let rec = self.version_rec(node, *id, *version, access)?;
+                let (rec, stale) = self.current_rec(node, *id, *version, access)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
                 let bytes = self.store.read_blob(f.blob, f.size)?;
                 let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+                // A current inode's pages never change (a new version is a
+                // new inode), so the kernel keeps them. A stale inode serves
+                // the current version's bytes around its cached pages.
                 Ok(Opened {
                     fh,
-                    direct_io: false,
-                    keep_cache: true,
+                    direct_io: stale,
+                    keep_cache: !stale,
                     no_flush: true,
                 })
             }
