@@ -120,8 +120,14 @@ impl IndexSection {
             .map_err(|e| anyhow::anyhow!("[index] {e}"))
     }
 
+    /// HNSW parameters as set, the defaults of MiniLM-like embedders filling in.
     pub fn ann(&self) -> crate::index::ann::AnnParams {
-        let d = crate::index::ann::AnnParams::default();
+        self.ann_for("")
+    }
+
+    /// HNSW parameters as set, the defaults for embedder `kind` filling in.
+    pub fn ann_for(&self, kind: &str) -> crate::index::ann::AnnParams {
+        let d = crate::index::ann::AnnParams::for_embedder(kind);
         crate::index::ann::AnnParams {
             m: self.hnsw_m.unwrap_or(d.m),
             ef_construction: self.hnsw_ef_construction.unwrap_or(d.ef_construction),
@@ -296,6 +302,12 @@ mod tests {
         assert_eq!(s.quotas["a"].writes_per_day, None);
         let s = Settings::parse("[index]\nembedder = \"hash\"\nhnsw_ef_search = 128\n").unwrap();
         assert_eq!(s.index.ann().ef_search, 128);
+        // Unset values take the defaults of the embedder's kind.
+        assert_eq!(s.index.ann_for("hash").ef_construction, 48);
+        assert_eq!(s.index.ann_for("minilm").ef_construction, 100);
+        let s = Settings::parse("[index]\nhnsw_ef_construction = 200\n").unwrap();
+        assert_eq!(s.index.ann_for("hash").ef_construction, 200);
+        assert_eq!(s.index.ann_for("hash").ef_search, 128);
     }
 
     #[test]

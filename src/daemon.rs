@@ -76,6 +76,7 @@ fn open_index(
         .collect();
     let (emb, note) = crate::index::choose_embedder(sec, data).map_err(|e| anyhow!("{e}"))?;
     tracing::info!(model = emb.id(), "{note}");
+    cfg.ann = sec.ann_for(emb.kind());
     crate::index::Index::new(
         store.clone() as Arc<dyn Store>,
         &data.join("index"),

@@ -331,6 +331,15 @@ impl Embedder for MiniLm {
         }
         self.run(texts).map_err(|e| format!("MiniLM: {e}"))
     }
+    /// The matrix products use every core, but the steps between them
+    /// (softmax, bias adds, copies) run on the calling thread: a second
+    /// batch beside the first keeps both cores busy.
+    fn lanes(&self) -> usize {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .clamp(1, 4)
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,47 @@ pub trait Embedder: Send + Sync {
     fn dim(&self) -> usize;
     /// One L2-normalised vector per text, in order.
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String>;
+    /// Batches worth embedding side by side on their own threads.
+    fn lanes(&self) -> usize {
+        1
+    }
+}
+
+/// Embed `texts` in batches of `batch`, up to `e.lanes()` batches at a time,
+/// each on its own thread. One result per batch, in order.
+pub fn embed_batches(
+    e: &dyn Embedder,
+    texts: &[&str],
+    batch: usize,
+) -> Vec<Result<Vec<Vec<f32>>, String>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let parts: Vec<&[&str]> = texts.chunks(batch.max(1)).collect();
+    let lanes = e.lanes().min(parts.len());
+    if lanes <= 1 {
+        return parts.iter().map(|p| e.embed(p)).collect();
+    }
+    type Slot = Mutex<Option<Result<Vec<Vec<f32>>, String>>>;
+    let slots: Vec<Slot> = parts.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..lanes {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(p) = parts.get(i) else { break };
+                let r = e.embed(p);
+                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| Err("batch not embedded".into()))
+        })
+        .collect()
 }
 
 /// Scale `v` to unit length (a zero vector stays zero).
@@ -203,6 +244,53 @@ mod tests {
 
     fn cos(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// Embeds a text as its number; refuses texts holding "bad".
+    struct Numbers;
+    impl Embedder for Numbers {
+        fn id(&self) -> &str {
+            "numbers"
+        }
+        fn kind(&self) -> &'static str {
+            "test"
+        }
+        fn dim(&self) -> usize {
+            1
+        }
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            std::thread::sleep(Duration::from_millis(2));
+            texts
+                .iter()
+                .map(|t| t.parse::<f32>().map(|x| vec![x]).map_err(|_| t.to_string()))
+                .collect()
+        }
+        fn lanes(&self) -> usize {
+            3
+        }
+    }
+
+    #[test]
+    fn batches_side_by_side_keep_their_order_and_their_failures() {
+        let texts: Vec<String> = (0..50)
+            .map(|i| if i == 21 { "bad".into() } else { i.to_string() })
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let out = embed_batches(&Numbers, &refs, 4);
+        assert_eq!(out.len(), 13);
+        for (b, r) in out.iter().enumerate() {
+            match r {
+                Ok(vs) => {
+                    let want: Vec<Vec<f32>> = (b * 4..(b * 4 + 4).min(50))
+                        .map(|i| vec![i as f32])
+                        .collect();
+                    assert_eq!(vs, &want, "batch {b}");
+                }
+                Err(e) => assert_eq!((b, e.as_str()), (5, "bad")),
+            }
+        }
+        assert!(out[5].is_err());
+        assert!(embed_batches(&Numbers, &[], 4).is_empty());
     }
 
     #[test]

@@ -805,9 +805,10 @@ impl Index {
         let mut failed: HashMap<u128, String> = HashMap::new();
         let mut todo: Vec<(u128, String)> = need.into_iter().collect();
         todo.sort_by_key(|(_, t)| t.len());
-        for part in todo.chunks(EMBED_BATCH) {
-            let texts: Vec<&str> = part.iter().map(|(_, t)| t.as_str()).collect();
-            match self.embedder.embed(&texts) {
+        let texts: Vec<&str> = todo.iter().map(|(_, t)| t.as_str()).collect();
+        let results = embed::embed_batches(&*self.embedder, &texts, EMBED_BATCH);
+        for (part, r) in todo.chunks(EMBED_BATCH).zip(results) {
+            match r {
                 Ok(vs) => {
                     for ((h, _), v) in part.iter().zip(vs) {
                         ops.push(Op::PutVec {
