@@ -380,6 +380,13 @@ impl Index {
         cfg: IndexConfig,
     ) -> Result<Arc<Self>> {
         cfg.ann.validate().map_err(Error::Invalid)?;
+        tracing::info!(
+            model = embedder.id(),
+            m = cfg.ann.m,
+            ef_construction = cfg.ann.ef_construction,
+            ef_search = cfg.ann.ef_search,
+            "vector index parameters"
+        );
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Store(format!("cannot create {}: {e}", dir.display())))?;
         Ok(Arc::new(Index {
