@@ -30,36 +30,126 @@ struct Config {
 
 /// A dense layer whose weight is stored transposed (`[in, out]`,
 /// contiguous) once at load: a multiplication then reads it in place
-/// instead of repacking a strided view on every call.
+/// instead of repacking a strided view on every call. The bias (and a
+/// residual) is added in place, in one pass over the product.
 struct Dense {
     wt: Tensor,
-    b: Tensor,
+    b: Vec<f32>,
 }
 
 impl Dense {
     /// The layers under `names`, side by side along the output (one
-    /// multiplication computes query, key and value together).
-    fn load(vb: &VarBuilder, names: &[&str], inp: usize, out: usize) -> CResult<Self> {
+    /// multiplication computes query, key and value together), each
+    /// scaled by its factor in `scales` (1 when absent).
+    fn load(
+        vb: &VarBuilder,
+        names: &[&str],
+        scales: &[f64],
+        inp: usize,
+        out: usize,
+    ) -> CResult<Self> {
         let mut w = Vec::new();
         let mut b = Vec::new();
-        for n in names {
+        for (i, n) in names.iter().enumerate() {
             let l = linear(inp, out, vb.pp(n))?;
-            w.push(l.weight().clone());
-            b.push(
-                l.bias().cloned().ok_or_else(|| {
-                    candle_core::Error::Msg(format!("{n}: the layer has no bias"))
-                })?,
-            );
+            let bias = l
+                .bias()
+                .cloned()
+                .ok_or_else(|| candle_core::Error::Msg(format!("{n}: the layer has no bias")))?;
+            match scales.get(i) {
+                Some(&f) => {
+                    w.push((l.weight() * f)?);
+                    b.push((bias * f)?);
+                }
+                None => {
+                    w.push(l.weight().clone());
+                    b.push(bias);
+                }
+            }
         }
         Ok(Dense {
             wt: Tensor::cat(&w, 0)?.t()?.contiguous()?,
-            b: Tensor::cat(&b, 0)?,
+            b: Tensor::cat(&b, 0)?.to_vec1()?,
         })
     }
 
     /// `[n, in]` → `[n, out]`.
     fn forward(&self, x: &Tensor) -> CResult<Tensor> {
-        x.matmul(&self.wt)?.broadcast_add(&self.b)
+        let y = x.matmul(&self.wt)?;
+        y.inplace_op1(&AddBias(&self.b))?;
+        Ok(y)
+    }
+
+    /// `[n, in]` → `[n, out]` plus `res` (`[n, out]`).
+    fn forward_add(&self, x: &Tensor, res: &Tensor) -> CResult<Tensor> {
+        let y = x.matmul(&self.wt)?;
+        y.inplace_op2(res, &AddBias(&self.b))?;
+        Ok(y)
+    }
+}
+
+/// Adds a bias to every row of a contiguous f32 matrix in place, and with
+/// a second operand of the same shape, that operand too.
+struct AddBias<'a>(&'a [f32]);
+
+impl AddBias<'_> {
+    fn rows<'v>(
+        &self,
+        s: &'v mut candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> CResult<&'v mut [f32]> {
+        match (s, l.contiguous_offsets()) {
+            (candle_core::CpuStorage::F32(v), Some((a, z))) if (z - a) % self.0.len() == 0 => {
+                Ok(&mut v[a..z])
+            }
+            _ => Err(candle_core::Error::Msg(
+                "bias: a contiguous f32 matrix with rows of the bias' length".into(),
+            )),
+        }
+    }
+}
+
+impl candle_core::InplaceOp1 for AddBias<'_> {
+    fn name(&self) -> &'static str {
+        "add-bias"
+    }
+    fn cpu_fwd(&self, s: &mut candle_core::CpuStorage, l: &candle_core::Layout) -> CResult<()> {
+        for row in self.rows(s, l)?.chunks_exact_mut(self.0.len()) {
+            for (x, b) in row.iter_mut().zip(self.0) {
+                *x += b;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl candle_core::InplaceOp2 for AddBias<'_> {
+    fn name(&self) -> &'static str {
+        "add-bias-residual"
+    }
+    fn cpu_fwd(
+        &self,
+        s: &mut candle_core::CpuStorage,
+        l: &candle_core::Layout,
+        r: &candle_core::CpuStorage,
+        rl: &candle_core::Layout,
+    ) -> CResult<()> {
+        let y = self.rows(s, l)?;
+        let res = match (r, rl.contiguous_offsets()) {
+            (candle_core::CpuStorage::F32(v), Some((a, z))) if z - a == y.len() => &v[a..z],
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "residual: a contiguous f32 matrix of the product's shape".into(),
+                ))
+            }
+        };
+        let n = self.0.len();
+        for (row, rrow) in y.chunks_exact_mut(n).zip(res.chunks_exact(n)) {
+            for ((x, b), r) in row.iter_mut().zip(self.0).zip(rrow) {
+                *x += b + r;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -95,12 +185,15 @@ impl Bert {
                 "attention.self.key",
                 "attention.self.value",
             ];
+            // The attention's 1/sqrt(head size) folded into the query
+            // projection: no pass over the scores to scale them.
+            let scale = 1.0 / ((h / c.num_attention_heads) as f64).sqrt();
             layers.push(Layer {
-                qkv: Dense::load(&l, &qkv, h, h)?,
-                attn_out: Dense::load(&l, &["attention.output.dense"], h, h)?,
+                qkv: Dense::load(&l, &qkv, &[scale], h, h)?,
+                attn_out: Dense::load(&l, &["attention.output.dense"], &[], h, h)?,
                 attn_norm: layer_norm(h, c.layer_norm_eps, l.pp("attention.output.LayerNorm"))?,
-                inter: Dense::load(&l, &["intermediate.dense"], h, c.intermediate_size)?,
-                out: Dense::load(&l, &["output.dense"], c.intermediate_size, h)?,
+                inter: Dense::load(&l, &["intermediate.dense"], &[], h, c.intermediate_size)?,
+                out: Dense::load(&l, &["output.dense"], &[], c.intermediate_size, h)?,
                 out_norm: layer_norm(h, c.layer_norm_eps, l.pp("output.LayerNorm"))?,
             });
         }
@@ -141,7 +234,6 @@ impl Bert {
             None
         };
         let hd = h / self.heads;
-        let scale = 1.0 / (hd as f64).sqrt();
         for l in &self.layers {
             let qkv = l.qkv.forward(&x)?;
             let split = |i: usize| -> CResult<Tensor> {
@@ -151,16 +243,16 @@ impl Bert {
                     .contiguous()
             };
             let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-            let mut att = (q.matmul(&k.t()?)? * scale)?;
+            let mut att = q.matmul(&k.t()?)?;
             if let Some(bias) = &bias {
                 att = att.broadcast_add(bias)?;
             }
             let att = candle_nn::ops::softmax_last_dim(&att)?;
             let ctx = att.matmul(&v)?.transpose(1, 2)?.reshape((b * s, h))?;
-            let a = l.attn_norm.forward(&(l.attn_out.forward(&ctx)? + &x)?)?;
+            let a = l.attn_norm.forward(&l.attn_out.forward_add(&ctx, &x)?)?;
             let i = l.inter.forward(&a)?;
             i.inplace_op1(&Gelu)?;
-            x = l.out_norm.forward(&(l.out.forward(&i)? + &a)?)?;
+            x = l.out_norm.forward(&l.out.forward_add(&i, &a)?)?;
         }
         x.reshape((b, s, h))
     }
