@@ -237,7 +237,6 @@ impl Fs {
         Ok((rec, draft))
     }
 
-    /// The record of a committed version, if the caller may see it.
     /// The record a committed file's inode is served from, and whether the
     /// inode is stale. The inode names the version its lookup saw; after a
     /// commit the kernel may still hold that dentry for a moment (the

@@ -54,18 +54,10 @@ impl Dense {
             let l = linear(inp, out, vb.pp(n))?;
             let bias = l
                 .bias()
-                .cloned()
                 .ok_or_else(|| candle_core::Error::Msg(format!("{n}: the layer has no bias")))?;
-            match scales.get(i) {
-                Some(&f) => {
-                    w.push((l.weight() * f)?);
-                    b.push((bias * f)?);
-                }
-                None => {
-                    w.push(l.weight().clone());
-                    b.push(bias);
-                }
-            }
+            let f = scales.get(i).copied().unwrap_or(1.0);
+            w.push((l.weight() * f)?);
+            b.push((bias * f)?);
         }
         Ok(Dense {
             wt: Tensor::cat(&w, 0)?.t()?.contiguous()?,
@@ -88,6 +80,34 @@ impl Dense {
     }
 }
 
+/// The values of a contiguous f32 tensor (`what` names it in the error).
+fn f32s<'v>(
+    s: &'v candle_core::CpuStorage,
+    l: &candle_core::Layout,
+    what: &str,
+) -> CResult<&'v [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (candle_core::CpuStorage::F32(v), Some((a, z))) => Ok(&v[a..z]),
+        _ => Err(candle_core::Error::Msg(format!(
+            "{what}: a contiguous f32 tensor"
+        ))),
+    }
+}
+
+/// [`f32s`], to change in place.
+fn f32s_mut<'v>(
+    s: &'v mut candle_core::CpuStorage,
+    l: &candle_core::Layout,
+    what: &str,
+) -> CResult<&'v mut [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (candle_core::CpuStorage::F32(v), Some((a, z))) => Ok(&mut v[a..z]),
+        _ => Err(candle_core::Error::Msg(format!(
+            "{what}: a contiguous f32 tensor"
+        ))),
+    }
+}
+
 /// Adds a bias to every row of a contiguous f32 matrix in place, and with
 /// a second operand of the same shape, that operand too.
 struct AddBias<'a>(&'a [f32]);
@@ -98,14 +118,13 @@ impl AddBias<'_> {
         s: &'v mut candle_core::CpuStorage,
         l: &candle_core::Layout,
     ) -> CResult<&'v mut [f32]> {
-        match (s, l.contiguous_offsets()) {
-            (candle_core::CpuStorage::F32(v), Some((a, z))) if (z - a) % self.0.len() == 0 => {
-                Ok(&mut v[a..z])
-            }
-            _ => Err(candle_core::Error::Msg(
-                "bias: a contiguous f32 matrix with rows of the bias' length".into(),
-            )),
+        let v = f32s_mut(s, l, "bias")?;
+        if v.len() % self.0.len() != 0 {
+            return Err(candle_core::Error::Msg(
+                "bias: rows of a length other than the bias'".into(),
+            ));
         }
+        Ok(v)
     }
 }
 
@@ -135,14 +154,12 @@ impl candle_core::InplaceOp2 for AddBias<'_> {
         rl: &candle_core::Layout,
     ) -> CResult<()> {
         let y = self.rows(s, l)?;
-        let res = match (r, rl.contiguous_offsets()) {
-            (candle_core::CpuStorage::F32(v), Some((a, z))) if z - a == y.len() => &v[a..z],
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "residual: a contiguous f32 matrix of the product's shape".into(),
-                ))
-            }
-        };
+        let res = f32s(r, rl, "residual")?;
+        if res.len() != y.len() {
+            return Err(candle_core::Error::Msg(
+                "residual: a shape other than the product's".into(),
+            ));
+        }
         let n = self.0.len();
         for (row, rrow) in y.chunks_exact_mut(n).zip(res.chunks_exact(n)) {
             for ((x, b), r) in row.iter_mut().zip(self.0).zip(rrow) {
@@ -269,12 +286,7 @@ impl candle_core::InplaceOp1 for Gelu {
         "gelu-erf"
     }
     fn cpu_fwd(&self, s: &mut candle_core::CpuStorage, l: &candle_core::Layout) -> CResult<()> {
-        let (candle_core::CpuStorage::F32(v), Some((a, z))) = (s, l.contiguous_offsets()) else {
-            return Err(candle_core::Error::Msg(
-                "gelu: a contiguous f32 tensor".into(),
-            ));
-        };
-        gelu(&mut v[a..z]);
+        gelu(f32s_mut(s, l, "gelu")?);
         Ok(())
     }
 }
@@ -427,10 +439,7 @@ impl Embedder for MiniLm {
     /// (softmax, bias adds, copies) run on the calling thread: a second
     /// batch beside the first keeps both cores busy.
     fn lanes(&self) -> usize {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .clamp(1, 4)
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
     }
 }
 
