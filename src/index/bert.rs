@@ -1,20 +1,39 @@
-//! all-MiniLM-L6-v2 in-process: a small BERT encoder on candle, mean
-//! pooling with the attention mask and L2 normalisation, as
-//! sentence-transformers computes it. The files come from the model
-//! directory (`config.json`, `tokenizer.json`, `model.safetensors`).
+//! all-MiniLM-L6-v2 in-process: a small BERT encoder, mean pooling over
+//! the tokens and L2 normalisation, as sentence-transformers computes it.
+//! The files come from the model directory (`config.json`,
+//! `tokenizer.json`, `model.safetensors`); candle reads the weights, and
+//! the forward pass runs on plain f32 buffers with the `gemm` crate:
+//!
+//! - the texts of a batch are packed row after row, without padding: each
+//!   dense layer is one multiplication over every real token of the batch,
+//!   and attention runs per text over its own rows (no mask, no padded
+//!   rows to compute);
+//! - bias and residual are written into the destination first and the
+//!   product is accumulated onto them (no pass to add them after);
+//! - query, key and value are read in place from the one projection that
+//!   computes them together, and each head's context is written in place
+//!   into the rows of the next layer's input (no head split or merge copies);
+//! - the buffers of a batch are kept for the next batch (no page faults on
+//!   fresh memory, no zeroing), up to [`KEEP_BYTES`] per lane.
 
 use super::embed::{normalize, Embedder};
-use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, VarBuilder};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use gemm::Parallelism;
+use rayon::prelude::*;
 use std::path::Path;
 use std::sync::Mutex;
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::{Tokenizer, TruncationParams};
 
 pub const MODEL_ID: &str = "all-MiniLM-L6-v2";
 /// Files a model directory must hold.
 pub const FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
 /// Word pieces read per text (sentence-transformers' `max_seq_length`).
 const MAX_TOKENS: usize = 256;
+/// Buffers kept for the next batch, per lane. A batch of 32 texts of 60
+/// word pieces needs about 30 MB; a larger batch gets buffers of its own,
+/// freed after it.
+const KEEP_BYTES: usize = 64 << 20;
 
 #[derive(serde::Deserialize)]
 struct Config {
@@ -28,13 +47,20 @@ struct Config {
     layer_norm_eps: f64,
 }
 
-/// A dense layer whose weight is stored transposed (`[in, out]`,
-/// contiguous) once at load: a multiplication then reads it in place
-/// instead of repacking a strided view on every call. The bias (and a
-/// residual) is added in place, in one pass over the product.
+type CResult<T> = candle_core::Result<T>;
+
+/// The f32 values of a tensor, row-major.
+fn values(t: &Tensor) -> CResult<Vec<f32>> {
+    t.flatten_all()?.to_vec1()
+}
+
+/// A dense layer: the weight transposed to `[in, out]` (row-major) and
+/// the bias.
 struct Dense {
-    wt: Tensor,
+    wt: Vec<f32>,
     b: Vec<f32>,
+    inp: usize,
+    out: usize,
 }
 
 impl Dense {
@@ -51,149 +77,147 @@ impl Dense {
         let mut w = Vec::new();
         let mut b = Vec::new();
         for (i, n) in names.iter().enumerate() {
-            let l = linear(inp, out, vb.pp(n))?;
-            let bias = l
-                .bias()
-                .ok_or_else(|| candle_core::Error::Msg(format!("{n}: the layer has no bias")))?;
             let f = scales.get(i).copied().unwrap_or(1.0);
-            w.push((l.weight() * f)?);
-            b.push((bias * f)?);
+            w.push((vb.pp(n).get((out, inp), "weight")? * f)?);
+            b.push((vb.pp(n).get(out, "bias")? * f)?);
         }
         Ok(Dense {
-            wt: Tensor::cat(&w, 0)?.t()?.contiguous()?,
-            b: Tensor::cat(&b, 0)?.to_vec1()?,
+            wt: values(&Tensor::cat(&w, 0)?.t()?.contiguous()?)?,
+            b: values(&Tensor::cat(&b, 0)?)?,
+            inp,
+            out: out * names.len(),
         })
     }
 
-    /// `[n, in]` → `[n, out]`.
-    fn forward(&self, x: &Tensor) -> CResult<Tensor> {
-        let y = x.matmul(&self.wt)?;
-        y.inplace_op1(&AddBias(&self.b))?;
-        Ok(y)
-    }
-
-    /// `[n, in]` → `[n, out]` plus `res` (`[n, out]`).
-    fn forward_add(&self, x: &Tensor, res: &Tensor) -> CResult<Tensor> {
-        let y = x.matmul(&self.wt)?;
-        y.inplace_op2(res, &AddBias(&self.b))?;
-        Ok(y)
-    }
-}
-
-/// The values of a contiguous f32 tensor (`what` names it in the error).
-fn f32s<'v>(
-    s: &'v candle_core::CpuStorage,
-    l: &candle_core::Layout,
-    what: &str,
-) -> CResult<&'v [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (candle_core::CpuStorage::F32(v), Some((a, z))) => Ok(&v[a..z]),
-        _ => Err(candle_core::Error::Msg(format!(
-            "{what}: a contiguous f32 tensor"
-        ))),
-    }
-}
-
-/// [`f32s`], to change in place.
-fn f32s_mut<'v>(
-    s: &'v mut candle_core::CpuStorage,
-    l: &candle_core::Layout,
-    what: &str,
-) -> CResult<&'v mut [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (candle_core::CpuStorage::F32(v), Some((a, z))) => Ok(&mut v[a..z]),
-        _ => Err(candle_core::Error::Msg(format!(
-            "{what}: a contiguous f32 tensor"
-        ))),
-    }
-}
-
-/// Adds a bias to every row of a contiguous f32 matrix in place, and with
-/// a second operand of the same shape, that operand too.
-struct AddBias<'a>(&'a [f32]);
-
-impl AddBias<'_> {
-    fn rows<'v>(
-        &self,
-        s: &'v mut candle_core::CpuStorage,
-        l: &candle_core::Layout,
-    ) -> CResult<&'v mut [f32]> {
-        let v = f32s_mut(s, l, "bias")?;
-        if v.len() % self.0.len() != 0 {
-            return Err(candle_core::Error::Msg(
-                "bias: rows of a length other than the bias'".into(),
-            ));
+    /// `y[n, out] += x[n, in] · W` (the caller fills `y` with the bias,
+    /// plus a residual, first).
+    fn accumulate(&self, x: &[f32], y: &mut [f32], n: usize) {
+        assert!(x.len() >= n * self.inp && y.len() >= n * self.out);
+        let threads = rayon::current_num_threads();
+        let par = if threads > 1 && n > 1 {
+            Parallelism::Rayon(threads)
+        } else {
+            Parallelism::None
+        };
+        // SAFETY: the three matrices lie inside their slices (asserted
+        // above, strides as described), `y` is not aliased by `x` or `wt`.
+        unsafe {
+            gemm::gemm(
+                n,
+                self.out,
+                self.inp,
+                y.as_mut_ptr(),
+                1,
+                self.out as isize,
+                true,
+                x.as_ptr(),
+                1,
+                self.inp as isize,
+                self.wt.as_ptr(),
+                1,
+                self.out as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            )
         }
-        Ok(v)
+    }
+
+    /// `y` (`[n, out]`) := the bias in every row, plus `res` (`[n, out]`).
+    fn start(&self, y: &mut Vec<f32>, n: usize, res: Option<&[f32]>) {
+        y.clear();
+        match res {
+            Some(r) => y.extend(
+                r[..n * self.out]
+                    .chunks_exact(self.out)
+                    .flat_map(|row| row.iter().zip(&self.b).map(|(a, b)| a + b)),
+            ),
+            None => (0..n).for_each(|_| y.extend_from_slice(&self.b)),
+        }
     }
 }
 
-impl candle_core::InplaceOp1 for AddBias<'_> {
-    fn name(&self) -> &'static str {
-        "add-bias"
+/// Layer normalisation of each row of `x`, in place.
+struct Norm {
+    g: Vec<f32>,
+    b: Vec<f32>,
+    eps: f32,
+}
+
+impl Norm {
+    fn load(vb: VarBuilder, h: usize, eps: f64) -> CResult<Self> {
+        Ok(Norm {
+            g: values(&vb.get(h, "weight")?)?,
+            b: values(&vb.get(h, "bias")?)?,
+            eps: eps as f32,
+        })
     }
-    fn cpu_fwd(&self, s: &mut candle_core::CpuStorage, l: &candle_core::Layout) -> CResult<()> {
-        for row in self.rows(s, l)?.chunks_exact_mut(self.0.len()) {
-            for (x, b) in row.iter_mut().zip(self.0) {
-                *x += b;
+
+    fn apply(&self, x: &mut [f32]) {
+        let h = self.g.len();
+        for row in x.chunks_exact_mut(h) {
+            let mean = row.iter().sum::<f32>() / h as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
+            let inv = 1.0 / (var + self.eps).sqrt();
+            for ((v, g), b) in row.iter_mut().zip(&self.g).zip(&self.b) {
+                *v = (*v - mean) * inv * g + b;
             }
         }
-        Ok(())
-    }
-}
-
-impl candle_core::InplaceOp2 for AddBias<'_> {
-    fn name(&self) -> &'static str {
-        "add-bias-residual"
-    }
-    fn cpu_fwd(
-        &self,
-        s: &mut candle_core::CpuStorage,
-        l: &candle_core::Layout,
-        r: &candle_core::CpuStorage,
-        rl: &candle_core::Layout,
-    ) -> CResult<()> {
-        let y = self.rows(s, l)?;
-        let res = f32s(r, rl, "residual")?;
-        if res.len() != y.len() {
-            return Err(candle_core::Error::Msg(
-                "residual: a shape other than the product's".into(),
-            ));
-        }
-        let n = self.0.len();
-        for (row, rrow) in y.chunks_exact_mut(n).zip(res.chunks_exact(n)) {
-            for ((x, b), r) in row.iter_mut().zip(self.0).zip(rrow) {
-                *x += b + r;
-            }
-        }
-        Ok(())
     }
 }
 
 struct Layer {
     qkv: Dense,
     attn_out: Dense,
-    attn_norm: LayerNorm,
+    attn_norm: Norm,
     inter: Dense,
     out: Dense,
-    out_norm: LayerNorm,
+    out_norm: Norm,
 }
 
 struct Bert {
-    word: Embedding,
-    pos: Embedding,
-    typ: Embedding,
-    norm: LayerNorm,
+    word: Vec<f32>,
+    pos: Vec<f32>,
+    typ: Vec<f32>,
+    norm: Norm,
     layers: Vec<Layer>,
+    h: usize,
     heads: usize,
+    max_pos: usize,
 }
 
-type CResult<T> = candle_core::Result<T>;
+/// The buffers of one forward pass, kept between batches.
+#[derive(Default)]
+struct Work {
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    ctx: Vec<f32>,
+    a: Vec<f32>,
+    inter: Vec<f32>,
+}
+
+impl Work {
+    fn bytes(&self) -> usize {
+        4 * [&self.x, &self.qkv, &self.ctx, &self.a, &self.inter]
+            .iter()
+            .map(|v| v.capacity())
+            .sum::<usize>()
+    }
+}
 
 impl Bert {
     fn load(vb: VarBuilder, c: &Config) -> CResult<Self> {
         let e = vb.pp("embeddings");
         let h = c.hidden_size;
+        if c.num_attention_heads == 0 || !h.is_multiple_of(c.num_attention_heads) {
+            return Err(candle_core::Error::Msg(format!(
+                "config.json: hidden_size {h} is not a multiple of num_attention_heads {}",
+                c.num_attention_heads
+            )));
+        }
         let mut layers = Vec::new();
         for i in 0..c.num_hidden_layers {
             let l = vb.pp(format!("encoder.layer.{i}"));
@@ -205,73 +229,193 @@ impl Bert {
             // The attention's 1/sqrt(head size) folded into the query
             // projection: no pass over the scores to scale them.
             let scale = 1.0 / ((h / c.num_attention_heads) as f64).sqrt();
+            let eps = c.layer_norm_eps;
             layers.push(Layer {
                 qkv: Dense::load(&l, &qkv, &[scale], h, h)?,
                 attn_out: Dense::load(&l, &["attention.output.dense"], &[], h, h)?,
-                attn_norm: layer_norm(h, c.layer_norm_eps, l.pp("attention.output.LayerNorm"))?,
+                attn_norm: Norm::load(l.pp("attention.output.LayerNorm"), h, eps)?,
                 inter: Dense::load(&l, &["intermediate.dense"], &[], h, c.intermediate_size)?,
                 out: Dense::load(&l, &["output.dense"], &[], c.intermediate_size, h)?,
-                out_norm: layer_norm(h, c.layer_norm_eps, l.pp("output.LayerNorm"))?,
+                out_norm: Norm::load(l.pp("output.LayerNorm"), h, eps)?,
             });
         }
+        let table = |name: &str, rows: usize| -> CResult<Vec<f32>> {
+            values(&e.pp(name).get((rows, h), "weight")?)
+        };
         Ok(Bert {
-            word: embedding(c.vocab_size, h, e.pp("word_embeddings"))?,
-            pos: embedding(c.max_position_embeddings, h, e.pp("position_embeddings"))?,
-            typ: embedding(c.type_vocab_size, h, e.pp("token_type_embeddings"))?,
-            norm: layer_norm(h, c.layer_norm_eps, e.pp("LayerNorm"))?,
+            word: table("word_embeddings", c.vocab_size)?,
+            pos: table("position_embeddings", c.max_position_embeddings)?,
+            typ: table("token_type_embeddings", c.type_vocab_size)?,
+            norm: Norm::load(e.pp("LayerNorm"), h, c.layer_norm_eps)?,
             layers,
+            h,
             heads: c.num_attention_heads,
+            max_pos: c.max_position_embeddings,
         })
     }
 
-    /// Token ids and mask `[batch, seq]` (u32) → hidden states `[batch, seq, h]`.
-    /// `padded`: some mask entry is 0.
-    fn forward(&self, ids: &Tensor, mask: &Tensor, padded: bool) -> CResult<Tensor> {
-        let (b, s) = ids.dims2()?;
-        let dev = ids.device();
-        let pos = Tensor::arange(0u32, s as u32, dev)?
-            .unsqueeze(0)?
-            .broadcast_as((b, s))?;
-        let typ = ids.zeros_like()?;
-        let x = self
-            .word
-            .forward(ids)?
-            .add(&self.pos.forward(&pos)?)?
-            .add(&self.typ.forward(&typ)?)?;
-        let h = x.dim(2)?;
-        // Tokens as rows of one matrix from here: every dense layer is one
-        // multiplication over the whole batch.
-        let mut x = self.norm.forward(&x)?.reshape((b * s, h))?;
-        // Additive mask: 0 for tokens, a large negative for padding; none
-        // when nothing is padded (always so for a single text).
-        let bias = if padded {
-            let m = mask.to_dtype(DType::F32)?;
-            Some(((m - 1.0)? * 1e4)?.reshape((b, 1, 1, s))?)
-        } else {
-            None
-        };
-        let hd = h / self.heads;
-        for l in &self.layers {
-            let qkv = l.qkv.forward(&x)?;
-            let split = |i: usize| -> CResult<Tensor> {
-                qkv.narrow(1, i * h, h)?
-                    .reshape((b, s, self.heads, hd))?
-                    .transpose(1, 2)?
-                    .contiguous()
-            };
-            let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-            let mut att = q.matmul(&k.t()?)?;
-            if let Some(bias) = &bias {
-                att = att.broadcast_add(bias)?;
+    /// The word-piece ids of each text → its mean-pooled hidden state.
+    fn forward(&self, texts: &[&[u32]], w: &mut Work) -> CResult<Vec<Vec<f32>>> {
+        let h = self.h;
+        // Row ranges of the texts in the packed batch.
+        let mut spans = Vec::with_capacity(texts.len());
+        let mut n = 0;
+        for t in texts {
+            if t.len() > self.max_pos {
+                return Err(candle_core::Error::Msg(format!(
+                    "{} word pieces, more than the model's {} positions",
+                    t.len(),
+                    self.max_pos
+                )));
             }
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
-            let ctx = att.matmul(&v)?.transpose(1, 2)?.reshape((b * s, h))?;
-            let a = l.attn_norm.forward(&l.attn_out.forward_add(&ctx, &x)?)?;
-            let i = l.inter.forward(&a)?;
-            i.inplace_op1(&Gelu)?;
-            x = l.out_norm.forward(&l.out.forward_add(&i, &a)?)?;
+            spans.push(n..n + t.len());
+            n += t.len();
         }
-        x.reshape((b, s, h))
+        // Embeddings: word + position + type 0, normalised.
+        w.x.clear();
+        for t in texts {
+            for (p, &id) in t.iter().enumerate() {
+                let id = id as usize;
+                if (id + 1) * h > self.word.len() {
+                    return Err(candle_core::Error::Msg(format!(
+                        "word piece {id} is outside the vocabulary"
+                    )));
+                }
+                let (wr, pr) = (&self.word[id * h..][..h], &self.pos[p * h..][..h]);
+                w.x.extend(
+                    wr.iter()
+                        .zip(pr)
+                        .zip(&self.typ[..h])
+                        .map(|((a, b), c)| a + b + c),
+                );
+            }
+        }
+        self.norm.apply(&mut w.x);
+        for l in &self.layers {
+            l.qkv.start(&mut w.qkv, n, None);
+            l.qkv.accumulate(&w.x, &mut w.qkv, n);
+            self.attention(&w.qkv, &mut w.ctx, &spans);
+            l.attn_out.start(&mut w.a, n, Some(&w.x));
+            l.attn_out.accumulate(&w.ctx, &mut w.a, n);
+            l.attn_norm.apply(&mut w.a);
+            l.inter.start(&mut w.inter, n, None);
+            l.inter.accumulate(&w.a, &mut w.inter, n);
+            gelu(&mut w.inter);
+            l.out.start(&mut w.x, n, Some(&w.a));
+            l.out.accumulate(&w.inter, &mut w.x, n);
+            l.out_norm.apply(&mut w.x);
+        }
+        // Mean over each text's tokens.
+        Ok(spans
+            .iter()
+            .map(|r| {
+                let mut v = vec![0f32; h];
+                for row in w.x[r.start * h..r.end * h].chunks_exact(h) {
+                    v.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+                }
+                let k = r.len().max(1) as f32;
+                v.iter_mut().for_each(|a| *a /= k);
+                v
+            })
+            .collect())
+    }
+
+    /// Self-attention of each text over its own rows: `qkv` holds
+    /// `[query | key | value]` per row (the query already scaled), `ctx`
+    /// gets every head's output side by side per row.
+    fn attention(&self, qkv: &[f32], ctx: &mut Vec<f32>, spans: &[std::ops::Range<usize>]) {
+        let h = self.h;
+        let n = spans.last().map_or(0, |r| r.end);
+        ctx.clear();
+        ctx.resize(n * h, 0.0);
+        // Each text's rows of `ctx`, one task per text.
+        let mut parts = Vec::with_capacity(spans.len());
+        let mut rest: &mut [f32] = ctx;
+        for r in spans {
+            let (mine, more) = rest.split_at_mut(r.len() * h);
+            parts.push((r.clone(), mine));
+            rest = more;
+        }
+        let one = |(r, out): (std::ops::Range<usize>, &mut [f32])| {
+            self.attend(&qkv[r.start * 3 * h..r.end * 3 * h], out, r.len())
+        };
+        if parts.len() > 1 {
+            parts.into_par_iter().for_each(one);
+        } else {
+            parts.into_iter().for_each(one);
+        }
+    }
+
+    /// One text of `len` tokens: `qkv` its rows, `out` its context rows.
+    fn attend(&self, qkv: &[f32], out: &mut [f32], len: usize) {
+        let (h, hd) = (self.h, self.h / self.heads);
+        let mut att = vec![0f32; len * len];
+        let row = 3 * h as isize;
+        for head in 0..self.heads {
+            let (q, k, v) = (head * hd, h + head * hd, 2 * h + head * hd);
+            // SAFETY: every index read is `t * 3h + c + d` with t < len,
+            // c + d < 3h (c one of q, k, v; d < hd), inside `qkv`; `att` is
+            // len × len; `out` rows are `h` apart with `head * hd + hd <= h`.
+            unsafe {
+                // att = Q · Kᵀ
+                gemm::gemm(
+                    len,
+                    len,
+                    hd,
+                    att.as_mut_ptr(),
+                    1,
+                    len as isize,
+                    false,
+                    qkv.as_ptr().add(q),
+                    1,
+                    row,
+                    qkv.as_ptr().add(k),
+                    row,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+            for r in att.chunks_exact_mut(len) {
+                let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut s = 0.0;
+                for x in r.iter_mut() {
+                    *x = (*x - m).exp();
+                    s += *x;
+                }
+                let inv = 1.0 / s;
+                r.iter_mut().for_each(|x| *x *= inv);
+            }
+            // SAFETY: as above.
+            unsafe {
+                // out[:, head] = softmax(att) · V
+                gemm::gemm(
+                    len,
+                    hd,
+                    len,
+                    out.as_mut_ptr().add(head * hd),
+                    1,
+                    h as isize,
+                    false,
+                    att.as_ptr(),
+                    1,
+                    len as isize,
+                    qkv.as_ptr().add(v),
+                    1,
+                    row,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+        }
     }
 }
 
@@ -279,18 +423,6 @@ impl Bert {
 /// gelu`), applied in place. `erf` is a rational approximation (odd degree
 /// 13 over even degree 8, the form Eigen and XNNPACK use) that the compiler
 /// vectorises: no library call per element.
-struct Gelu;
-
-impl candle_core::InplaceOp1 for Gelu {
-    fn name(&self) -> &'static str {
-        "gelu-erf"
-    }
-    fn cpu_fwd(&self, s: &mut candle_core::CpuStorage, l: &candle_core::Layout) -> CResult<()> {
-        gelu(f32s_mut(s, l, "gelu")?);
-        Ok(())
-    }
-}
-
 fn gelu(v: &mut [f32]) {
     // A batch's activations (millions of values) on every core; a query's
     // (tens of thousands) on the caller's thread.
@@ -335,6 +467,8 @@ fn erf(x: f32) -> f32 {
 pub struct MiniLm {
     bert: Bert,
     tok: Mutex<Tokenizer>,
+    /// Buffers of finished batches, for the next ones.
+    works: Mutex<Vec<Work>>,
     dim: usize,
 }
 
@@ -351,12 +485,9 @@ impl MiniLm {
         .map_err(|e| format!("config.json: {e}"))?;
         let mut tok = Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| format!("tokenizer.json: {e}"))?;
-        // The shipped tokenizer pads every input to 128: pad to the longest
-        // of a batch instead, and read up to 256 word pieces.
-        tok.with_padding(Some(PaddingParams {
-            strategy: PaddingStrategy::BatchLongest,
-            ..Default::default()
-        }));
+        // The shipped tokenizer pads every input to 128: the encoder packs
+        // texts without padding, and reads up to 256 word pieces of each.
+        tok.with_padding(None);
         tok.with_truncation(Some(TruncationParams {
             max_length: MAX_TOKENS,
             ..Default::default()
@@ -375,6 +506,7 @@ impl MiniLm {
         Ok(MiniLm {
             bert,
             tok: Mutex::new(tok),
+            works: Mutex::new(Vec::new()),
             dim: cfg.hidden_size,
         })
     }
@@ -385,33 +517,14 @@ impl MiniLm {
             tok.encode_batch(texts.to_vec(), true)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?
         };
-        let b = enc.len();
-        let s = enc
-            .iter()
-            .map(|e| e.get_ids().len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut ids = Vec::with_capacity(b * s);
-        let mut mask = Vec::with_capacity(b * s);
-        for e in &enc {
-            let (i, m) = (e.get_ids(), e.get_attention_mask());
-            ids.extend_from_slice(i);
-            mask.extend_from_slice(m);
-            ids.resize(ids.len() + s - i.len(), 0);
-            mask.resize(mask.len() + s - m.len(), 0);
+        let ids: Vec<&[u32]> = enc.iter().map(|e| e.get_ids()).collect();
+        let taken = self.works.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut w = taken.unwrap_or_default();
+        let out = self.bert.forward(&ids, &mut w);
+        if w.bytes() <= KEEP_BYTES {
+            self.works.lock().unwrap_or_else(|e| e.into_inner()).push(w);
         }
-        let dev = Device::Cpu;
-        let ids = Tensor::from_vec(ids, (b, s), &dev)?;
-        let padded = mask.contains(&0);
-        let mask = Tensor::from_vec(mask, (b, s), &dev)?;
-        let hidden = self.bert.forward(&ids, &mask, padded)?;
-        // Mean over real tokens.
-        let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-        let sum = hidden.broadcast_mul(&m)?.sum(1)?;
-        let n = m.sum(1)?.clamp(1e-9, f64::MAX)?;
-        let mean = sum.broadcast_div(&n)?;
-        let mut out: Vec<Vec<f32>> = mean.to_vec2()?;
+        let mut out = out?;
         for v in &mut out {
             normalize(v);
         }
@@ -528,6 +641,31 @@ mod tests {
                     sents[i]
                 );
             }
+        }
+    }
+
+    /// Buffers kept from a larger batch serve a smaller one and then a
+    /// larger one again with the same results; an empty text and one
+    /// longer than 256 word pieces go through.
+    #[test]
+    fn reused_buffers_give_the_same_vectors() {
+        let m = MiniLm::load(&test_model_dir()).unwrap();
+        let long = "memory of an agent ".repeat(200);
+        let texts = [
+            "",
+            "a short text",
+            long.as_str(),
+            "another one, a bit longer than that",
+        ];
+        let first = m.embed(&texts).unwrap();
+        let small = m.embed(&texts[1..2]).unwrap();
+        let again = m.embed(&texts).unwrap();
+        assert_eq!(first, again);
+        let cos: f32 = small[0].iter().zip(&first[1]).map(|(a, b)| a * b).sum();
+        assert!((1.0 - cos).abs() < 1e-5, "alone vs in a batch: {cos}");
+        for v in &first {
+            let n: f32 = v.iter().map(|x| x * x).sum();
+            assert!((n - 1.0).abs() < 1e-4 && v.iter().all(|x| x.is_finite()));
         }
     }
 }
