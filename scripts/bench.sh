@@ -23,7 +23,7 @@ case "${1:-all}" in
   ann) ann ;;
   all)
     python3 scripts/bench.py
-    python3 scripts/bench_search.py --minilm-nodes 10000
+    python3 scripts/bench_search.py
     ann
     ;;
   *) exec python3 scripts/bench.py "$@" ;;

@@ -228,6 +228,8 @@ def main():
             r["mount_to_first_result_s"] = time.time() - t
             print(f"[{emb}] remount: ready {tm:.2f}s, first result {r['mount_to_first_result_s']:.2f}s ({len(first.splitlines())} lines)", file=sys.stderr)
             umount(mnt)
+            if args.keep:
+                shutil.copytree(data, os.path.join(args.keep, f"data-{emb}"), dirs_exist_ok=True)
             # Offline reindex throughput (hashing only: MiniLM's vectors are
             # cached in the store by content hash, so its reindex measures the cache).
             if emb != "hash":
@@ -239,8 +241,6 @@ def main():
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             r["reindex_per_s"] = len(mine) / (time.time() - t)
             print(f"[{emb}] ctxfs reindex: {r['reindex_per_s']:.0f} nodes/s", file=sys.stderr)
-            if args.keep:
-                shutil.copytree(data, os.path.join(args.keep, f"data-{emb}"), dirs_exist_ok=True)
     finally:
         for d in os.listdir(base):
             if d.startswith("mnt-"):
