@@ -615,7 +615,7 @@ pub fn bench_ann(o: crate::cli::BenchAnnOpts) -> Result<i32> {
         ..AnnParams::default()
     };
     p.validate().map_err(|e| anyhow!("{e}"))?;
-    let base: Vec<(usize, Arc<[f32]>)>;
+    let base: Vec<(usize, Vec<f32>)>;
     let queries: Vec<Vec<f32>>;
     (base, queries) = if let Some(npy) = &o.npy {
         let (rows, dim, data) = annbench::read_npy(npy).map_err(|e| anyhow!("{e}"))?;
@@ -628,13 +628,7 @@ pub fn bench_ann(o: crate::cli::BenchAnnOpts) -> Result<i32> {
             })
             .collect();
         let q = vs.split_off(rows - o.queries.min(rows / 2));
-        (
-            vs.into_iter()
-                .enumerate()
-                .map(|(i, v)| (i, Arc::from(v)))
-                .collect(),
-            q,
-        )
+        (vs.into_iter().enumerate().collect(), q)
     } else {
         let data = o.data.as_ref().context("give --npy or --data")?;
         let account = o.account.as_ref().context("--data needs --account")?;

@@ -151,11 +151,11 @@ pub struct Hit {
 }
 
 /// Recent query vectors, oldest first in the queue.
-type QueryCache = (HashMap<String, Arc<[f32]>>, VecDeque<String>);
+type QueryCache = (HashMap<String, ann::Vector>, VecDeque<String>);
 /// (level, text) of a node: 0 abstract, 1 overview, 2 content.
 pub type Texts = Vec<(u8, String)>;
 /// A vector and its graph label.
-type LabeledVec = (usize, Arc<[f32]>);
+type LabeledVec = (usize, ann::Vector);
 
 struct Doc {
     ix: IxDoc,
@@ -168,7 +168,7 @@ struct State {
     /// label → (doc path, record index).
     slots: HashMap<usize, (Arc<str>, u16)>,
     /// Live vectors by label.
-    vecs: HashMap<usize, Arc<[f32]>>,
+    vecs: ann::Vectors,
     /// Labels in the graph that no document holds any more.
     dead: HashSet<usize>,
     lex: lex::Lex,
@@ -562,12 +562,12 @@ impl Index {
             if let Some(b) = self.store.get_vec(&model, r.hash)? {
                 let v = bytes_vec(&b);
                 if v.len() == dim {
-                    missing.push((*label, Arc::<[f32]>::from(v)));
+                    missing.push((*label, ann::half(&v)));
                 }
             }
         }
         drop(st);
-        let data: Vec<(&[f32], usize)> = missing.iter().map(|(l, v)| (&v[..], *l)).collect();
+        let data: Vec<(&[ann::Half], usize)> = missing.iter().map(|(l, v)| (&v[..], *l)).collect();
         if !data.is_empty() {
             graph.parallel_insert_slice(&data);
         }
@@ -763,7 +763,7 @@ impl Index {
         let model = self.embedder.id().to_string();
         // Texts to embed, by hash, from every upsert of the batch.
         let mut need: HashMap<u128, String> = HashMap::new();
-        let mut have: HashMap<u128, Arc<[f32]>> = HashMap::new();
+        let mut have: HashMap<u128, ann::Vector> = HashMap::new();
         // Tokens each account asks of the embedder in this batch (quota).
         let mut asks: HashMap<String, (u64, Vec<u128>)> = HashMap::new();
         for p in &batch {
@@ -775,7 +775,7 @@ impl Index {
                     match self.store.get_vec(&model, h)? {
                         Some(b) if b.len() == self.embedder.dim() * 4 => {
                             self.stats.embed_cache_hits.fetch_add(1, Ordering::Relaxed);
-                            have.insert(h, Arc::from(bytes_vec(&b)));
+                            have.insert(h, ann::half(&bytes_vec(&b)));
                         }
                         _ => {
                             let a = asks.entry(p.account.clone()).or_default();
@@ -823,7 +823,7 @@ impl Index {
                             hash: *h,
                             data: vec_bytes(&v),
                         });
-                        have.insert(*h, Arc::from(v));
+                        have.insert(*h, ann::half(&v));
                     }
                     self.stats
                         .embedded
@@ -912,7 +912,7 @@ impl Index {
         }
         for (ai, vecs) in inserts.into_values() {
             let g = rlock(&ai.graph).clone();
-            let data: Vec<(&[f32], usize)> = vecs.iter().map(|(l, v)| (&v[..], *l)).collect();
+            let data: Vec<(&[ann::Half], usize)> = vecs.iter().map(|(l, v)| (&v[..], *l)).collect();
             if data.len() > 1 {
                 g.parallel_insert_slice(&data);
             } else if let Some(d) = data.first() {
@@ -1019,7 +1019,7 @@ impl Index {
         &self,
         ai: &AccountIndex,
         p: &Pending,
-        have: &HashMap<u128, Arc<[f32]>>,
+        have: &HashMap<u128, ann::Vector>,
         model: &str,
         label_hw: &mut HashMap<String, usize>,
         earlier: &[(Arc<AccountIndex>, Change)],
@@ -1147,7 +1147,7 @@ impl Index {
     /// Build a new graph from the live vectors and swap it in.
     pub fn rebuild(&self, ai: &AccountIndex) {
         let t0 = Instant::now();
-        let items: Vec<(usize, Arc<[f32]>)> = {
+        let items: Vec<LabeledVec> = {
             let st = rlock(&ai.st);
             st.vecs.iter().map(|(l, v)| (*l, v.clone())).collect()
         };
@@ -1417,7 +1417,7 @@ impl Index {
     // ---- queries -------------------------------------------------------------
 
     /// The query's vector, from a small cache of recent queries.
-    fn query_vec(&self, q: &str) -> Result<Arc<[f32]>> {
+    fn query_vec(&self, q: &str) -> Result<ann::Vector> {
         if let Some(v) = lock(&self.qcache).0.get(q) {
             return Ok(v.clone());
         }
@@ -1457,7 +1457,7 @@ impl Index {
                     c.0.remove(&old);
                 }
             }
-            if c.0.insert(q.to_string(), Arc::from(v)).is_none() {
+            if c.0.insert(q.to_string(), ann::half(&v)).is_none() {
                 c.1.push_back(q.to_string());
             }
         }
@@ -1749,15 +1749,25 @@ impl Index {
         Ok(changed.then(|| out.join(" ")))
     }
 
-    /// The live vectors of an account by label (benchmarks).
-    pub fn live_vectors(&self, account: &str) -> Result<Vec<(usize, Arc<[f32]>)>> {
+    /// The live vectors of an account by label, as the store keeps them
+    /// (f32, before the rounding to half precision; benchmarks).
+    pub fn live_vectors(&self, account: &str) -> Result<Vec<(usize, Vec<f32>)>> {
         let ai = self.account(account)?;
         self.ensure_vectors(&ai)?;
         let st = rlock(&ai.st);
-        let mut v: Vec<(usize, Arc<[f32]>)> =
-            st.vecs.iter().map(|(l, v)| (*l, v.clone())).collect();
-        v.sort_by_key(|x| x.0);
-        Ok(v)
+        let model = self.embedder.id();
+        let mut out = Vec::with_capacity(st.vecs.len());
+        for l in st.vecs.keys() {
+            let Some(doc) = st.slots.get(l).and_then(|(p, _)| st.docs.get(p)) else {
+                continue;
+            };
+            let i = st.slots[l].1 as usize;
+            if let Some(b) = self.store.get_vec(model, doc.ix.recs[i].hash)? {
+                out.push((*l, bytes_vec(&b)));
+            }
+        }
+        out.sort_by_key(|x| x.0);
+        Ok(out)
     }
 }
 
@@ -1810,7 +1820,7 @@ enum Change {
     Put {
         path: String,
         doc: IxDoc,
-        vecs: Vec<(usize, Arc<[f32]>)>,
+        vecs: Vec<LabeledVec>,
     },
     Del {
         path: String,
