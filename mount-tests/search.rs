@@ -207,7 +207,7 @@ fn search_finds_paraphrases_and_never_stale_or_foreign_nodes() {
     // Restart: the graph is loaded from its dump, results unchanged.
     m.umount();
     m.fsck();
-    assert!(m.data.join("index/acme/hnsw.hnsw.graph").exists());
+    assert!(m.data.join("index/acme/hnsw16.hnsw.graph").exists());
     m.mount();
     assert_eq!(
         search(&m, READER, "acme", "favourite text editor for programming").first(),

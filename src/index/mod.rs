@@ -898,8 +898,11 @@ impl Index {
         }
         let n_done = changes.len() as u64;
         self.store.apply(ops, false)?;
-        // Memory: graph inserts first (in parallel, outside the state lock),
-        // then the state.
+        // Memory: the graph inserts (on the rayon pool, outside the state
+        // lock) and the state changes (BM25, slots) at the same time; the
+        // batch counts as done when both are. A search in between may see a
+        // node in one and not yet in the other, as for any node still being
+        // indexed.
         let mut inserts: HashMap<String, (Arc<AccountIndex>, Vec<LabeledVec>)> = HashMap::new();
         for (ai, c) in &changes {
             if let Change::Put { vecs, .. } = c {
@@ -910,18 +913,25 @@ impl Index {
                     .extend(vecs.iter().cloned());
             }
         }
-        for (ai, vecs) in inserts.into_values() {
-            let g = rlock(&ai.graph).clone();
-            let data: Vec<(&[ann::Half], usize)> = vecs.iter().map(|(l, v)| (&v[..], *l)).collect();
-            if data.len() > 1 {
-                g.parallel_insert_slice(&data);
-            } else if let Some(d) = data.first() {
-                g.insert_slice(*d);
+        std::thread::scope(|s| {
+            if !inserts.is_empty() {
+                s.spawn(move || {
+                    for (ai, vecs) in inserts.into_values() {
+                        let g = rlock(&ai.graph).clone();
+                        let data: Vec<(&[ann::Half], usize)> =
+                            vecs.iter().map(|(l, v)| (&v[..], *l)).collect();
+                        if data.len() > 1 {
+                            g.parallel_insert_slice(&data);
+                        } else if let Some(d) = data.first() {
+                            g.insert_slice(*d);
+                        }
+                    }
+                });
             }
-        }
-        for (ai, c) in changes {
-            c.apply(&ai);
-        }
+            for (ai, c) in changes {
+                c.apply(&ai);
+            }
+        });
         self.stats.events_done.fetch_add(n_done, Ordering::Relaxed);
         let now = SystemTime::now();
         let mut lags = lock(&self.lags);
