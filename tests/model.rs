@@ -478,3 +478,45 @@ fn an_inode_from_before_a_commit_serves_the_current_version() {
         Err(Error::NotFound)
     ));
 }
+
+/// A writer that opens a committed file for writing shares its inode with
+/// the readers (the kernel truncates and resizes it for everyone): the
+/// writer's open waits for readers already reading it through the cache,
+/// and later readers of that inode bypass the cache.
+#[test]
+fn a_committed_inode_opened_for_writing_is_not_cached_for_readers() {
+    let sut = Sut::new();
+    let n = node(0);
+    sut.ensure_dir(&n);
+    sut.write(WRITER, &n, "content.md", "first\n").unwrap();
+    sut.write(WRITER, &n, ".meta.json", r#"{"status":"ACTIVE"}"#)
+        .unwrap();
+    let ino = sut.resolve(READER, &format!("{n}/content.md")).unwrap();
+    let r = sut.fs.open(READER, ino, libc::O_RDONLY).unwrap();
+    assert!(r.keep_cache && !r.direct_io);
+    // The reader closes 100 ms later; the writer's open waits for it.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            sut.fs.release(r.fh);
+        });
+        let t = std::time::Instant::now();
+        let w = sut
+            .fs
+            .open(WRITER, ino, libc::O_WRONLY | libc::O_TRUNC)
+            .unwrap();
+        assert!(
+            t.elapsed() >= std::time::Duration::from_millis(90),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(w.direct_io);
+        // A reader now: the committed bytes, around the kernel's cache.
+        let r2 = sut.fs.open(READER, ino, libc::O_RDONLY).unwrap();
+        assert!(r2.direct_io && !r2.keep_cache);
+        assert_eq!(sut.fs.read(r2.fh, 0, 1 << 20).unwrap(), b"first\n");
+        assert!(!sut.fs.getattr(READER, ino, None).unwrap().shared);
+        sut.fs.release(r2.fh);
+        sut.fs.release(w.fh);
+    });
+}

@@ -26,7 +26,7 @@ use self::inodes::{Inodes, Key};
 use crate::config::{Access, Tenancy};
 use crate::error::{Error, Result};
 use crate::store::{NodeRec, Op, Status, Store};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -177,6 +177,9 @@ pub struct Fs {
     /// Kernel dentries to drop (parent inode, name), sent to the invalidation
     /// thread; with a reply channel, the sender waits until it is done.
     inval: Mutex<Option<mpsc::Sender<Inval>>>,
+    /// Which committed-file inodes readers hold open through the kernel's
+    /// cache, and which a writer has opened for writing (see [`Cached`]).
+    cached: Mutex<Cached>,
     pub stats: Stats,
     pub metrics: metrics::Metrics,
     /// Nodes with an expiry time (ns since the epoch), as in the store.
@@ -188,6 +191,73 @@ pub struct Fs {
 }
 
 type Inval = (Vec<Target>, Option<mpsc::SyncSender<()>>);
+
+/// The kernel shares an inode's size and page cache between everyone who
+/// opens it. A committed file's inode is opened by readers (served from the
+/// kernel's cache) and, when a writer edits the file, by the writer too: its
+/// `O_TRUNC` sets the shared size to 0 and its writes move it, so a reader
+/// reading at that moment would see an empty or zero-padded file. Hence:
+/// once a writer opens a committed inode for writing it is *tainted*, and
+/// readers open it with direct I/O and get uncached attributes until the
+/// kernel forgets it; and the writer's open waits (up to
+/// [`READER_WAIT`]) for the readers that opened it through the cache
+/// before to close it.
+#[derive(Default)]
+struct Cached {
+    tainted: HashSet<u64>,
+    /// Open cached reads by inode, and the inode of each such handle.
+    open: HashMap<u64, usize>,
+    by_fh: HashMap<u64, u64>,
+}
+
+/// How long a writer's open of a committed file waits for the readers
+/// that hold it open through the kernel's cache.
+const READER_WAIT: Duration = Duration::from_millis(500);
+
+impl Fs {
+    /// A reader opens committed-file inode `ino` as handle `fh`: false if
+    /// the inode is tainted (serve it with direct I/O), else the open is
+    /// counted until `release`.
+    fn open_cached(&self, ino: u64, fh: u64) -> bool {
+        let mut c = lock(&self.cached);
+        if c.tainted.contains(&ino) {
+            return false;
+        }
+        *c.open.entry(ino).or_default() += 1;
+        c.by_fh.insert(fh, ino);
+        true
+    }
+
+    fn release_cached(&self, fh: u64) {
+        let mut c = lock(&self.cached);
+        if let Some(ino) = c.by_fh.remove(&fh) {
+            if let Some(n) = c.open.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    c.open.remove(&ino);
+                }
+            }
+        }
+    }
+
+    fn is_tainted(&self, ino: u64) -> bool {
+        lock(&self.cached).tainted.contains(&ino)
+    }
+
+    /// A writer opens committed-file inode `ino` for writing: taint it,
+    /// then wait for the cached readers already in it to finish.
+    fn taint(&self, ino: u64) {
+        lock(&self.cached).tainted.insert(ino);
+        let until = std::time::Instant::now() + READER_WAIT;
+        while lock(&self.cached).open.contains_key(&ino) {
+            if std::time::Instant::now() >= until {
+                tracing::debug!(ino, "a reader still holds the file open through the cache");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
 
 /// A kernel cache entry to drop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,6 +322,7 @@ impl Fs {
             started: SystemTime::now(),
             owner: unsafe { (libc::geteuid(), libc::getegid()) },
             inval: Mutex::new(None),
+            cached: Mutex::new(Cached::default()),
             stats: Stats::default(),
             metrics: metrics::Metrics::default(),
             index: std::sync::OnceLock::new(),
@@ -371,7 +442,14 @@ impl Fs {
     }
 
     pub fn forget(&self, ino: u64, n: u64) {
-        lock(&self.inodes).forget(ino, n);
+        let gone = {
+            let mut inodes = lock(&self.inodes);
+            inodes.forget(ino, n);
+            inodes.key(ino).is_none()
+        };
+        if gone {
+            lock(&self.cached).tainted.remove(&ino);
+        }
     }
 
     pub fn inode_count(&self) -> usize {

@@ -148,6 +148,7 @@ impl Fs {
             } => {
                 let access = self.gate(c, Self::account_of(node), false)?;
                 let (rec, stale) = self.current_rec(node, *id, *version, access)?;
+                let stale = stale || self.is_tainted(ino);
                 let f = rec.file(name).ok_or(Error::NotFound)?;
                 let attr = self.committed_file_attr(ino, &rec, f);
                 // A stale inode's answer is not cached: the next lookup
@@ -1055,20 +1056,28 @@ impl Fs {
             } => {
                 let access = self.gate(c, Self::account_of(node), write)?;
                 if access == Access::Write {
-                    let _g = self.stripe(node);
+                    let g = self.stripe(node);
                     let in_draft = self
                         .draft(node)
                         .map(|d| matches!(lock(&d).files.get(&**name), Some(Slot::File(_))))
                         .unwrap_or(false);
                     if write || in_draft {
                         let file = self.cow(node, name, None)?;
-                        return self.draft_handle(node, name, file, flags);
+                        let opened = self.draft_handle(node, name, file, flags);
+                        drop(g);
+                        if write && opened.is_ok() {
+                            // The kernel truncates and resizes this inode for
+                            // everyone once this open returns (see `Cached`).
+                            self.taint(ino);
+                        }
+                        return opened;
                     }
                 }
                 let (rec, stale) = self.current_rec(node, *id, *version, access)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
                 let bytes = self.store.read_blob(f.blob, f.size)?;
                 let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+                let stale = stale || !self.open_cached(ino, fh);
                 // A current inode's pages never change (a new version is a
                 // new inode), so the kernel keeps them. A stale inode serves
                 // the current version's bytes around its cached pages.
@@ -1216,6 +1225,7 @@ impl Fs {
     }
 
     pub fn release(&self, fh: u64) {
+        self.release_cached(fh);
         let h = lock(&self.handles).remove(&fh);
         if let Some(h) = h {
             if let Handle::Scratch(s) = &*h {
