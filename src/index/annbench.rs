@@ -101,6 +101,34 @@ fn truth_f32(q: &[f32], base: &[(usize, Vec<f32>)]) -> Vec<(usize, f32)> {
     all
 }
 
+/// Run `search` for every query: latencies (ms), tie-aware hits, hits by
+/// id, and queries per second.
+fn measure(
+    qs: &[ann::Vector],
+    truth: &[Vec<(usize, f32)>],
+    search: impl Fn(&[ann::Half]) -> Vec<(usize, f32)>,
+) -> (Vec<f64>, usize, usize, f64) {
+    let mut lat = Vec::with_capacity(qs.len());
+    let (mut hit, mut same_id) = (0, 0);
+    let t = Instant::now();
+    for (q, tr) in qs.iter().zip(truth) {
+        let t = Instant::now();
+        let r = search(q);
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        hit += hits(&r, tr);
+        same_id += r
+            .iter()
+            .filter(|(l, _)| tr.iter().any(|t| t.0 == *l))
+            .count();
+    }
+    (
+        lat,
+        hit,
+        same_id,
+        qs.len() as f64 / t.elapsed().as_secs_f64(),
+    )
+}
+
 /// Build a graph over `base` (rounded to half precision, as ctxfs holds
 /// vectors), then for each `ef`: recall@10 against exact search over the
 /// f32 vectors (ties counted, and by ids) and single-thread queries/s,
@@ -131,21 +159,10 @@ pub fn run(
     ));
     let truth: Vec<Vec<(usize, f32)>> = queries.par_iter().map(|q| truth_f32(q, &base)).collect();
     // Exact search over the held vectors: the baseline's speed.
-    let mut lat = Vec::new();
-    let (mut hit, mut same_id) = (0usize, 0usize);
-    let t = Instant::now();
-    for (q, tr) in qs.iter().zip(&truth) {
-        let t = Instant::now();
-        let r = ann::exact(q, 10, held.iter().map(|(l, v)| (*l, &v[..])));
-        lat.push(t.elapsed().as_secs_f64() * 1e3);
-        hit += hits(&r, tr);
-        same_id += r
-            .iter()
-            .filter(|(l, _)| tr.iter().any(|t| t.0 == *l))
-            .count();
-    }
-    let exact_qps = queries.len() as f64 / t.elapsed().as_secs_f64();
     let all = (10 * queries.len()).max(1) as f64;
+    let (mut lat, hit, same_id, exact_qps) = measure(&qs, &truth, |q| {
+        ann::exact(q, 10, held.iter().map(|(l, v)| (*l, &v[..])))
+    });
     out.push_str(&format!(
         "exact        recall@10 {:.4} (same ids {:.4})  {:>9.0} q/s  p50 {:.3} ms  p99 {:.3} ms\n",
         hit as f64 / all,
@@ -156,20 +173,8 @@ pub fn run(
     ));
     for &ef in efs {
         let pe = AnnParams { ef_search: ef, ..p };
-        let mut lat = Vec::new();
-        let (mut hit, mut same_id) = (0usize, 0usize);
-        let t = Instant::now();
-        for (q, tr) in qs.iter().zip(&truth) {
-            let t = Instant::now();
-            let r = ann::search(&g, &pe, q, 10, None);
-            lat.push(t.elapsed().as_secs_f64() * 1e3);
-            hit += hits(&r, tr);
-            same_id += r
-                .iter()
-                .filter(|(l, _)| tr.iter().any(|t| t.0 == *l))
-                .count();
-        }
-        let qps = queries.len() as f64 / t.elapsed().as_secs_f64();
+        let (mut lat, hit, same_id, qps) =
+            measure(&qs, &truth, |q| ann::search(&g, &pe, q, 10, None));
         out.push_str(&format!(
             "hnsw ef={ef:<4} recall@10 {:.4} (same ids {:.4})  {:>9.0} q/s  p50 {:.3} ms  p99 {:.3} ms  ({:.1}x exact)\n",
             hit as f64 / all,

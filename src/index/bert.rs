@@ -102,25 +102,21 @@ impl Dense {
         // SAFETY: the three matrices lie inside their slices (asserted
         // above, strides as described), `y` is not aliased by `x` or `wt`.
         unsafe {
-            gemm::gemm(
-                n,
-                self.out,
-                self.inp,
+            mul(
+                (n, self.out, self.inp),
                 y.as_mut_ptr(),
-                1,
-                self.out as isize,
+                self.out,
                 true,
-                x.as_ptr(),
-                1,
-                self.inp as isize,
-                self.wt.as_ptr(),
-                1,
-                self.out as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
+                Mat {
+                    p: x.as_ptr(),
+                    rs: self.inp as isize,
+                    cs: 1,
+                },
+                Mat {
+                    p: self.wt.as_ptr(),
+                    rs: self.out as isize,
+                    cs: 1,
+                },
                 par,
             )
         }
@@ -138,6 +134,52 @@ impl Dense {
             None => (0..n).for_each(|_| y.extend_from_slice(&self.b)),
         }
     }
+}
+
+/// A row-major matrix operand: `rows` apart by `rs` values, columns by `cs`.
+#[derive(Clone, Copy)]
+struct Mat {
+    p: *const f32,
+    rs: isize,
+    cs: isize,
+}
+
+/// `dst[m, n] (rows dst_rs apart) = (dst if acc) + a[m, k] · b[k, n]`.
+///
+/// # Safety
+/// Every element the shapes and strides address lies inside its buffer,
+/// and `dst` aliases neither operand.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mul(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    acc: bool,
+    a: Mat,
+    b: Mat,
+    par: Parallelism,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        acc,
+        a.p,
+        a.cs,
+        a.rs,
+        b.p,
+        b.cs,
+        b.rs,
+        if acc { 1.0 } else { 0.0 },
+        1.0,
+        false,
+        false,
+        false,
+        par,
+    )
 }
 
 /// Layer normalisation of each row of `x`, in place.
@@ -358,25 +400,21 @@ impl Bert {
             // len × len; `out` rows are `h` apart with `head * hd + hd <= h`.
             unsafe {
                 // att = Q · Kᵀ
-                gemm::gemm(
-                    len,
-                    len,
-                    hd,
+                mul(
+                    (len, len, hd),
                     att.as_mut_ptr(),
-                    1,
-                    len as isize,
+                    len,
                     false,
-                    qkv.as_ptr().add(q),
-                    1,
-                    row,
-                    qkv.as_ptr().add(k),
-                    row,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
+                    Mat {
+                        p: qkv.as_ptr().add(q),
+                        rs: row,
+                        cs: 1,
+                    },
+                    Mat {
+                        p: qkv.as_ptr().add(k),
+                        rs: 1,
+                        cs: row,
+                    },
                     Parallelism::None,
                 );
             }
@@ -393,25 +431,21 @@ impl Bert {
             // SAFETY: as above.
             unsafe {
                 // out[:, head] = softmax(att) · V
-                gemm::gemm(
-                    len,
-                    hd,
-                    len,
+                mul(
+                    (len, hd, len),
                     out.as_mut_ptr().add(head * hd),
-                    1,
-                    h as isize,
+                    h,
                     false,
-                    att.as_ptr(),
-                    1,
-                    len as isize,
-                    qkv.as_ptr().add(v),
-                    1,
-                    row,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
+                    Mat {
+                        p: att.as_ptr(),
+                        rs: len as isize,
+                        cs: 1,
+                    },
+                    Mat {
+                        p: qkv.as_ptr().add(v),
+                        rs: row,
+                        cs: 1,
+                    },
                     Parallelism::None,
                 );
             }
