@@ -660,7 +660,7 @@ pub fn bench_ann(o: crate::cli::BenchAnnOpts) -> Result<i32> {
     };
     print!(
         "{}",
-        annbench::run(base, &queries, p, &[16, 32, 64, 128, 256])
+        annbench::run(base, &queries, p, &[16, 32, 64, 128, 256, 512, 1024])
     );
     Ok(0)
 }
