@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::store::{NodeRec, Op, Status, Store};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Largest file a node may hold (a write past it fails with EFBIG).
@@ -180,6 +180,8 @@ pub struct Fs {
     /// Which committed-file inodes readers hold open through the kernel's
     /// cache, and which a writer has opened for writing (see [`Cached`]).
     cached: Mutex<Cached>,
+    /// Signalled when the last cached read of an inode closes.
+    cached_closed: Condvar,
     pub stats: Stats,
     pub metrics: metrics::Metrics,
     /// Nodes with an expiry time (ns since the epoch), as in the store.
@@ -235,6 +237,7 @@ impl Fs {
                 *n -= 1;
                 if *n == 0 {
                     c.open.remove(&ino);
+                    self.cached_closed.notify_all();
                 }
             }
         }
@@ -247,14 +250,14 @@ impl Fs {
     /// A writer opens committed-file inode `ino` for writing: taint it,
     /// then wait for the cached readers already in it to finish.
     fn taint(&self, ino: u64) {
-        lock(&self.cached).tainted.insert(ino);
-        let until = std::time::Instant::now() + READER_WAIT;
-        while lock(&self.cached).open.contains_key(&ino) {
-            if std::time::Instant::now() >= until {
-                tracing::debug!(ino, "a reader still holds the file open through the cache");
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        let mut c = lock(&self.cached);
+        c.tainted.insert(ino);
+        let (_c, waited) = self
+            .cached_closed
+            .wait_timeout_while(c, READER_WAIT, |c| c.open.contains_key(&ino))
+            .unwrap_or_else(|e| e.into_inner());
+        if waited.timed_out() {
+            tracing::debug!(ino, "a reader still holds the file open through the cache");
         }
     }
 }
@@ -323,6 +326,7 @@ impl Fs {
             owner: unsafe { (libc::geteuid(), libc::getegid()) },
             inval: Mutex::new(None),
             cached: Mutex::new(Cached::default()),
+            cached_closed: Condvar::new(),
             stats: Stats::default(),
             metrics: metrics::Metrics::default(),
             index: std::sync::OnceLock::new(),

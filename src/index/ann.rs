@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// A vector as held in memory and in the graph: IEEE half precision, as
 /// bits. The store keeps the embedder's f32 output; memory holds half of
 /// it, and the graph's inserts and searches, which wait on memory more than
-/// on arithmetic, read half the bytes (BENCHMARKS, "half-precision vectors").
+/// on arithmetic, read half the bytes (BENCHMARKS, "Vectors in half precision").
 pub type Half = u16;
 /// A vector shared between the graph's owner and the documents.
 pub type Vector = Arc<[Half]>;
@@ -20,13 +20,6 @@ pub type Vector = Arc<[Half]>;
 pub fn half(v: &[f32]) -> Vector {
     v.iter()
         .map(|x| half::f16::from_f32(*x).to_bits())
-        .collect()
-}
-
-/// The f32 values of a half-precision vector (exact).
-pub fn widen(v: &[Half]) -> Vec<f32> {
-    v.iter()
-        .map(|x| half::f16::from_bits(*x).to_f32())
         .collect()
 }
 
@@ -61,7 +54,7 @@ pub fn dot(a: &[Half], b: &[Half]) -> f32 {
 }
 
 /// The portable dot product: eight accumulators, then the tail.
-pub fn dot_portable(a: &[Half], b: &[Half]) -> f32 {
+fn dot_portable(a: &[Half], b: &[Half]) -> f32 {
     let n = a.len().min(b.len());
     let f = |x: Half| half::f16::from_bits(x).to_f32();
     let mut s = [0f32; 8];
@@ -381,7 +374,11 @@ mod tests {
         }
         assert!(worst < 1e-3, "worst {worst}");
         let h = half(&unit(7, 50));
-        assert_eq!(half(&widen(&h)), h);
+        let widened: Vec<f32> = h
+            .iter()
+            .map(|x| half::f16::from_bits(*x).to_f32())
+            .collect();
+        assert_eq!(half(&widened), h);
     }
 
     #[test]

@@ -149,7 +149,6 @@ struct Mat {
 /// # Safety
 /// Every element the shapes and strides address lies inside its buffer,
 /// and `dst` aliases neither operand.
-#[allow(clippy::too_many_arguments)]
 unsafe fn mul(
     (m, n, k): (usize, usize, usize),
     dst: *mut f32,
@@ -462,7 +461,6 @@ fn gelu(v: &mut [f32]) {
     // (tens of thousands) on the caller's thread.
     const PART: usize = 1 << 16;
     if v.len() > 2 * PART {
-        use rayon::prelude::*;
         v.par_chunks_mut(PART).for_each(gelu_part);
     } else {
         gelu_part(v);

@@ -1768,11 +1768,13 @@ impl Index {
         let model = self.embedder.id();
         let mut out = Vec::with_capacity(st.vecs.len());
         for l in st.vecs.keys() {
-            let Some(doc) = st.slots.get(l).and_then(|(p, _)| st.docs.get(p)) else {
+            let Some((path, i)) = st.slots.get(l) else {
                 continue;
             };
-            let i = st.slots[l].1 as usize;
-            if let Some(b) = self.store.get_vec(model, doc.ix.recs[i].hash)? {
+            let Some(doc) = st.docs.get(path) else {
+                continue;
+            };
+            if let Some(b) = self.store.get_vec(model, doc.ix.recs[*i as usize].hash)? {
                 out.push((*l, bytes_vec(&b)));
             }
         }
