@@ -156,3 +156,37 @@ fn metrics_parse_as_prometheus_text_and_count_what_happened() {
     );
     assert!(!is_mounted(&mnt2));
 }
+
+/// Python asks `isatty` of every file it opens: an ioctl, which the kernel
+/// forwards each time. It fails with ENOTTY, is counted, and leaves nothing
+/// in the daemon's log (it once wrote four log lines per `open`).
+#[test]
+fn ioctl_fails_with_enotty_quietly() {
+    let m = Mount::with_config(Some(CONFIG));
+    let node = "acme/users/alice/memories/prefs/tty";
+    m.ok(WRITER, &four_steps(node, "not a terminal", ACTIVE));
+    let out = m.ok(
+        READER,
+        &format!(
+            "/usr/bin/python3 -c \"import os, fcntl, termios\n\
+             fd = os.open('$M/accounts/{node}/content.md', os.O_RDONLY)\n\
+             print(os.isatty(fd))\n\
+             try: fcntl.ioctl(fd, termios.TCGETS, bytes(64))\n\
+             except OSError as e: print(e.errno == __import__('errno').ENOTTY)\""
+        ),
+    );
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["False", "True"]
+    );
+    let metrics = m.ok(0, "cat $M/.ctxfs/metrics");
+    let n: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ctxfs_requests_total{op=\"ioctl\"} "))
+        .expect("ioctl counted")
+        .parse()
+        .unwrap();
+    assert!(n >= 2.0, "{n}");
+    let log = std::fs::read_to_string(m.data.join("ctxfs.log")).unwrap();
+    assert!(!log.contains("Not Implemented"), "{log}");
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 pub const OPS: &[&str] = &[
     "lookup", "getattr", "setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "link",
     "rename", "open", "read", "write", "flush", "release", "fsync", "readdir", "fsyncdir",
-    "statfs", "access", "create",
+    "statfs", "access", "create", "ioctl",
 ];
 
 /// Upper bounds of the latency buckets, in seconds.

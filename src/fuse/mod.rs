@@ -499,6 +499,26 @@ impl Filesystem for Adapter {
         }
     }
 
+    /// No ioctl is supported. Python's `open` asks `isatty` (TCGETS) of
+    /// every file it opens, and the kernel keeps no "not implemented" flag
+    /// for ioctl: answer ENOTTY at once, without the default handler's
+    /// warning in the log (four lines per `open`, unbounded log growth).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let _t = self.fs.metrics.start("ioctl");
+        reply.error(Errno::ENOTTY);
+    }
+
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let _t = self.fs.metrics.start("statfs");
         // Capacity is the data dir's disk; ctxfs reports a large, constant
