@@ -146,6 +146,40 @@ fn reader_never_sees_pending_node_or_draft() {
     assert!(seen_after, "reader never saw the committed node:\n{out}");
 }
 
+/// Committed entries stay in the kernel's cache for minutes, so a name a
+/// draft takes over must not be cached for anyone: after a reader looked the
+/// file up again, the writer's `stat` still shows its draft (and a file it
+/// deleted in its draft stays gone for it), the reader's the committed file.
+#[test]
+fn a_reader_lookup_does_not_hide_the_writers_draft() {
+    let m = Mount::with_config(Some(CONFIG));
+    let n = format!("$M/accounts/{N1}");
+    m.ok(WRITER, &four_steps(N1, "version one", ACTIVE));
+    let size = |uid: u32, f: &str| m.ok(uid, &format!("stat -c %s {n}/{f}"));
+    assert_eq!(size(READER, "content.md"), "11\n");
+    m.ok(
+        WRITER,
+        &format!("echo ' and more' >> {n}/content.md; rm {n}/.overview.md"),
+    );
+    for _ in 0..3 {
+        assert_eq!(size(READER, "content.md"), "11\n");
+        assert_eq!(size(WRITER, "content.md"), "21\n");
+        m.ok(READER, &format!("test -f {n}/.overview.md"));
+        m.fails(WRITER, &format!("stat {n}/.overview.md"), "No such file");
+    }
+    // After the commit, everyone meets the new version (whose overview the
+    // daemon derives, the writer having deleted it).
+    m.ok(WRITER, &format!("/bin/echo '{ACTIVE}' > {n}/.meta.json"));
+    assert_eq!(size(READER, "content.md"), "21\n");
+    let overview = |uid: u32| {
+        m.ok(
+            uid,
+            &format!("stat -c %i:%s {n}/.overview.md; cat {n}/.overview.md"),
+        )
+    };
+    assert_eq!(overview(READER), overview(WRITER));
+}
+
 #[test]
 fn update_is_invisible_until_commit() {
     let m = Mount::with_config(Some(CONFIG));

@@ -520,3 +520,28 @@ fn a_committed_inode_opened_for_writing_is_not_cached_for_readers() {
         sut.fs.release(w.fh);
     });
 }
+
+/// A committed file's entry may be cached for everyone until a draft takes
+/// its name over; from then on neither the reader's nor the writer's answer
+/// is cached, and a name the draft does not touch stays cached.
+#[test]
+fn a_name_a_draft_takes_over_is_not_cached() {
+    let sut = Sut::new();
+    let n = node(0);
+    sut.ensure_dir(&n);
+    sut.write(WRITER, &n, "content.md", "first\n").unwrap();
+    sut.write(WRITER, &n, ".meta.json", r#"{"status":"ACTIVE"}"#)
+        .unwrap();
+    let shared = |c: Caller, name: &str| {
+        let dir = sut.resolve(c, &n).unwrap();
+        sut.fs.lookup(c, dir, name).unwrap().shared
+    };
+    assert!(shared(READER, "content.md") && shared(WRITER, "content.md"));
+    sut.write(WRITER, &n, "content.md", "second\n").unwrap();
+    assert!(!shared(READER, "content.md"));
+    assert!(!shared(WRITER, "content.md"));
+    assert!(shared(READER, ".abstract.md"));
+    sut.write(WRITER, &n, ".meta.json", r#"{"status":"ACTIVE"}"#)
+        .unwrap();
+    assert!(shared(READER, "content.md") && shared(WRITER, "content.md"));
+}

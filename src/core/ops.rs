@@ -444,7 +444,15 @@ impl Fs {
         }
         let rec = rec.ok_or(Error::NotFound)?;
         let f = rec.file(name).ok_or(Error::NotFound)?;
-        let attr = self.committed_file_attr(0, &rec, f);
+        let mut attr = self.committed_file_attr(0, &rec, f);
+        // While a draft changes this name, writers find the draft and
+        // readers the committed file: a cached entry would give one the
+        // other's answer.
+        if attr.shared {
+            if let Some(d) = self.draft(node) {
+                attr.shared = !lock(&d).files.contains_key(name);
+            }
+        }
         let key = Key::File {
             node: arc(node),
             name: arc(name),

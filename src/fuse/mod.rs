@@ -17,8 +17,11 @@ use std::time::{Duration, SystemTime};
 /// The kernel's dentry and attribute caches are shared by all uids, while
 /// some answers depend on the caller (tenancy, drafts): those get TTL 0.
 /// Answers the core marks `shared` (the same for every caller allowed into
-/// the account) are cached this long; commits and moves invalidate them.
-const TTL_SHARED: Duration = Duration::from_secs(10);
+/// the account) only change through the daemon, which invalidates them
+/// (commits, moves, deletes, a draft taking over a name), so they are
+/// cached long: an agent's `grep -r` every few minutes finds the tree's
+/// entries and attributes still cached.
+const TTL_SHARED: Duration = Duration::from_secs(600);
 
 fn ttl(a: &Attr) -> Duration {
     if a.shared {
