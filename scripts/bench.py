@@ -3,7 +3,8 @@
 same run on a plain local directory on the same disk.
 
   tree   N ACTIVE nodes (5 files, ~1 KB content): find, grep -r, cat every
-         .abstract.md; warm cache and right after mount (local: caches dropped)
+         .abstract.md; warm cache and right after mount (local: caches dropped);
+         the per-file floor: open+close of one cached file, one isatty
   commit four-step durable commits, 1 and 8 writers (local: one fsync per node)
   big    M nodes in one category: create / lookup / listing cost per entry at
          1k, 10k, ... M; mount time and daemon RSS after a full find
@@ -137,8 +138,27 @@ def report(rows, title):
     for name, local, fs, unit in rows:
         if unit == "s":
             print(f"  {name:34} {local:9.3f}s {fs:9.3f}s {fs / local:7.2f}x")
+        elif unit == "us":
+            print(f"  {name:34} {local:8.2f}us {fs:8.2f}us {fs / local:7.1f}x")
         else:
             print(f"  {name:34} {local:8.0f}/s {fs:8.0f}/s {fs / local:7.2f}x")
+
+
+def per_call_us(path, calls=20000):
+    """The floor under a tree walk: microseconds per open+close of one
+    cached file (FUSE: an OPEN and a RELEASE), and per isatty on an open
+    file (FUSE: one IOCTL round trip, the cheapest request there is)."""
+    t = time.perf_counter()
+    for _ in range(calls):
+        os.close(os.open(path, os.O_RDONLY))
+    opened = (time.perf_counter() - t) / calls * 1e6
+    fd = os.open(path, os.O_RDONLY)
+    t = time.perf_counter()
+    for _ in range(calls):
+        os.isatty(fd)
+    tty = (time.perf_counter() - t) / calls * 1e6
+    os.close(fd)
+    return opened, tty
 
 
 def bench_tree(work, n):
@@ -154,6 +174,11 @@ def bench_tree(work, n):
         timed(cmd.format(d=local), 1)
         timed(cmd.format(d=fs.base()), 1)
         rows.append((f"{name} (warm)", timed(cmd.format(d=local)), timed(cmd.format(d=fs.base())), "s"))
+    f = os.path.join(node_rel(0), ".abstract.md")
+    lo, lt = per_call_us(os.path.join(local, f))
+    fo, ft = per_call_us(os.path.join(fs.base(), f))
+    rows.append(("open+close one file, us per call", lo, fo, "us"))
+    rows.append(("isatty (one round trip), us per call", lt, ft, "us"))
     for name, cmd in TREE_OPS.items():
         drop_caches()
         tl = timed(cmd.format(d=local), 1)
