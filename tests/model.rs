@@ -163,6 +163,16 @@ impl Sut {
         r
     }
 
+    /// Node 0 committed with `content` as its content.md.
+    fn committed_node(&self, content: &str) -> String {
+        let n = node(0);
+        self.ensure_dir(&n);
+        self.write(WRITER, &n, "content.md", content).unwrap();
+        self.write(WRITER, &n, ".meta.json", r#"{"status":"ACTIVE"}"#)
+            .unwrap();
+        n
+    }
+
     fn ensure_dir(&self, n: &str) {
         let mut path = String::new();
         for comp in n.split('/') {
@@ -486,11 +496,7 @@ fn an_inode_from_before_a_commit_serves_the_current_version() {
 #[test]
 fn a_committed_inode_opened_for_writing_is_not_cached_for_readers() {
     let sut = Sut::new();
-    let n = node(0);
-    sut.ensure_dir(&n);
-    sut.write(WRITER, &n, "content.md", "first\n").unwrap();
-    sut.write(WRITER, &n, ".meta.json", r#"{"status":"ACTIVE"}"#)
-        .unwrap();
+    let n = sut.committed_node("first\n");
     let ino = sut.resolve(READER, &format!("{n}/content.md")).unwrap();
     let r = sut.fs.open(READER, ino, libc::O_RDONLY).unwrap();
     assert!(r.keep_cache && !r.direct_io);
@@ -527,11 +533,7 @@ fn a_committed_inode_opened_for_writing_is_not_cached_for_readers() {
 #[test]
 fn a_name_a_draft_takes_over_is_not_cached() {
     let sut = Sut::new();
-    let n = node(0);
-    sut.ensure_dir(&n);
-    sut.write(WRITER, &n, "content.md", "first\n").unwrap();
-    sut.write(WRITER, &n, ".meta.json", r#"{"status":"ACTIVE"}"#)
-        .unwrap();
+    let n = sut.committed_node("first\n");
     let shared = |c: Caller, name: &str| {
         let dir = sut.resolve(c, &n).unwrap();
         sut.fs.lookup(c, dir, name).unwrap().shared
