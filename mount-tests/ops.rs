@@ -179,13 +179,10 @@ fn ioctl_fails_with_enotty_quietly() {
         out.split_whitespace().collect::<Vec<_>>(),
         ["False", "True"]
     );
-    let metrics = m.ok(0, "cat $M/.ctxfs/metrics");
-    let n: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("ctxfs_requests_total{op=\"ioctl\"} "))
-        .expect("ioctl counted")
-        .parse()
-        .unwrap();
+    let file = m.shared_file("metrics.txt");
+    m.ok(0, &format!("cat $M/.ctxfs/metrics > {}", file.display()));
+    let samples = parse(&m, file.to_str().unwrap());
+    let n = value(&samples, "ctxfs_requests_total", &[("op", "ioctl")]).expect("ioctl counted");
     assert!(n >= 2.0, "{n}");
     let log = std::fs::read_to_string(m.data.join("ctxfs.log")).unwrap();
     assert!(!log.contains("Not Implemented"), "{log}");

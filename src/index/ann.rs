@@ -198,13 +198,20 @@ pub fn new_graph(p: &AnnParams, capacity: usize) -> Graph {
     Hnsw::new(p.m, capacity.max(1024), 16, p.ef_construction, DistUnitDot)
 }
 
+/// Insert labelled vectors into `g` (on the rayon pool when more than one).
+pub fn insert(g: &Graph, items: &[(usize, Vector)]) {
+    let data: Vec<(&[Half], usize)> = items.iter().map(|(l, v)| (&v[..], *l)).collect();
+    match data.as_slice() {
+        [] => {}
+        [one] => g.insert_slice(*one),
+        _ => g.parallel_insert_slice(&data),
+    }
+}
+
 /// Build a fresh graph from vectors (several threads).
 pub fn build(p: &AnnParams, items: &[(usize, Vector)]) -> Graph {
     let g = new_graph(p, items.len());
-    let data: Vec<(&[Half], usize)> = items.iter().map(|(l, v)| (&v[..], *l)).collect();
-    if !data.is_empty() {
-        g.parallel_insert_slice(&data);
-    }
+    insert(&g, items);
     g
 }
 

@@ -567,10 +567,7 @@ impl Index {
             }
         }
         drop(st);
-        let data: Vec<(&[ann::Half], usize)> = missing.iter().map(|(l, v)| (&v[..], *l)).collect();
-        if !data.is_empty() {
-            graph.parallel_insert_slice(&data);
-        }
+        ann::insert(&graph, &missing);
         for (l, v) in missing.iter() {
             vecs.insert(*l, v.clone());
         }
@@ -918,13 +915,7 @@ impl Index {
                 s.spawn(move || {
                     for (ai, vecs) in inserts.into_values() {
                         let g = rlock(&ai.graph).clone();
-                        let data: Vec<(&[ann::Half], usize)> =
-                            vecs.iter().map(|(l, v)| (&v[..], *l)).collect();
-                        if data.len() > 1 {
-                            g.parallel_insert_slice(&data);
-                        } else if let Some(d) = data.first() {
-                            g.insert_slice(*d);
-                        }
+                        ann::insert(&g, &vecs);
                     }
                 });
             }
