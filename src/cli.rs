@@ -211,35 +211,35 @@ pub fn run() -> i32 {
             timeout,
             lazy,
         } => crate::daemon::umount(&mountpoint, timeout, lazy),
-        Cmd::Fsck { data } => crate::daemon::fsck(&data),
-        Cmd::Export { data, out } => crate::transfer::export(&data, &out),
+        Cmd::Fsck { data } => crate::cmd::fsck(&data),
+        Cmd::Export { data, out } => crate::cmd::export(&data, &out),
         Cmd::Import {
             data,
             config,
             skip_bad,
             input,
-        } => crate::transfer::import(&data, config.as_deref(), &input, skip_bad),
+        } => crate::cmd::import(&data, config.as_deref(), &input, skip_bad),
         Cmd::Reindex {
             data,
             config,
             embedder,
             model_dir,
-        } => crate::daemon::reindex(
+        } => crate::cmd::reindex(
             &data,
             config.as_deref(),
             embedder.as_ref(),
             model_dir.as_ref(),
         ),
-        Cmd::BenchAnn(o) => crate::daemon::bench_ann(o),
+        Cmd::BenchAnn(o) => crate::cmd::bench_ann(o.into()),
         Cmd::Search {
             query,
             dir,
             k,
             json,
             mode,
-        } => crate::daemon::search(&dir, &query, k, json, mode.as_deref()),
+        } => crate::cmd::search(&dir, &query, k, json, mode.as_deref()),
         Cmd::Repair { data, grace } => {
-            crate::daemon::repair(&data, std::time::Duration::from_secs(grace))
+            crate::cmd::repair(&data, std::time::Duration::from_secs(grace))
         }
     };
     match result {
@@ -247,6 +247,24 @@ pub fn run() -> i32 {
         Err(e) => {
             eprintln!("ctxfs: {e:#}");
             1
+        }
+    }
+}
+
+impl From<BenchAnnOpts> for crate::cmd::BenchAnnOpts {
+    fn from(o: BenchAnnOpts) -> Self {
+        crate::cmd::BenchAnnOpts {
+            npy: o.npy,
+            limit: o.limit,
+            data: o.data,
+            account: o.account,
+            queries_file: o.queries_file,
+            queries: o.queries,
+            config: o.config,
+            embedder: o.embedder,
+            model_dir: o.model_dir,
+            m: o.m,
+            ef_construction: o.ef_construction,
         }
     }
 }

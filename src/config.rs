@@ -1,6 +1,6 @@
 //! The TOML config (CONTRACT §5) and the tenancy it defines.
 
-use crate::core::place::check_name;
+use crate::schema::place::check_name;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -48,13 +48,13 @@ pub struct RedactionPolicy {
 
 impl RedactionPolicy {
     /// The redactor for `account`, or `None` when it keeps its secrets.
-    pub fn for_account(&self, account: &str) -> Option<crate::core::derive::Redactor> {
+    pub fn for_account(&self, account: &str) -> Option<crate::schema::redact::Redactor> {
         if !self.section.enabled || self.off.contains(account) {
             return None;
         }
         Some(match &self.section.keys {
-            Some(k) => crate::core::derive::Redactor::new(k.iter().cloned()),
-            None => crate::core::derive::Redactor::default(),
+            Some(k) => crate::schema::redact::Redactor::new(k.iter().cloned()),
+            None => crate::schema::redact::Redactor::default(),
         })
     }
 }
@@ -83,57 +83,6 @@ pub struct IndexSection {
     pub hnsw_ef_search: Option<usize>,
     /// Weight of the vector channel in hybrid ranking (BM25's is 1), 0..=10.
     pub vector_weight: Option<f32>,
-}
-
-impl IndexSection {
-    pub fn validate(&self) -> anyhow::Result<()> {
-        match self.embedder.as_deref() {
-            None | Some("auto" | "minilm" | "hash") => {}
-            Some("http") => {
-                if self.http_url.is_none() || self.http_model.is_none() || self.http_dim.is_none() {
-                    anyhow::bail!(
-                        "[index] embedder = \"http\" needs http_url, http_model and http_dim"
-                    );
-                }
-            }
-            Some(x) => {
-                anyhow::bail!("[index] embedder = {x:?}: expected auto, minilm, hash or http")
-            }
-        }
-        if let Some(d) = self.http_dim.or(self.hash_dim) {
-            if !(8..=8192).contains(&d) {
-                anyhow::bail!("[index] vector dimension {d} is outside 8..=8192");
-            }
-        }
-        if let Some(w) = self.vector_weight {
-            if !(0.0..=10.0).contains(&w) {
-                anyhow::bail!("[index] vector_weight = {w} (must be 0..=10)");
-            }
-        }
-        if let Some(r) = self.max_retries {
-            if !(1..=100).contains(&r) {
-                anyhow::bail!("[index] max_retries = {r} (must be 1..=100)");
-            }
-        }
-        self.ann()
-            .validate()
-            .map_err(|e| anyhow::anyhow!("[index] {e}"))
-    }
-
-    /// HNSW parameters as set, the defaults of MiniLM-like embedders filling in.
-    pub fn ann(&self) -> crate::index::ann::AnnParams {
-        self.ann_for("")
-    }
-
-    /// HNSW parameters as set, the defaults for embedder `kind` filling in.
-    pub fn ann_for(&self, kind: &str) -> crate::index::ann::AnnParams {
-        let d = crate::index::ann::AnnParams::for_embedder(kind);
-        crate::index::ann::AnnParams {
-            m: self.hnsw_m.unwrap_or(d.m),
-            ef_construction: self.hnsw_ef_construction.unwrap_or(d.ef_construction),
-            ef_search: self.hnsw_ef_search.unwrap_or(d.ef_search),
-        }
-    }
 }
 
 /// `[account.quota]`: what one account may use (every limit optional).
@@ -168,8 +117,7 @@ impl Settings {
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Settings> {
-        let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-        file.index.validate()?;
+        let file: ConfigFile = toml::from_str(text)?;
         let mut map = BTreeMap::new();
         let mut off = std::collections::BTreeSet::new();
         let mut quotas = BTreeMap::new();
@@ -288,10 +236,6 @@ mod tests {
         assert!(Tenancy::parse("[[account]]\nid = \"a\"\n[[account]]\nid = \"a\"\n").is_err());
         assert!(Tenancy::parse("[[account]]\nid = \"a\"\nwritres=[1]\n").is_err());
         assert!(Tenancy::parse("not toml [").is_err());
-        assert!(Settings::parse("[index]\nembedder = \"magic\"\n").is_err());
-        assert!(Settings::parse("[index]\nembedder = \"http\"\n").is_err());
-        assert!(Settings::parse("[index]\nhnsw_m = 300\n").is_err());
-        assert!(Settings::parse("[index]\nmax_retries = 0\n").is_err());
         assert!(Settings::parse("[[account]]\nid = \"a\"\n[account.quota]\nbytez = 1\n").is_err());
         let s = Settings::parse(
             "[[account]]\nid = \"a\"\n[account.quota]\nbytes = 1000\nsearches_per_minute = 5\n",
@@ -300,14 +244,9 @@ mod tests {
         assert_eq!(s.quotas["a"].bytes, Some(1000));
         assert_eq!(s.quotas["a"].searches_per_minute, Some(5));
         assert_eq!(s.quotas["a"].writes_per_day, None);
-        let s = Settings::parse("[index]\nembedder = \"hash\"\nhnsw_ef_search = 128\n").unwrap();
-        assert_eq!(s.index.ann().ef_search, 128);
-        // Unset values take the defaults of the embedder's kind.
-        assert_eq!(s.index.ann_for("hash").ef_construction, 48);
-        assert_eq!(s.index.ann_for("minilm").ef_construction, 100);
-        let s = Settings::parse("[index]\nhnsw_ef_construction = 200\n").unwrap();
-        assert_eq!(s.index.ann_for("hash").ef_construction, 200);
-        assert_eq!(s.index.ann_for("hash").ef_search, 128);
+        // The [index] table is parsed here and checked by the index.
+        assert!(Settings::parse("[index]\nhnsw_m = 300\n").is_ok());
+        assert!(Settings::parse("[index]\nhnsw = 3\n").is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! The table in `docs/SEMANTICS.md` ("Errors") is this mapping; the unit test
 //! below keeps the two honest.
 
+use std::sync::Arc;
 use thiserror::Error;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -48,9 +49,14 @@ pub enum Error {
     Unsupported,
     #[error("bad file handle")]
     BadHandle,
-    /// Storage failed; nothing of the request was applied.
-    #[error("storage error: {0}")]
-    Store(String),
+    /// Storage failed; nothing of the request was applied. `source` is the
+    /// underlying error (redb, I/O, a decoder), kept for the log.
+    #[error("storage error: {what}")]
+    Store {
+        what: String,
+        #[source]
+        source: Option<Source>,
+    },
     /// `.ctxfs/sync` waited longer than its timeout.
     #[error("timed out")]
     TimedOut,
@@ -68,7 +74,70 @@ pub enum Error {
     RateLimited(String),
 }
 
+/// The error under a storage failure: shared, so `Error` stays `Clone`.
+#[derive(Clone)]
+pub struct Source(Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Source {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Two errors are equal when they say the same: errors of other crates
+/// have no equality of their own.
+impl PartialEq for Source {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for Source {}
+
 impl Error {
+    /// A storage failure with no underlying error.
+    pub fn store(what: impl Into<String>) -> Error {
+        Error::Store {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A storage failure caused by `source`, with what was being done.
+    pub fn store_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        Error::Store {
+            what: what.into(),
+            source: Some(Source(Arc::new(source))),
+        }
+    }
+
+    /// The error and its causes on one line, for the log.
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut cur = std::error::Error::source(self);
+        while let Some(e) = cur {
+            out.push_str(": ");
+            out.push_str(&e.to_string());
+            cur = e.source();
+        }
+        out
+    }
+
     /// The errno a syscall reports for this kind. No catch-all arm: a new kind
     /// must choose its errno here.
     pub fn errno(&self) -> i32 {
@@ -93,7 +162,7 @@ impl Error {
             Error::NameTooLong => libc::ENAMETOOLONG,
             Error::Unsupported => libc::ENOTSUP,
             Error::BadHandle => libc::EBADF,
-            Error::Store(_) => libc::EIO,
+            Error::Store { .. } => libc::EIO,
             Error::TimedOut => libc::ETIMEDOUT,
             Error::Unavailable(_) => libc::EAGAIN,
             Error::Busy(_) => libc::EBUSY,
@@ -104,7 +173,7 @@ impl Error {
 
     /// Expected refusals are logged at debug; storage failures at error.
     pub fn is_expected(&self) -> bool {
-        !matches!(self, Error::Store(_) | Error::Unavailable(_))
+        !matches!(self, Error::Store { .. } | Error::Unavailable(_))
     }
 }
 
@@ -131,13 +200,17 @@ mod tests {
             (Error::NameTooLong, libc::ENAMETOOLONG, "ENAMETOOLONG"),
             (Error::Unsupported, libc::ENOTSUP, "ENOTSUP"),
             (Error::BadHandle, libc::EBADF, "EBADF"),
-            (Error::Store("x".into()), libc::EIO, "EIO"),
+            (Error::store("x"), libc::EIO, "EIO"),
             (Error::TimedOut, libc::ETIMEDOUT, "ETIMEDOUT"),
             (Error::Unavailable("x".into()), libc::EAGAIN, "EAGAIN"),
             (Error::Busy("x"), libc::EBUSY, "EBUSY"),
             (Error::Quota("x".into()), libc::EDQUOT, "EDQUOT"),
             (Error::RateLimited("x".into()), libc::EAGAIN, "EAGAIN"),
         ];
+        let e = Error::store_from("reading blob 7", std::io::Error::other("disk on fire"));
+        assert_eq!(e.to_string(), "storage error: reading blob 7");
+        assert_eq!(e.report(), "storage error: reading blob 7: disk on fire");
+        assert_eq!(e.clone(), e);
         let doc = include_str!("../docs/SEMANTICS.md");
         for (err, errno, name) in table {
             assert_eq!(err.errno(), *errno, "{err:?}");

@@ -1,11 +1,14 @@
 //! ctxfs: AI-agent memory served as a FUSE filesystem. See `docs/ARCHITECTURE.md`.
 
 pub mod cli;
+pub mod cmd;
 pub mod config;
 pub mod core;
 pub mod daemon;
+pub mod data;
 pub mod error;
 pub mod fuse;
 pub mod index;
+pub mod locks;
+pub mod schema;
 pub mod store;
-pub mod transfer;

@@ -262,9 +262,9 @@ fn apply(sut: &mut Sut, m: &mut Model, op: &Op) {
                     };
                     if needed {
                         let mut t = if label == "abstract" {
-                            ctxfs::core::derive::derive_abstract(&content, 100)
+                            ctxfs::schema::derive::derive_abstract(&content, 100)
                         } else {
-                            ctxfs::core::derive::derive_overview(&content)
+                            ctxfs::schema::derive::derive_overview(&content)
                         };
                         if !t.ends_with('\n') {
                             t.push('\n');

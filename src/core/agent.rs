@@ -3,16 +3,13 @@
 //! `.header.md` beside each map) and `MOUNT/.ctxfs/help`. All generated at
 //! open from the store, so they are always current.
 
-use super::place::{self, DirPlace};
 use super::{Caller, Fs};
 use crate::config::Access;
 use crate::error::Result;
+use crate::schema::names::MAP_FILE;
+use crate::schema::place::{self, DirPlace};
 use crate::store::{NodeRec, Status};
 
-/// The memory map in every user and agent directory.
-pub const MAP_FILE: &str = "README.md";
-/// The prompt header of one user or agent directory.
-pub const HEADER_FILE: &str = ".header.md";
 /// Nodes the map lists at most (newest first); the rest are counted.
 pub const MAP_MAX_NODES: usize = 50;
 /// Byte budget of the memory map.

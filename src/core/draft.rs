@@ -111,7 +111,7 @@ impl Draft {
             .files
             .values()
             .filter_map(|s| match s {
-                Slot::File(f) => Some(ns_of(f.read().unwrap_or_else(|p| p.into_inner()).mtime)),
+                Slot::File(f) => Some(ns_of(crate::locks::read(f).mtime)),
                 Slot::Whiteout => None,
             })
             .max()
@@ -128,7 +128,7 @@ impl Draft {
                 .iter()
                 .map(|(name, slot)| match slot {
                     Slot::File(f) => {
-                        let f = f.read().unwrap_or_else(|p| p.into_inner());
+                        let f = crate::locks::read(f);
                         DraftFileRec {
                             name: name.clone(),
                             data: Some(f.data.clone()),

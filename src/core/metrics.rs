@@ -199,7 +199,7 @@ impl Metrics {
 type ByAccount = Mutex<BTreeMap<(String, &'static str), u64>>;
 
 fn bump(m: &ByAccount, account: &str, kind: &'static str) {
-    let mut a = m.lock().unwrap_or_else(|p| p.into_inner());
+    let mut a = crate::locks::lock(m);
     // Names are validated before the gate in most paths; bound the label
     // set anyway against made-up account names.
     if a.len() < 10_000 || a.contains_key(&(account.to_string(), kind)) {
@@ -209,7 +209,7 @@ fn bump(m: &ByAccount, account: &str, kind: &'static str) {
 
 /// One counter line per (account, kind), only of `accounts` (all when `None`).
 fn labelled(out: &mut String, name: &str, m: &ByAccount, accounts: Option<&[String]>) {
-    let a = m.lock().unwrap_or_else(|p| p.into_inner());
+    let a = crate::locks::lock(m);
     for ((account, kind), n) in a.iter() {
         if accounts.is_some_and(|v| !v.iter().any(|x| x == account)) {
             continue;
@@ -275,7 +275,9 @@ impl super::Fs {
         let mut depth = 0;
         for a in &accounts {
             for st in crate::store::Status::all() {
-                let n = self.store.counter(&format!("nodes:{a}:{}", st.as_str()))?;
+                let n = self
+                    .store
+                    .counter(&crate::schema::counters::nodes_key(a, st))?;
                 let _ = writeln!(
                     out,
                     "ctxfs_nodes{{account=\"{}\",status=\"{}\"}} {n}",
@@ -286,13 +288,15 @@ impl super::Fs {
         }
         out.push_str("# HELP ctxfs_outbox_depth Index events waiting, by account.\n# TYPE ctxfs_outbox_depth gauge\n");
         for a in &accounts {
-            let n = self.store.counter(&format!("outbox:{a}"))?;
+            let n = self
+                .store
+                .counter(&crate::schema::counters::outbox_key(a))?;
             depth += n;
             let _ = writeln!(out, "ctxfs_outbox_depth{{account=\"{}\"}} {n}", escape(a));
         }
         out.push_str("# HELP ctxfs_dead_letters Index events that exhausted their retries, by account.\n# TYPE ctxfs_dead_letters gauge\n");
         for a in &accounts {
-            let n = self.store.counter(&format!("dlq:{a}"))?;
+            let n = self.store.counter(&crate::schema::counters::dlq_key(a))?;
             let _ = writeln!(out, "ctxfs_dead_letters{{account=\"{}\"}} {n}", escape(a));
         }
         let _ = writeln!(

@@ -7,12 +7,10 @@
 
 pub mod agent;
 pub mod commit;
-pub mod derive;
-mod draft;
+pub(crate) mod draft;
 pub mod inodes;
 pub mod metrics;
 pub mod ops;
-pub mod place;
 pub mod quota;
 pub mod repair;
 pub mod scratch;
@@ -25,11 +23,15 @@ pub use self::draft::{DFile, Draft, Slot};
 use self::inodes::{Inodes, Key};
 use crate::config::{Access, Tenancy};
 use crate::error::{Error, Result};
+use crate::locks::lock;
+#[allow(unused_imports)]
+use crate::schema::time::{now_ns, ns_of, rfc3339, rfc3339_ms, time_of};
+use crate::schema::{counters, names, place};
 use crate::store::{NodeRec, Op, Status, Store};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// Largest file a node may hold (a write past it fails with EFBIG).
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -271,47 +273,12 @@ pub enum Target {
     Inode(u64),
 }
 
-pub fn now_ns() -> i128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i128)
-        .unwrap_or(0)
-}
-
-pub fn time_of(ns: i128) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH
-    }
-}
-
-pub fn ns_of(t: SystemTime) -> i128 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i128)
-        .unwrap_or(0)
-}
-
-pub fn rfc3339(ns: i128) -> String {
-    humantime::format_rfc3339_seconds(time_of(ns)).to_string()
-}
-
-/// With milliseconds: event times, from which the index lag is measured.
-pub fn rfc3339_ms(ns: i128) -> String {
-    humantime::format_rfc3339_millis(time_of(ns)).to_string()
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a lock must not take every later request down.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Fs {
     pub fn new(store: Arc<dyn Store>, tenancy: Tenancy) -> Result<Arc<Fs>> {
         let fs = Fs {
-            next_blob: AtomicU64::new(store.high_water("blob")? + 1),
-            next_node: AtomicU64::new(store.high_water("node")? + 1),
-            next_event: AtomicU64::new(store.high_water("event")? + 1),
+            next_blob: AtomicU64::new(store.high_water(counters::BLOB_ID)? + 1),
+            next_node: AtomicU64::new(store.high_water(counters::NODE_ID)? + 1),
+            next_event: AtomicU64::new(store.high_water(counters::EVENT_ID)? + 1),
             store,
             tenancy,
             inodes: Mutex::new(Inodes::new()),
@@ -336,10 +303,7 @@ impl Fs {
             searches: Mutex::new(HashMap::new()),
         };
         fs.count_bytes_once()?;
-        fs.expiry
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(fs.store.expiries()?);
+        crate::locks::write(&fs.expiry).extend(fs.store.expiries()?);
         for (path, bytes) in fs.store.drafts()? {
             match crate::store::DraftRec::decode(&bytes) {
                 Ok(rec) => {
@@ -354,7 +318,7 @@ impl Fs {
     /// Data dirs from before byte quotas: count every account's stored bytes
     /// once (later commits and deletes keep the counters current).
     fn count_bytes_once(&self) -> Result<()> {
-        if self.store.high_water("bytes_counted")? > 0 {
+        if self.store.high_water(counters::BYTES_COUNTED)? > 0 {
             return Ok(());
         }
         let mut recs = Vec::new();
@@ -375,7 +339,7 @@ impl Fs {
             })
             .collect();
         ops.push(Op::HighWater {
-            key: "bytes_counted".into(),
+            key: counters::BYTES_COUNTED.into(),
             value: 1,
         });
         self.store.apply(ops, true)
@@ -511,12 +475,16 @@ impl Fs {
         for st in Status::all() {
             let mut n = 0;
             for a in &accounts {
-                n += self.store.counter(&format!("nodes:{a}:{}", st.as_str()))?;
+                n += self
+                    .store
+                    .counter(&crate::schema::counters::nodes_key(a, st))?;
             }
             counts.insert(st.as_str().into(), n.into());
         }
         for a in &accounts {
-            outbox += self.store.counter(&format!("outbox:{a}"))?;
+            outbox += self
+                .store
+                .counter(&crate::schema::counters::outbox_key(a))?;
         }
         let (mut pending, mut edits) = (0, 0);
         for (path, d) in lock(&self.drafts).iter() {
@@ -543,7 +511,8 @@ impl Fs {
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
             "version": env!("CARGO_PKG_VERSION"),
         });
-        let mut out = serde_json::to_vec_pretty(&v).map_err(|e| Error::Store(e.to_string()))?;
+        let mut out =
+            serde_json::to_vec_pretty(&v).map_err(|e| Error::store_from("rendering status", e))?;
         out.push(b'\n');
         Ok(out)
     }

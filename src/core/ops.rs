@@ -1,31 +1,18 @@
 //! The filesystem operations of the core, one method per syscall family.
 
 use super::agent;
-use super::commit::{self, Derived, MetaIntent};
-use super::derive;
+use super::commit::{self, blob_bytes, Intent};
 use super::inodes::Key;
-use super::place::{self, DirPlace, CONTENT, META, NODE_FILES};
 use super::scratch;
 use super::*;
-use serde_json::{json, Value};
-
-/// Outcome of closing a written `.meta.json`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Committed {
-    Version(u32),
-    /// No status or `PENDING`: the node stays a draft.
-    StillPending,
-}
+use crate::schema::counters;
+use crate::schema::event::{Change, OutboxEvent};
+use crate::schema::place::{self, DirPlace, META, NODE_FILES};
+use serde_json::Value;
 
 /// A node as one caller sees it: its visible committed record and, for
 /// writers, its draft.
 type NodeView = (Option<NodeRec>, Option<Arc<Mutex<Draft>>>);
-
-/// A file of a node as a commit sees it.
-enum Content {
-    New(Vec<u8>, i128, u16),
-    Keep(crate::store::FileRec),
-}
 
 /// Entries handed to one readdir reply at most (a reply buffer holds fewer).
 const READDIR_BATCH: usize = 1024;
@@ -45,22 +32,7 @@ fn join(parent: &str, name: &str) -> String {
     }
 }
 
-fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in s.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
-}
-
-fn read_lock(f: &RwLock<DFile>) -> std::sync::RwLockReadGuard<'_, DFile> {
-    f.read().unwrap_or_else(|p| p.into_inner())
-}
-
-fn write_lock(f: &RwLock<DFile>) -> std::sync::RwLockWriteGuard<'_, DFile> {
-    f.write().unwrap_or_else(|p| p.into_inner())
-}
+use crate::locks::{read as read_lock, write as write_lock};
 
 impl Fs {
     // ---- attributes --------------------------------------------------------
@@ -315,17 +287,12 @@ impl Fs {
         match parent {
             Key::Root => match name {
                 "accounts" => Ok(Key::Accounts),
-                ".ctxfs" => Ok(Key::CtxfsDir),
+                names::CTXFS_DIR => Ok(Key::CtxfsDir),
                 _ => Err(Error::NotFound),
             },
-            Key::CtxfsDir => match name {
-                "status" => Ok(Key::CtxfsFile("status")),
-                "pid" => Ok(Key::CtxfsFile("pid")),
-                "sync" => Ok(Key::CtxfsFile("sync")),
-                "header" => Ok(Key::CtxfsFile("header")),
-                "help" => Ok(Key::CtxfsFile("help")),
-                "metrics" => Ok(Key::CtxfsFile("metrics")),
-                _ => Err(Error::NotFound),
+            Key::CtxfsDir => match names::CTXFS_FILES.iter().find(|n| **n == name) {
+                Some(n) => Ok(Key::CtxfsFile(n)),
+                None => Err(Error::NotFound),
             },
             Key::Accounts => {
                 if place::check_name(name).is_err() {
@@ -334,38 +301,38 @@ impl Fs {
                 self.gate(c, name, false)?;
                 Ok(Key::Dir(arc(name)))
             }
-            Key::Dir(path) if name == super::search::SEARCH_DIR => {
+            Key::Dir(path) if name == names::SEARCH_DIR => {
                 self.gate(c, Self::account_of(path), false)?;
                 Ok(Key::SearchDir(path.clone()))
             }
             Key::Dir(path)
                 if scratch::is_project(path)
-                    && (name == scratch::SCRATCHPAD || name == scratch::ACTIVITY_LOG) =>
+                    && (name == names::SCRATCHPAD || name == names::ACTIVITY_LOG) =>
             {
                 self.gate(c, Self::account_of(path), false)?;
                 Ok(Key::Scratch(arc(&join(path, name))))
             }
             Key::Scratch(dir) => self.scratch_child(c, dir, name),
             Key::Versions(_) | Key::VersionDir { .. } => self.versions_child(c, parent, name),
-            Key::Dir(path) if name == super::quota::USAGE_DIR && !path.contains('/') => {
+            Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))
             }
-            Key::AccountCtxfs(account) if name == super::quota::USAGE_FILE => {
+            Key::AccountCtxfs(account) if name == names::USAGE_FILE => {
                 self.gate(c, account, false)?;
                 Ok(Key::Usage(account.clone()))
             }
             Key::Dir(path)
-                if (name == agent::MAP_FILE || name == agent::HEADER_FILE)
+                if (name == names::MAP_FILE || name == names::HEADER_FILE)
                     && agent::is_owner_space(path) =>
             {
                 self.gate(c, Self::account_of(path), false)?;
                 Ok(Key::Generated {
                     dir: path.clone(),
-                    name: if name == agent::MAP_FILE {
-                        agent::MAP_FILE
+                    name: if name == names::MAP_FILE {
+                        names::MAP_FILE
                     } else {
-                        agent::HEADER_FILE
+                        names::HEADER_FILE
                     },
                 })
             }
@@ -387,17 +354,17 @@ impl Fs {
                 }
             }
             Key::Outbox(node) => {
-                if name == "dlq" {
+                if name == names::OUTBOX_DLQ {
                     return Ok(Key::OutboxDlq(node.clone()));
                 }
-                let seq = super::search::event_seq(name).ok_or(Error::NotFound)?;
+                let seq = crate::schema::event::event_seq(name).ok_or(Error::NotFound)?;
                 Ok(Key::Event {
                     node: node.clone(),
                     seq,
                 })
             }
             Key::OutboxDlq(node) => {
-                let seq = super::search::event_seq(name).ok_or(Error::NotFound)?;
+                let seq = crate::schema::event::event_seq(name).ok_or(Error::NotFound)?;
                 Ok(Key::DeadEvent {
                     node: node.clone(),
                     seq,
@@ -417,11 +384,11 @@ impl Fs {
     ) -> Result<(Key, Option<Attr>)> {
         match name {
             place::OUTBOX => return Ok((Key::Outbox(arc(node)), None)),
-            super::versions::VERSIONS_DIR => {
+            names::VERSIONS_DIR => {
                 self.visible_node(node, access)?.ok_or(Error::NotFound)?;
                 return Ok((Key::Versions(arc(node)), None));
             }
-            super::search::SEARCH_DIR => {
+            names::SEARCH_DIR => {
                 self.node_for(node, access)?;
                 return Ok((Key::SearchDir(arc(node)), None));
             }
@@ -529,10 +496,10 @@ impl Fs {
         match &key {
             Key::Root => {
                 entries.push(d(Key::Accounts, "accounts", Kind::Dir));
-                entries.push(d(Key::CtxfsDir, ".ctxfs", Kind::Dir));
+                entries.push(d(Key::CtxfsDir, names::CTXFS_DIR, Kind::Dir));
             }
             Key::CtxfsDir => {
-                for n in ["status", "pid", "sync", "header", "help", "metrics"] {
+                for n in names::CTXFS_FILES {
                     entries.push(d(Key::CtxfsFile(n), n, Kind::File));
                 }
             }
@@ -594,13 +561,13 @@ impl Fs {
                         entries.push(d(Key::Dir(arc(&child)), &n, Kind::Dir));
                     }
                     if scratch::is_project(path) {
-                        let k = Key::Scratch(arc(&join(path, scratch::SCRATCHPAD)));
-                        entries.push(d(k, scratch::SCRATCHPAD, Kind::Dir));
-                        let k = Key::Scratch(arc(&join(path, scratch::ACTIVITY_LOG)));
-                        entries.push(d(k, scratch::ACTIVITY_LOG, Kind::File));
+                        let k = Key::Scratch(arc(&join(path, names::SCRATCHPAD)));
+                        entries.push(d(k, names::SCRATCHPAD, Kind::Dir));
+                        let k = Key::Scratch(arc(&join(path, names::ACTIVITY_LOG)));
+                        entries.push(d(k, names::ACTIVITY_LOG, Kind::File));
                     }
                     if agent::is_owner_space(path) {
-                        for name in [agent::MAP_FILE, agent::HEADER_FILE] {
+                        for name in [names::MAP_FILE, names::HEADER_FILE] {
                             let k = Key::Generated {
                                 dir: path.clone(),
                                 name,
@@ -612,7 +579,11 @@ impl Fs {
             }
             Key::Outbox(node) => {
                 shared = false;
-                entries.push(d(Key::OutboxDlq(node.clone()), "dlq", Kind::Dir));
+                entries.push(d(
+                    Key::OutboxDlq(node.clone()),
+                    names::OUTBOX_DLQ,
+                    Kind::Dir,
+                ));
                 for e in self.store.node_events(node)? {
                     let k = Key::Event {
                         node: node.clone(),
@@ -635,7 +606,7 @@ impl Fs {
             Key::AccountCtxfs(account) => {
                 shared = false;
                 let k = Key::Usage(account.clone());
-                entries.push(d(k, super::quota::USAGE_FILE, Kind::File));
+                entries.push(d(k, names::USAGE_FILE, Kind::File));
             }
             Key::Versions(_) | Key::VersionDir { .. } => {
                 shared = false;
@@ -797,7 +768,7 @@ impl Fs {
     pub fn rmdir(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         match self.key_of(parent)? {
             Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
-            Key::Dir(p) if scratch::is_project(&p) && name == scratch::SCRATCHPAD => {
+            Key::Dir(p) if scratch::is_project(&p) && name == names::SCRATCHPAD => {
                 self.gate(c, Self::account_of(&p), true)?;
                 return Err(Error::NotPermitted("the scratchpad itself stays"));
             }
@@ -898,7 +869,7 @@ impl Fs {
             },
             Op::DropHistory { node_id: rec.id },
             Op::Count {
-                key: format!("nodes:{account}:{}", rec.status.as_str()),
+                key: crate::schema::counters::nodes_key(&account, rec.status),
                 delta: -1,
             },
             Op::Count {
@@ -909,10 +880,10 @@ impl Fs {
                 seq,
                 node_path: node.to_string(),
                 account,
-                json: self.event(seq, "DELETE_CONTEXT", node, json!({})),
+                json: self.event(seq, node, Change::DeleteContext {}),
             },
             Op::HighWater {
-                key: "event".into(),
+                key: counters::EVENT_ID.into(),
                 value: seq,
             },
         ];
@@ -1032,20 +1003,20 @@ impl Fs {
             })
         };
         match &key {
-            Key::CtxfsFile("status") => data(self.status_json(c)?),
-            Key::CtxfsFile("sync") => data(self.sync_file()?),
+            Key::CtxfsFile(names::STATUS_FILE) => data(self.status_json(c)?),
+            Key::CtxfsFile(names::SYNC_FILE) => data(self.sync_file()?),
             Key::Scratch(path) => self.scratch_open(c, path, flags),
             Key::VersionFile { .. } | Key::Restore(_) => self.versions_open(c, &key, write),
             Key::Usage(account) => data(self.usage_json(c, account)?),
-            Key::CtxfsFile("header") => data(self.header(c, None)?),
-            Key::CtxfsFile("help") => data(agent::help_text().as_bytes().to_vec()),
-            Key::CtxfsFile("metrics") => data(self.metrics_text(Some(c))?.into_bytes()),
+            Key::CtxfsFile(names::HEADER) => data(self.header(c, None)?),
+            Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
+            Key::CtxfsFile(names::METRICS_FILE) => data(self.metrics_text(Some(c))?.into_bytes()),
             Key::Generated { dir, name } => {
                 // Readers meet EROFS on any write, as everywhere in their account.
                 if write {
                     self.gate(c, Self::account_of(dir), true)?;
                 }
-                if *name == agent::MAP_FILE {
+                if *name == names::MAP_FILE {
                     data(self.memory_map(c, dir)?)
                 } else {
                     data(self.header(c, Some(dir))?)
@@ -1347,7 +1318,7 @@ impl Fs {
             return Err(Error::NotPermitted("virtual directory"));
         };
         self.gate(c, Self::account_of(node), true)?;
-        if scratch::is_project(node) && name == scratch::ACTIVITY_LOG {
+        if scratch::is_project(node) && name == names::ACTIVITY_LOG {
             return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
         }
         if place::classify_dir(&place::split(node))? != DirPlace::Node {
@@ -1406,7 +1377,7 @@ impl Fs {
             return self.revive_dead(c, &sn, name, &dn, newname);
         }
         match (self.key_of(parent)?, self.key_of(newparent)?) {
-            (Key::Dir(sp), _) if scratch::is_project(&sp) && name == scratch::ACTIVITY_LOG => {
+            (Key::Dir(sp), _) if scratch::is_project(&sp) && name == names::ACTIVITY_LOG => {
                 self.gate(c, Self::account_of(&sp), true)?;
                 return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }
@@ -1527,7 +1498,7 @@ impl Fs {
         }
         if dname == META {
             // A rename onto `.meta.json` commits, as its close would.
-            if let Err(e) = self.commit_locked(dn, &ddraft, None, None) {
+            if let Err(e) = self.commit_as(dn, &ddraft, Intent::Close, None) {
                 let restore = |d: &mut Draft, name: &str, old: Option<Slot>| match old {
                     Some(s) => {
                         d.files.insert(name.to_string(), s);
@@ -1591,9 +1562,9 @@ impl Fs {
                             Ok(Value::Object(o)) => o,
                             _ => serde_json::Map::new(),
                         };
-                        Some(commit::render_meta(
+                        Some(commit::rules::render_meta(
                             obj,
-                            &Derived {
+                            &commit::rules::Derived {
                                 node: dst,
                                 status: rec.status,
                                 version,
@@ -1604,7 +1575,7 @@ impl Fs {
                     }
                     place::RELATIONS => {
                         let bytes = self.store.read_blob(f.blob, f.size)?;
-                        commit::rebase_relations(&bytes, dst)
+                        commit::rules::rebase_relations(&bytes, dst)
                     }
                     _ => None,
                 };
@@ -1623,7 +1594,7 @@ impl Fs {
                             data: Arc::from(bytes),
                         });
                         ops.push(Op::HighWater {
-                            key: "blob".into(),
+                            key: counters::BLOB_ID.into(),
                             value: id,
                         });
                     }
@@ -1656,13 +1627,14 @@ impl Fs {
                     account,
                     json: self.event(
                         seq,
-                        "MOVE_CONTEXT",
                         src,
-                        json!({"new_uri": place::uri_of(dst)}),
+                        Change::MoveContext {
+                            new_uri: place::uri_of(dst),
+                        },
                     ),
                 },
                 Op::HighWater {
-                    key: "event".into(),
+                    key: counters::EVENT_ID.into(),
                     value: seq,
                 },
             ]);
@@ -1705,521 +1677,16 @@ impl Fs {
         Ok(())
     }
 
-    fn container_ops(&self, node: &str) -> Vec<Op> {
+    pub(crate) fn container_ops(&self, node: &str) -> Vec<Op> {
         place::ancestor_containers(&place::split(node))
             .into_iter()
             .map(|(p, n)| Op::PutDir { path: join(&p, &n) })
             .collect()
     }
 
-    // ---- the commit ----------------------------------------------------------------
-
-    /// Commit the draft of `node`; `closing` is the file whose close commits
-    /// (its own open reference does not keep it in the draft).
-    pub fn commit(&self, node: &str, closing: Option<&Arc<RwLock<DFile>>>) -> Result<Committed> {
-        let done = {
-            let _g = self.stripe(node);
-            match self.draft(node) {
-                Some(d) => self.commit_locked(node, &d, None, closing)?,
-                None => Committed::StillPending,
-            }
-        };
-        if let Committed::Version(_) = done {
-            // Readers must meet the new version as soon as close returns.
-            self.invalidate_commit(node, true);
-        }
-        Ok(done)
-    }
-
-    /// With `broken`, the files as they are become a BROKEN version (Repair Job).
-    pub(super) fn commit_locked(
-        &self,
-        node: &str,
-        draft: &Arc<Mutex<Draft>>,
-        broken: Option<&str>,
-        closing: Option<&Arc<RwLock<DFile>>>,
-    ) -> Result<Committed> {
-        self.commit_with(node, draft, broken, closing, None)
-    }
-
-    /// `commit_locked`; with `imported`, a node from an export keeps its
-    /// version, times and summary marks (`ctxfs import`).
-    pub(super) fn commit_with(
-        &self,
-        node: &str,
-        draft: &Arc<Mutex<Draft>>,
-        broken: Option<&str>,
-        closing: Option<&Arc<RwLock<DFile>>>,
-        imported: Option<&super::transfer::Imported>,
-    ) -> Result<Committed> {
-        let mut rec = self.store.get_node(node)?;
-        // An expired node is gone already: this commit starts a new node
-        // there and removes the old one in the same transaction.
-        let stale = match &rec {
-            Some(_) if self.expired(node) => rec.take(),
-            _ => None,
-        };
-        let mut d = lock(draft);
-        let mut contents: Vec<(&'static str, Content)> = Vec::new();
-        for name in NODE_FILES {
-            let c = match d.files.get(name) {
-                Some(Slot::File(f)) => {
-                    let f = read_lock(f);
-                    Some(Content::New(f.data.clone(), ns_of(f.mtime), f.mode))
-                }
-                Some(Slot::Whiteout) => None,
-                None => rec
-                    .as_ref()
-                    .and_then(|r| r.file(name))
-                    .cloned()
-                    .map(Content::Keep),
-            };
-            if let Some(c) = c {
-                contents.push((name, c));
-            }
-        }
-        let fail = |d: &mut Draft, reason: String| {
-            self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(node, %reason, "commit refused");
-            d.error = Some(reason.clone());
-            Err(Error::BadCommit(reason))
-        };
-        let get = |n: &str| contents.iter().find(|(name, _)| *name == n).map(|(_, c)| c);
-        let mut redacted = 0;
-        let (status, mut obj, edges) = if let Some(reason) = broken {
-            let mut obj = match get(META) {
-                Some(Content::New(b, ..)) => match serde_json::from_slice::<Value>(b) {
-                    Ok(Value::Object(o)) => o,
-                    _ => serde_json::Map::new(),
-                },
-                _ => serde_json::Map::new(),
-            };
-            obj.insert("broken_reason".into(), Value::String(reason.to_string()));
-            (Status::Broken, obj, None)
-        } else {
-            let meta = match get(META) {
-                Some(Content::New(b, ..)) => b.clone(),
-                _ => return Ok(Committed::StillPending),
-            };
-            let (status, mut obj) = match commit::parse_meta(&meta) {
-                Ok(MetaIntent::Commit(s, o)) => (s, o),
-                Ok(MetaIntent::Pending) => return Ok(Committed::StillPending),
-                Err(reason) => return fail(&mut d, reason),
-            };
-            // Secrets leave before anything is checked, stored or indexed.
-            redacted = self.redact(node, &mut contents, &mut obj);
-            let get = |n: &str| contents.iter().find(|(name, _)| *name == n).map(|(_, c)| c);
-            if get(CONTENT).is_none() {
-                return fail(
-                    &mut d,
-                    "content.md is missing: write it before .meta.json".into(),
-                );
-            }
-            let mut edges = None;
-            for (name, c) in &contents {
-                let Content::New(bytes, ..) = c else { continue };
-                let checked = match *name {
-                    place::ABSTRACT => commit::check_abstract(bytes),
-                    place::RELATIONS => commit::check_relations(bytes, node).map(|e| {
-                        edges = Some(e);
-                    }),
-                    META => Ok(()),
-                    other => commit::check_utf8(other, bytes).map(|_| ()),
-                };
-                if let Err(reason) = checked {
-                    return fail(&mut d, reason);
-                }
-            }
-            (status, obj, edges)
-        };
-        let now = now_ns();
-        let mut expires = None;
-        if broken.is_none() {
-            expires = match super::ttl::expiry_of(&mut obj, now) {
-                Ok(e) => e,
-                Err(reason) => return fail(&mut d, reason),
-            };
-            // content.md once (UTF-8, checked above or at its own commit):
-            // for the derived summaries and the content hash.
-            let content = match contents.iter().find(|(n, _)| *n == CONTENT) {
-                Some((_, Content::New(b, ..))) => Some(String::from_utf8_lossy(b).into_owned()),
-                Some((_, Content::Keep(f))) => Some(
-                    String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned(),
-                ),
-                None => None,
-            };
-            let mut derived =
-                self.derive_summaries(rec.as_ref(), &mut contents, content.as_deref(), now)?;
-            obj.remove("derived");
-            obj.remove("redacted");
-            if let Some(i) = imported {
-                for label in ["abstract", "overview"] {
-                    if i.derived.iter().any(|d| d == label) && !derived.contains(&label) {
-                        derived.push(label);
-                    }
-                }
-                redacted += i.redacted as usize;
-            }
-            if !derived.is_empty() {
-                obj.insert("derived".into(), json!(derived));
-            }
-            if redacted > 0 {
-                obj.insert("redacted".into(), redacted.into());
-            }
-            let hash = content.as_deref().map(|c| content_hash(c.as_bytes()));
-            obj.insert(
-                "content_hash".into(),
-                Value::String(hash.unwrap_or_default()),
-            );
-            let size: u64 = contents
-                .iter()
-                .filter(|(name, _)| *name != META)
-                .map(|(_, c)| match c {
-                    Content::New(b, ..) => b.len() as u64,
-                    Content::Keep(f) => f.size,
-                })
-                .sum();
-            if size > derive::NODE_BUDGET_BYTES {
-                let reason = format!(
-                    "the node's files hold {size} bytes; a node holds at most {} (split it into several nodes)",
-                    derive::NODE_BUDGET_BYTES
-                );
-                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(node, %reason, "commit refused");
-                d.error = Some(reason.clone());
-                return Err(Error::NodeTooBig(reason));
-            }
-        }
-
-        let (id, version, created_at) = match (&rec, imported) {
-            (Some(r), _) => (r.id, r.version + 1, r.created_at.clone()),
-            (None, Some(i)) => (
-                self.next_node.fetch_add(1, Ordering::Relaxed),
-                i.version,
-                i.created_at.clone(),
-            ),
-            (None, None) => (
-                self.next_node.fetch_add(1, Ordering::Relaxed),
-                1,
-                rfc3339(now),
-            ),
-        };
-        let (stamp_ns, stamp) = match imported {
-            Some(i) => (i.updated_ns, i.updated_at.clone()),
-            None => (now, rfc3339(now)),
-        };
-        let meta_bytes = commit::render_meta(
-            obj,
-            &Derived {
-                node,
-                status,
-                version,
-                created_at: &created_at,
-                updated_at: &stamp,
-            },
-        );
-        let account = Self::account_of(node).to_string();
-        let mut ops = Vec::new();
-        let mut files = Vec::new();
-        let mut texts: Vec<(u8, String)> = Vec::new();
-        let mut max_blob = 0;
-        for (name, c) in contents {
-            let (bytes, keep) = match c {
-                Content::New(b, mtime, mode) => {
-                    let b = if name == META { meta_bytes.clone() } else { b };
-                    (b, Err((mtime, mode)))
-                }
-                Content::Keep(fr) => {
-                    let level_text = matches!(name, place::ABSTRACT | place::OVERVIEW | CONTENT);
-                    let b = if level_text {
-                        self.store.read_blob(fr.blob, fr.size)?
-                    } else {
-                        Vec::new()
-                    };
-                    (b, Ok(fr))
-                }
-            };
-            let level = match name {
-                place::ABSTRACT => Some(0),
-                place::OVERVIEW => Some(1),
-                CONTENT => Some(2),
-                _ => None,
-            };
-            if let Some(l) = level {
-                texts.push((l, String::from_utf8_lossy(&bytes).into_owned()));
-            }
-            match keep {
-                Ok(fr) => files.push(fr),
-                Err((mtime, mode)) => {
-                    let blob = self.blob_id();
-                    max_blob = max_blob.max(blob);
-                    files.push(crate::store::FileRec {
-                        name: name.to_string(),
-                        blob,
-                        size: bytes.len() as u64,
-                        mtime_ns: if name == META { now } else { mtime },
-                        mode: if mode == 0 { 0o644 } else { mode },
-                    });
-                    ops.push(Op::PutBlob {
-                        id: blob,
-                        data: Arc::from(bytes),
-                    });
-                }
-            }
-        }
-        let new = NodeRec {
-            id,
-            path: node.to_string(),
-            status,
-            version,
-            created_at,
-            updated_at: stamp,
-            updated_ns: stamp_ns,
-            files,
-        };
-        if let Some(old) = &rec {
-            ops.push(Op::Count {
-                key: format!("nodes:{account}:{}", old.status.as_str()),
-                delta: -1,
-            });
-        }
-        ops.push(Op::Count {
-            key: format!("nodes:{account}:{}", status.as_str()),
-            delta: 1,
-        });
-        ops.extend(self.container_ops(node));
-        if let Some(old) = &stale {
-            ops.extend(self.remove_ops(node, old)?);
-        }
-        let new_bytes = blob_bytes(&ops);
-        if broken.is_none() {
-            if let Err(e) = self.check_write_quota(&account, new_bytes) {
-                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                d.error = Some(e.to_string());
-                return Err(e);
-            }
-        }
-        ops.extend(self.write_quota_ops(node, new_bytes)?);
-        match expires {
-            Some(at) => ops.push(Op::PutExpiry {
-                path: node.to_string(),
-                at_ns: at,
-            }),
-            None if stale.is_none() && self.expiry_at(node).is_some() => ops.push(Op::DelExpiry {
-                path: node.to_string(),
-            }),
-            None => {}
-        }
-        let mut events = match status {
-            Status::Archived => vec![("ARCHIVE_CONTEXT", json!({}))],
-            Status::Active => vec![(
-                "UPSERT_CONTEXT",
-                json!({"records": self.records(node, &texts)}),
-            )],
-            Status::Broken => Vec::new(),
-        };
-        if let Some(e) = edges {
-            events.push(("UPSERT_RELATION", json!({"edges": e})));
-        }
-        let mut max_seq = 0;
-        for (etype, payload) in events {
-            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
-            max_seq = seq;
-            ops.push(Op::PutEvent {
-                seq,
-                node_path: node.to_string(),
-                account: account.clone(),
-                json: self.event(seq, etype, node, payload),
-            });
-        }
-        ops.extend([
-            Op::PutNode {
-                path: node.to_string(),
-                rec: new.clone(),
-            },
-            Op::PutVersion { rec: new },
-            Op::DelDraft {
-                path: node.to_string(),
-            },
-            Op::HighWater {
-                key: "node".into(),
-                value: id,
-            },
-            Op::HighWater {
-                key: "event".into(),
-                value: max_seq,
-            },
-            Op::HighWater {
-                key: "blob".into(),
-                value: max_blob,
-            },
-        ]);
-        self.store.apply(ops, true)?;
-        self.notify_index();
-        self.set_expiry(node, expires);
-
-        // The version is durable: the node files leave the draft, except those
-        // still open for writing (later bytes start the next edit).
-        d.files.retain(|name, slot| {
-            !NODE_FILES.contains(&name.as_str())
-                || matches!(slot, Slot::File(f) if {
-                    let own = closing.is_some_and(|c| Arc::ptr_eq(c, f)) as usize;
-                    read_lock(f).writers.load(Ordering::Relaxed) > own
-                })
-        });
-        d.error = None;
-        d.base = Some((id, version));
-        let empty = d.files.is_empty();
-        drop(d);
-        if empty {
-            let mut drafts = lock(&self.drafts);
-            if let Some(cur) = drafts.get(node) {
-                if Arc::ptr_eq(cur, draft) && lock(cur).files.is_empty() {
-                    drafts.remove(node);
-                }
-            }
-        }
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
-        Ok(Committed::Version(version))
-    }
-
-    /// Replace secrets in the node files written in this commit and in the
-    /// client's `.meta.json` fields; how many values were replaced.
-    fn redact(
-        &self,
-        node: &str,
-        contents: &mut [(&str, Content)],
-        obj: &mut serde_json::Map<String, Value>,
-    ) -> usize {
-        let Some(r) = self.redaction().for_account(Self::account_of(node)) else {
-            return 0;
-        };
-        let mut n = 0;
-        for (name, c) in contents.iter_mut() {
-            let Content::New(bytes, ..) = c else { continue };
-            match *name {
-                CONTENT | place::ABSTRACT | place::OVERVIEW => {
-                    let Ok(text) = std::str::from_utf8(bytes) else {
-                        continue;
-                    };
-                    let (t, k) = r.redact_text(text);
-                    if k > 0 {
-                        *bytes = t.into_bytes();
-                        n += k;
-                    }
-                }
-                place::RELATIONS => {
-                    let Ok(mut v) = serde_json::from_slice::<Value>(bytes) else {
-                        continue;
-                    };
-                    let k = r.redact_json(&mut v);
-                    if k > 0 {
-                        let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
-                        out.push(b'\n');
-                        *bytes = out;
-                        n += k;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut v = Value::Object(std::mem::take(obj));
-        n += r.redact_json(&mut v);
-        if let Value::Object(o) = v {
-            *obj = o;
-        }
-        n
-    }
-
-    /// Fill in the L0 and L1 a writer left out (absent or empty), or that
-    /// were derived before and whose content changed; returns which.
-    fn derive_summaries(
-        &self,
-        rec: Option<&NodeRec>,
-        contents: &mut Vec<(&'static str, Content)>,
-        content: Option<&str>,
-        now: i128,
-    ) -> Result<Vec<&'static str>> {
-        let content_new = contents
-            .iter()
-            .any(|(n, c)| *n == CONTENT && matches!(c, Content::New(..)));
-        let before: Vec<String> = match rec.and_then(|r| r.file(META)) {
-            Some(f) => {
-                let b = self.store.read_blob(f.blob, f.size)?;
-                serde_json::from_slice::<Value>(&b)
-                    .ok()
-                    .and_then(|v| v.get("derived").cloned())
-                    .and_then(|v| serde_json::from_value(v).ok())
-                    .unwrap_or_default()
-            }
-            _ => Vec::new(),
-        };
-        let Some(content) = content else {
-            return Ok(Vec::new());
-        };
-        let mut derived = Vec::new();
-        for (file, label) in [(place::ABSTRACT, "abstract"), (place::OVERVIEW, "overview")] {
-            let was = before.iter().any(|x| x == label);
-            let needed = match contents.iter().find(|(n, _)| *n == file) {
-                None => true,
-                Some((_, Content::New(b, ..))) => b.iter().all(u8::is_ascii_whitespace),
-                // Derived before: derived again when the content changed,
-                // else kept and still marked derived.
-                Some((_, Content::Keep(_))) if was && !content_new => {
-                    derived.push(label);
-                    continue;
-                }
-                Some((_, Content::Keep(_))) => was,
-            };
-            if !needed {
-                continue;
-            }
-            let mut text = if file == place::ABSTRACT {
-                derive::derive_abstract(content, commit::MAX_ABSTRACT_CHARS)
-            } else {
-                derive::derive_overview(content)
-            };
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-            contents.retain(|(n, _)| *n != file);
-            contents.push((file, Content::New(text.into_bytes(), now, 0o644)));
-            derived.push(label);
-        }
-        contents.sort_by_key(|(n, _)| NODE_FILES.iter().position(|x| x == n));
-        Ok(derived)
-    }
-
-    /// L0/L1/L2 IndexRecords of seed 000 for an UPSERT_CONTEXT event.
-    fn records(&self, node: &str, texts: &[(u8, String)]) -> Vec<Value> {
-        let comps = place::split(node);
-        let uri = place::uri_of(node);
-        texts
-            .iter()
-            .map(|(level, text)| {
-                json!({
-                    "id": format!("{:016x}", fnv(&format!("{uri}#{level}"))),
-                    "uri": uri,
-                    "level": level,
-                    "text": text,
-                    "filters": {"account_id": comps[0], "owner_space": place::owner_space(&comps)},
-                    "metadata": {"category": place::category(&comps), "context_type": place::context_type(&comps)},
-                })
-            })
-            .collect()
-    }
-
-    fn event(&self, seq: u64, etype: &str, node: &str, payload: Value) -> Vec<u8> {
-        serde_json::to_vec(&json!({
-            "event_id": format!("{seq:016x}"),
-            "event_type": etype,
-            "uri": place::uri_of(node),
-            "payload": payload,
-            "status": "PENDING",
-            "retry_count": 0,
-            "created_at": super::rfc3339_ms(now_ns()),
-        }))
-        .unwrap_or_default()
+    /// The stored JSON of outbox event `seq` of `node`, created now.
+    fn event(&self, seq: u64, node: &str, change: Change) -> Vec<u8> {
+        OutboxEvent::new(seq, node, change, rfc3339_ms(now_ns())).encode()
     }
 }
 
@@ -2250,28 +1717,6 @@ fn apply_move(
 }
 
 /// The file names of a node as a writer sees them, in protocol order.
-/// Bytes of the new blobs among `ops` (what a change adds to the store).
-fn blob_bytes(ops: &[Op]) -> u64 {
-    ops.iter()
-        .map(|o| match o {
-            Op::PutBlob { data, .. } => data.len() as u64,
-            _ => 0,
-        })
-        .sum()
-}
-
-/// `content_hash` of `.meta.json`: what `sha256sum content.md` prints.
-fn content_hash(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    let d = sha2::Sha256::digest(bytes);
-    let mut s = String::with_capacity(71);
-    s.push_str("sha256:");
-    for b in d {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
-
 pub(super) fn view_names(rec: Option<&NodeRec>, draft: Option<&Draft>) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     if let Some(r) = rec {

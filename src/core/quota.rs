@@ -14,36 +14,8 @@ use crate::store::Op;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-pub const USAGE_DIR: &str = ".ctxfs";
-pub const USAGE_FILE: &str = "usage";
-
-pub fn bytes_key(account: &str) -> String {
-    format!("bytes:{account}")
-}
-
-pub fn writes_key(account: &str, day: u64) -> String {
-    format!("writes:{account}:{day}")
-}
-
-pub fn tokens_key(account: &str, day: u64) -> String {
-    format!("embed_tokens:{account}:{day}")
-}
-
-/// The UTC day (days since the epoch) of `ns`.
-pub fn day_of(ns: i128) -> u64 {
-    (ns.max(0) / 86_400_000_000_000) as u64
-}
-
-/// Tokens an embedding of `text` costs, by the documented estimate
-/// (4 bytes of UTF-8 per token, at least 1).
-pub fn tokens_of(text: &str) -> u64 {
-    (text.len() as u64).div_ceil(4).max(1)
-}
-
-/// Start of the next UTC day, in ns since the epoch.
-pub fn next_day_ns(ns: i128) -> i128 {
-    (day_of(ns) as i128 + 1) * 86_400_000_000_000
-}
+pub use crate::schema::counters::{bytes_key, tokens_key, tokens_of, writes_key};
+pub use crate::schema::time::{day_of, next_day_ns};
 
 impl Fs {
     pub fn set_quotas(&self, q: std::collections::BTreeMap<String, Quota>) {

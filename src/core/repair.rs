@@ -2,11 +2,11 @@
 //! outlived their writer: persisted by `fsync` or at unmount, or left by a
 //! daemon that was killed. Committed nodes (ACTIVE, ARCHIVED, BROKEN) are skipped.
 
+use super::commit::{Committed, Intent};
 use super::draft::{DFile, Slot};
-use super::ops::Committed;
-use super::place::{ABSTRACT, CONTENT, META, OVERVIEW, RELATIONS};
 use super::{lock, now_ns, Fs};
 use crate::error::Result;
+use crate::schema::place::{ABSTRACT, CONTENT, META, OVERVIEW, RELATIONS};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -50,7 +50,7 @@ impl Fs {
             }
             if content && relations && abstract_ && overview {
                 self.set_meta_status(&draft, "ACTIVE");
-                match self.commit_locked(&node, &draft, None, None) {
+                match self.commit_as(&node, &draft, Intent::Close, None) {
                     Ok(Committed::Version(v)) => {
                         actions.push(format!(
                             "{node}: PENDING with all files, activated as version {v}"
@@ -60,7 +60,7 @@ impl Fs {
                     Ok(Committed::StillPending) => {}
                     Err(e) => {
                         let reason = format!("activation refused: {e}");
-                        self.commit_locked(&node, &draft, Some(&reason), None)?;
+                        self.commit_as(&node, &draft, Intent::Broken(&reason), None)?;
                         actions.push(format!("{node}: {reason}; marked BROKEN"));
                         continue;
                     }
@@ -73,7 +73,7 @@ impl Fs {
                     .map(|(n, _)| n)
                     .collect();
                 let reason = format!("missing {}", missing.join(", "));
-                self.commit_locked(&node, &draft, Some(&reason), None)?;
+                self.commit_as(&node, &draft, Intent::Broken(&reason), None)?;
                 actions.push(format!("{node}: PENDING with {reason}; marked BROKEN"));
             }
         }
@@ -93,7 +93,7 @@ impl Fs {
     ) {
         let d = lock(draft);
         if let Some(Slot::File(f)) = d.files.get(META) {
-            let mut f = f.write().unwrap_or_else(|p| p.into_inner());
+            let mut f = crate::locks::write(f);
             let mut obj = match serde_json::from_slice::<serde_json::Value>(&f.data) {
                 Ok(serde_json::Value::Object(o)) => o,
                 _ => serde_json::Map::new(),

@@ -13,13 +13,11 @@ use super::draft::DFile;
 use super::inodes::Key;
 use super::{lock, Attr, Caller, Fs, Handle, Kind, Opened, SetAttr};
 use crate::error::{Error, Result};
+use crate::schema::names::{ACTIVITY_LOG, SCRATCHPAD};
 use crate::store::{Op, ScratchRec};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
-
-pub const SCRATCHPAD: &str = "scratchpad";
-pub const ACTIVITY_LOG: &str = "activity_log.jsonl";
 
 /// Where a path (under `accounts/`) falls in a project's shared area.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,12 +59,12 @@ fn project_of(path: &str) -> &str {
 
 /// Is `path` a project directory (`{a}/projects/{p}`)?
 pub fn is_project(path: &str) -> bool {
-    let c = super::place::split(path);
+    let c = crate::schema::place::split(path);
     c.len() == 3 && c[1] == "projects"
 }
 
 fn check_name(name: &str) -> Result<()> {
-    super::place::check_file_name(name)
+    crate::schema::place::check_file_name(name)
 }
 
 /// The stored form of an open file's buffer.
@@ -108,7 +106,7 @@ impl Fs {
         self.project_there(c, path, false)?;
         let open = lock(&self.scratch_open).get(path).cloned();
         if let Some(f) = open {
-            let f = f.read().unwrap_or_else(|p| p.into_inner());
+            let f = crate::locks::read(&f);
             return Ok(self.plain_attr(ino, Kind::File, f.data.len() as u64, f.mode, f.mtime));
         }
         match (area(path), self.scratch_rec(path)?) {
@@ -236,7 +234,7 @@ impl Fs {
             (Some(r), _) if r.dir => return Err(Error::IsDir),
             (Some(r), _) => {
                 let f = DFile::new(r.data, r.mode);
-                f.write().unwrap_or_else(|p| p.into_inner()).mtime = super::time_of(r.mtime_ns);
+                crate::locks::write(&f).mtime = super::time_of(r.mtime_ns);
                 f
             }
             (None, Some(Area::Log)) => DFile::new(Vec::new(), 0o644),
@@ -255,7 +253,7 @@ impl Fs {
         let log = area(path) == Some(Area::Log);
         let file = self.scratch_file(path)?;
         if flags & libc::O_TRUNC != 0 && writable {
-            let mut f = file.write().unwrap_or_else(|p| p.into_inner());
+            let mut f = crate::locks::write(&file);
             if log && !f.data.is_empty() {
                 return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }
@@ -282,7 +280,7 @@ impl Fs {
         if !h.writable {
             return Err(Error::BadHandle);
         }
-        let mut f = h.file.write().unwrap_or_else(|p| p.into_inner());
+        let mut f = crate::locks::write(&h.file);
         let len = f.data.len() as u64;
         // The log only grows: a write must start at its end (O_APPEND or not).
         let start = if h.append { len } else { offset };
@@ -295,10 +293,7 @@ impl Fs {
     }
 
     pub(super) fn scratch_read(h: &ScratchHandle, offset: u64, size: u32) -> Vec<u8> {
-        h.file
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .read_at(offset, size)
+        crate::locks::read(&h.file).read_at(offset, size)
     }
 
     /// Write the file's bytes to the store (at close; durable at fsync).
@@ -309,7 +304,7 @@ impl Fs {
         // The snapshot is taken under the lock so that writes reach the
         // store in the order the buffer went through them.
         let _g = lock(&self.scratch_lock);
-        let rec = rec_of(&h.file.read().unwrap_or_else(|p| p.into_inner()));
+        let rec = rec_of(&crate::locks::read(&h.file));
         // Removed or renamed meanwhile: nothing to write back to.
         if self.store.get_scratch(&h.path)?.is_none() && !h.log {
             return Ok(());
@@ -360,7 +355,7 @@ impl Fs {
         let file = self.scratch_file(path)?;
         let g = lock(&self.scratch_lock);
         let rec = {
-            let mut f = file.write().unwrap_or_else(|p| p.into_inner());
+            let mut f = crate::locks::write(&file);
             if a == Some(Area::Log) && sa.size.is_some_and(|n| n != f.data.len() as u64) {
                 return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }

@@ -2,17 +2,16 @@
 //! file operations of `.outbox/dlq/`.
 
 use super::inodes::Key;
-use super::place;
 use super::{Caller, Fs};
 use crate::error::{Error, Result};
-use crate::index::{Hit, Index, Mode, Query};
+use crate::index::answer::Answer;
+use crate::index::{Index, Mode, Query};
+use crate::schema::event::{EventStatus, OutboxEvent};
 use crate::store::Op;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// The virtual search directory inside every directory of an account.
-pub const SEARCH_DIR: &str = ".search";
 /// Results when the query name asks for no number.
 pub const DEFAULT_K: usize = 10;
 
@@ -83,62 +82,6 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
     Ok(q)
 }
 
-/// Matching lines of `content.md` a result names at most.
-const MAX_LINES: usize = 12;
-
-/// How sure a result is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Tier {
-    Low,
-    Medium,
-    High,
-}
-
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Low => "low",
-            Tier::Medium => "medium",
-            Tier::High => "high",
-        }
-    }
-
-    /// From the idf-weighted share of query terms the node holds (`coverage`), whether
-    /// both channels found it, and (real embedding models only) the
-    /// vector similarity.
-    pub fn of(h: &Hit, coverage: f32, semantic: bool) -> Tier {
-        let both = h.vector_rank.is_some() && h.lexical_rank.is_some();
-        let sim = if semantic {
-            h.vector_score.unwrap_or(0.0)
-        } else {
-            0.0
-        };
-        if h.via.is_some() {
-            return Tier::Low;
-        }
-        if (coverage >= 0.75 && (both || h.vector_rank.is_none())) || (both && sim >= 0.6) {
-            Tier::High
-        } else if coverage >= 0.5 || sim >= 0.45 || (both && coverage >= 0.25) {
-            Tier::Medium
-        } else {
-            Tier::Low
-        }
-    }
-}
-
-/// A result with what the agent is told about it.
-struct Judged {
-    hit: Hit,
-    tier: Tier,
-    /// 1-based lines of `content.md` holding query terms (or where the best
-    /// matching passage starts).
-    lines: Vec<u32>,
-    /// Lines of `content.md` that hold a query term.
-    hits: usize,
-    coverage: f32,
-    snippet: String,
-}
-
 /// `3,5-7,12`, or `-` for none.
 pub fn line_ranges(lines: &[u32]) -> String {
     if lines.is_empty() {
@@ -172,11 +115,7 @@ pub(super) fn event_file(events: Vec<crate::store::StoredEvent>, seq: u64) -> Re
     Ok(j)
 }
 
-/// `{event_id}.json` → sequence number.
-pub fn event_seq(name: &str) -> Option<u64> {
-    let h = name.strip_suffix(".json")?;
-    (h.len() == 16).then(|| u64::from_str_radix(h, 16).ok())?
-}
+pub use crate::schema::event::event_seq;
 
 impl Fs {
     pub fn set_index(&self, index: Arc<Index>) {
@@ -214,69 +153,17 @@ impl Fs {
             expand: qn.expand,
         };
         let t = std::time::Instant::now();
-        let semantic = ix.embedder().kind() != "hash";
-        let first = ix.search(dir, &q)?;
-        let search_us = t.elapsed().as_micros() as u64;
-        let mut judged = self.judge(ix, dir, first, &q.text, semantic)?;
-        let mut tried = vec![json!({"query": q.text, "results": judged.len(),
-                                    "best": judged.first().map(|j| j.tier.as_str())})];
-        let mut answered_by = q.text.clone();
-        // No good hit: retry with relaxed variants, the query respelled from
-        // the indexed words, then (learned embedders) its keywords alone;
-        // keep the best answer.
-        if judged.first().is_none_or(|j| j.tier == Tier::Low) {
-            let keywords: String = crate::index::text::words(&q.text)
-                .into_iter()
-                .filter(|w| !crate::index::text::is_stopword(w))
-                .collect::<Vec<_>>()
-                .join(" ");
-            // Keywords alone only help a learned embedder, which reads the
-            // whole sentence: BM25 drops stopwords itself, and the hashing
-            // embedder's vector barely moves without them.
-            let keywords_help = semantic && q.mode != Mode::Lexical;
-            let variants = [
-                ix.respell(Self::account_of(dir), &q.text)?,
-                (keywords_help && !keywords.is_empty() && keywords != q.text.to_lowercase())
-                    .then_some(keywords),
-            ];
-            let variants: Vec<String> = variants
-                .into_iter()
-                .flatten()
-                .filter(|v| *v != q.text)
-                .collect();
-            // The variants' vectors in one pass of the model, before the
-            // first of them is searched.
-            if keywords_help && variants.len() > 1 {
-                let texts: Vec<&str> = variants.iter().map(String::as_str).collect();
-                if let Err(e) = ix.embed_queries(&texts) {
-                    tracing::warn!("{e}");
-                }
-            }
-            for text in variants {
-                if judged.first().is_some_and(|j| j.tier > Tier::Low)
-                    || tried.iter().any(|t| t["query"] == text.as_str())
-                {
-                    break;
-                }
-                let q2 = Query {
-                    text: text.clone(),
-                    ..q.clone()
-                };
-                let again = self.judge(ix, dir, ix.search(dir, &q2)?, &text, semantic)?;
-                tried.push(json!({"query": text, "results": again.len(),
-                                  "best": again.first().map(|j| j.tier.as_str())}));
-                let better = match (judged.first(), again.first()) {
-                    (_, None) => false,
-                    (None, Some(_)) => true,
-                    (Some(a), Some(b)) => b.tier > a.tier,
-                };
-                if better {
-                    judged = again;
-                    answered_by = text;
-                }
-            }
-        }
-        let answerable = judged.first().is_some_and(|j| j.tier >= Tier::Medium);
+        let Answer {
+            judged,
+            tried,
+            answered_by,
+            answerable,
+            first_search_us: search_us,
+        } = ix.answer(dir, &q, &|node| !self.expired(node))?;
+        let tried: Vec<Value> = tried
+            .iter()
+            .map(|t| json!({"query": t.query, "results": t.results, "best": t.best.map(|b| b.as_str())}))
+            .collect();
         let total_us = t.elapsed().as_micros() as u64;
         if qn.json {
             let mode = match qn.mode {
@@ -307,7 +194,8 @@ impl Fs {
                     o
                 }).collect::<Vec<_>>(),
             });
-            let mut out = serde_json::to_vec_pretty(&v).map_err(|e| Error::Store(e.to_string()))?;
+            let mut out = serde_json::to_vec_pretty(&v)
+                .map_err(|e| Error::store_from("rendering search results", e))?;
             out.push(b'\n');
             return Ok(out);
         }
@@ -333,92 +221,6 @@ impl Fs {
         Ok(out.into_bytes())
     }
 
-    /// How sure each hit is, and where in `content.md` the query matches.
-    fn judge(
-        &self,
-        ix: &Index,
-        dir: &str,
-        hits: Vec<Hit>,
-        query: &str,
-        semantic: bool,
-    ) -> Result<Vec<Judged>> {
-        // Expired nodes leave search the instant they expire.
-        let mut hits = hits;
-        hits.retain(|h| !self.expired(h.path.strip_prefix("accounts/").unwrap_or(&h.path)));
-        let mut qterms = crate::index::text::terms(query);
-        qterms.sort();
-        qterms.dedup();
-        // Coverage counts rare terms more: a name found in every node says little.
-        let weights = ix.idf(Self::account_of(dir), &qterms)?;
-        let total: f32 = weights.iter().sum();
-        let mut out = Vec::with_capacity(hits.len());
-        // A line matches when it holds a query term's stem as a substring
-        // (stems mostly prefix their words; no stemming per line).
-        let stems: Vec<String> = qterms
-            .iter()
-            .map(|t| match t.strip_suffix('i') {
-                Some(s) if s.len() >= 3 => s.to_string(),
-                _ => t.clone(),
-            })
-            .collect();
-        for hit in hits {
-            let node = &hit.path["accounts/".len()..];
-            let rec = self.store.get_node(node)?;
-            let content = match rec.as_ref().and_then(|r| r.file(place::CONTENT)) {
-                Some(f) => {
-                    String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
-                }
-                None => String::new(),
-            };
-            let mut lines = Vec::new();
-            let mut snippet = (0usize, String::new());
-            if !stems.is_empty() {
-                for (i, line) in content.lines().enumerate() {
-                    let lower = line.to_lowercase();
-                    let here = stems.iter().filter(|s| lower.contains(s.as_str())).count();
-                    if here == 0 {
-                        continue;
-                    }
-                    lines.push(i as u32 + 1);
-                    if here > snippet.0 {
-                        snippet = (here, crate::index::text::one_line(line));
-                    }
-                }
-            }
-            let held = ix.holds(node, &qterms)?;
-            let coverage = if total <= 0.0 {
-                0.0
-            } else {
-                held.iter()
-                    .zip(&weights)
-                    .filter(|(h, _)| **h)
-                    .map(|(_, w)| w)
-                    .sum::<f32>()
-                    / total
-            };
-            let hits_n = lines.len();
-            if lines.is_empty() && hit.level == 2 && hit.line > 0 {
-                lines.push(hit.line);
-            }
-            lines.truncate(MAX_LINES);
-            if snippet.1.is_empty() {
-                snippet.1 = hit.abstract_.clone();
-            }
-            let snippet: String = snippet.1.chars().take(200).collect();
-            let tier = Tier::of(&hit, coverage, semantic);
-            out.push(Judged {
-                hit,
-                tier,
-                lines,
-                hits: hits_n,
-                coverage,
-                snippet,
-            });
-        }
-        Ok(out)
-    }
-
-    /// `.ctxfs/sync`: wait until everything committed so far is searchable.
     pub(super) fn sync_file(&self) -> Result<Vec<u8>> {
         let target = self.next_event.load(Ordering::SeqCst).saturating_sub(1);
         self.indexer()?.sync(target)?;
@@ -453,18 +255,23 @@ impl Fs {
             .into_iter()
             .find(|e| e.seq == seq)
             .ok_or(Error::NotFound)?;
-        let mut j: Value = serde_json::from_slice(&e.json).unwrap_or(Value::Null);
-        if let Some(o) = j.as_object_mut() {
-            o.insert("status".into(), "PENDING".into());
-            o.insert("retry_count".into(), 0.into());
-            o.remove("next_retry_ms");
-        }
+        // Pending again, with its tries counted from zero; a dead letter
+        // that is no event of ours goes back as it is (and dies again).
+        let json = match OutboxEvent::decode(&e.json) {
+            Ok(mut ev) => {
+                ev.status = EventStatus::Pending;
+                ev.retry_count = 0;
+                ev.next_retry_ms = None;
+                ev.encode()
+            }
+            Err(_) => e.json,
+        };
         self.store.apply(
             vec![Op::ReviveEvent {
                 seq,
                 node_path: src_node.to_string(),
                 account: Self::account_of(src_node).to_string(),
-                json: serde_json::to_vec(&j).unwrap_or(e.json),
+                json,
             }],
             true,
         )?;
@@ -493,7 +300,7 @@ impl Fs {
     pub(super) fn index_status(&self, accounts: &[String]) -> Result<(i64, Value)> {
         let mut dead = 0;
         for a in accounts {
-            dead += self.store.counter(&format!("dlq:{a}"))?;
+            dead += self.store.counter(&crate::schema::counters::dlq_key(a))?;
         }
         let v = match self.index.get() {
             Some(ix) => ix.status(accounts),

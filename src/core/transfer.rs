@@ -7,10 +7,11 @@
 //! `version`, `created_at`, `updated_at` and summary marks, so export →
 //! import → export gives the same bytes.
 
+use super::commit::{Committed, Intent};
 use super::draft::{DFile, Draft, Slot};
-use super::place::{self, DirPlace, META, NODE_FILES};
 use super::{commit, now_ns, ns_of, Fs};
 use crate::error::{Error, Result};
+use crate::schema::place::{self, DirPlace, META, NODE_FILES};
 use crate::store::{NodeRec, Status};
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
@@ -51,8 +52,8 @@ pub fn check_import(node: &str, files: Vec<(String, Vec<u8>)>) -> Result<ImportN
     }
     let get = |n: &str| files.iter().find(|(f, _)| f == n).map(|(_, b)| b);
     let meta = get(META).ok_or(".meta.json is missing")?;
-    let obj = match commit::parse_meta(meta)? {
-        commit::MetaIntent::Commit(Status::Active | Status::Archived, o) => o,
+    let obj = match commit::rules::parse_meta(meta)? {
+        commit::rules::MetaIntent::Commit(Status::Active | Status::Archived, o) => o,
         _ => return Err(".meta.json has no ACTIVE or ARCHIVED status".into()),
     };
     if get(place::CONTENT).is_none() {
@@ -61,22 +62,22 @@ pub fn check_import(node: &str, files: Vec<(String, Vec<u8>)>) -> Result<ImportN
     let mut size = 0;
     for (name, bytes) in &files {
         match name.as_str() {
-            place::ABSTRACT => commit::check_abstract(bytes)?,
+            place::ABSTRACT => commit::rules::check_abstract(bytes)?,
             place::RELATIONS => {
-                commit::check_relations(bytes, node)?;
+                commit::rules::check_relations(bytes, node)?;
             }
             _ => {
-                commit::check_utf8(name, bytes)?;
+                commit::rules::check_utf8(name, bytes)?;
             }
         }
         if name != META {
             size += bytes.len() as u64;
         }
     }
-    if size > super::derive::NODE_BUDGET_BYTES {
+    if size > crate::schema::derive::NODE_BUDGET_BYTES {
         return Err(format!(
             "the node's files hold {size} bytes; a node holds at most {}",
-            super::derive::NODE_BUDGET_BYTES
+            crate::schema::derive::NODE_BUDGET_BYTES
         ));
     }
     let mut check = obj.clone();
@@ -172,9 +173,9 @@ impl Fs {
                 .insert(name.clone(), Slot::File(DFile::new(bytes.clone(), 0o644)));
         }
         let draft = Arc::new(Mutex::new(draft));
-        match self.commit_with(&n.node, &draft, None, None, Some(&n.imported))? {
-            super::ops::Committed::Version(v) => Ok(v),
-            super::ops::Committed::StillPending => Err(Error::Invalid(
+        match self.commit_as(&n.node, &draft, Intent::Import(&n.imported), None)? {
+            Committed::Version(v) => Ok(v),
+            Committed::StillPending => Err(Error::Invalid(
                 ".meta.json does not commit (no ACTIVE or ARCHIVED status)".into(),
             )),
         }

@@ -6,9 +6,9 @@
 //! The expiry times live in the store (`Op::PutExpiry`) and in memory here,
 //! so the check on every lookup is one map probe.
 
-use super::place;
 use super::{lock, now_ns, Fs};
 use crate::error::Result;
+use crate::schema::place;
 use crate::store::Op;
 use serde_json::{Map, Value};
 use std::sync::atomic::Ordering;
@@ -57,7 +57,7 @@ pub fn expiry_of(obj: &mut Map<String, Value>, now: i128) -> Result<Option<u64>,
 impl Fs {
     /// Has `node` expired? (False for nodes without an expiry.)
     pub(super) fn expired(&self, node: &str) -> bool {
-        let map = self.expiry.read().unwrap_or_else(|p| p.into_inner());
+        let map = crate::locks::read(&self.expiry);
         if map.is_empty() {
             return false;
         }
@@ -67,26 +67,22 @@ impl Fs {
     /// Does `node` carry an expiry? Such nodes are never cached by the
     /// kernel, so they vanish the instant they expire.
     pub(super) fn expires(&self, node: &str) -> bool {
-        let map = self.expiry.read().unwrap_or_else(|p| p.into_inner());
+        let map = crate::locks::read(&self.expiry);
         !map.is_empty() && map.contains_key(node)
     }
 
     /// Does any node carry an expiry?
     pub(super) fn any_expiry(&self) -> bool {
-        !self
-            .expiry
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+        !crate::locks::read(&self.expiry).is_empty()
     }
 
     pub(super) fn expiry_at(&self, node: &str) -> Option<u64> {
-        let map = self.expiry.read().unwrap_or_else(|p| p.into_inner());
+        let map = crate::locks::read(&self.expiry);
         map.get(node).copied()
     }
 
     pub(super) fn set_expiry(&self, node: &str, at: Option<u64>) {
-        let mut map = self.expiry.write().unwrap_or_else(|p| p.into_inner());
+        let mut map = crate::locks::write(&self.expiry);
         match at {
             Some(at) => map.insert(node.to_string(), at),
             None => map.remove(node),
@@ -98,7 +94,7 @@ impl Fs {
     pub fn sweep_expired(&self) -> Result<Vec<String>> {
         let now = now_ns();
         let due: Vec<String> = {
-            let map = self.expiry.read().unwrap_or_else(|p| p.into_inner());
+            let map = crate::locks::read(&self.expiry);
             map.iter()
                 .filter(|(_, &at)| at as i128 <= now)
                 .map(|(p, _)| p.clone())

@@ -7,18 +7,17 @@
 //! NODE/.versions/restore     `echo 3 > .versions/restore` commits version 3's files as version N+1
 //! ```
 
+use super::commit::{Committed, Intent};
 use super::draft::{DFile, Draft, Slot};
 use super::inodes::Key;
-use super::place::{self, META, NODE_FILES};
 use super::{lock, time_of, Attr, Caller, Fs, Handle, Kind, Opened};
 use crate::config::Access;
 use crate::error::{Error, Result};
+use crate::schema::names::RESTORE;
+use crate::schema::place::{META, NODE_FILES};
 use crate::store::{NodeRec, Status};
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
-
-pub const VERSIONS_DIR: &str = ".versions";
-pub const RESTORE: &str = "restore";
 
 const RESTORE_HELP: &str = "Write a version number here to commit that version's files again \
 as the node's next version:\n  echo 3 > .versions/restore\nThe node must have no uncommitted \
@@ -246,7 +245,7 @@ impl Fs {
                             bytes = restored_meta(&bytes, old.status, v)?;
                         }
                         let file = DFile::new(bytes, f.mode);
-                        file.write().unwrap_or_else(|p| p.into_inner()).mtime = time_of(f.mtime_ns);
+                        crate::locks::write(&file).mtime = time_of(f.mtime_ns);
                         draft.files.insert(name.to_string(), Slot::File(file));
                     }
                     None if cur.file(name).is_some() => {
@@ -255,9 +254,9 @@ impl Fs {
                     None => {}
                 }
             }
-            self.commit_locked(node, &Arc::new(Mutex::new(draft)), None, None)?
+            self.commit_as(node, &Arc::new(Mutex::new(draft)), Intent::Restore, None)?
         };
-        if let super::ops::Committed::Version(_) = done {
+        if let Committed::Version(_) = done {
             self.invalidate_commit(node, true);
         }
         tracing::info!(node, version = v, "version restored");
@@ -274,10 +273,6 @@ fn restored_meta(bytes: &[u8], status: Status, v: u32) -> Result<Vec<u8>> {
     };
     obj.insert("status".into(), Value::String(status.as_str().into()));
     obj.insert("restored_from".into(), Value::from(v));
-    serde_json::to_vec(&Value::Object(obj)).map_err(|e| Error::Store(e.to_string()))
-}
-
-/// Is `name` reserved inside node directories?
-pub fn is_reserved(name: &str) -> bool {
-    name == VERSIONS_DIR || name == place::OUTBOX || name == place::COMMIT_ERROR
+    serde_json::to_vec(&Value::Object(obj))
+        .map_err(|e| Error::store_from("rendering .meta.json", e))
 }

@@ -545,16 +545,16 @@ impl MiniLm {
 
     fn run(&self, texts: &[&str]) -> CResult<Vec<Vec<f32>>> {
         let enc = {
-            let tok = self.tok.lock().unwrap_or_else(|e| e.into_inner());
+            let tok = crate::locks::lock(&self.tok);
             tok.encode_batch(texts.to_vec(), true)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?
         };
         let ids: Vec<&[u32]> = enc.iter().map(|e| e.get_ids()).collect();
-        let taken = self.works.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let taken = crate::locks::lock(&self.works).pop();
         let mut w = taken.unwrap_or_default();
         let out = self.bert.forward(&ids, &mut w);
         if w.bytes() <= KEEP_BYTES {
-            self.works.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+            crate::locks::lock(&self.works).push(w);
         }
         let mut out = out?;
         for v in &mut out {

@@ -43,7 +43,7 @@ pub fn embed_batches(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(p) = parts.get(i) else { break };
                 let r = e.embed(p);
-                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                *crate::locks::lock(&slots[i]) = Some(r);
             });
         }
     });

@@ -14,15 +14,21 @@
 
 pub mod ann;
 pub mod annbench;
+pub mod answer;
 pub mod bert;
+mod config;
 pub mod embed;
 pub mod lex;
 pub mod text;
 
-use self::ann::{AnnParams, Graph};
+use self::ann::Graph;
+pub use self::config::{
+    ann_params, choose_embedder, default_model_dir, validate_section, IndexConfig,
+};
 use self::embed::Embedder;
-use crate::core::place;
 use crate::error::{Error, Result};
+use crate::schema::event::{self, EventStatus, OutboxEvent};
+use crate::schema::place;
 use crate::store::{NodeRec, Op, Status, Store, StoredEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -30,7 +36,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 use xxhash_rust::xxh3::xxh3_128;
 
 /// Events taken from the outbox per indexer step.
@@ -73,43 +79,10 @@ pub struct Edge {
 
 impl IxDoc {
     fn decode(b: &[u8]) -> Result<Self> {
-        postcard::from_bytes(b).map_err(|e| Error::Store(format!("corrupt index document: {e}")))
+        postcard::from_bytes(b).map_err(|e| Error::store_from("corrupt index document", e))
     }
     fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).unwrap_or_default()
-    }
-}
-
-/// Index settings (the `[index]` table of the config).
-#[derive(Debug, Clone)]
-pub struct IndexConfig {
-    pub ann: AnnParams,
-    /// Failed tries before an event goes to the dead-letter queue.
-    pub max_retries: u32,
-    /// Wait before the first retry; doubled each time, at most 60 s.
-    pub backoff: Duration,
-    /// How long `.ctxfs/sync` waits before failing with ETIMEDOUT.
-    pub sync_timeout: Duration,
-    /// Write the graph dump after this long with changes and no new events.
-    pub dump_after: Duration,
-    /// Weight of the vector channel in the fusion (BM25's is 1); `None`:
-    /// 1 for learned embedders, 0.25 for the hashing fallback.
-    pub vector_weight: Option<f32>,
-    /// Embedding tokens per UTC day, by account (the quota; absent: unlimited).
-    pub embed_tokens_per_day: HashMap<String, u64>,
-}
-
-impl Default for IndexConfig {
-    fn default() -> Self {
-        IndexConfig {
-            ann: AnnParams::default(),
-            max_retries: 5,
-            backoff: Duration::from_millis(500),
-            sync_timeout: Duration::from_secs(60),
-            dump_after: Duration::from_secs(30),
-            vector_weight: None,
-            embed_tokens_per_day: HashMap::new(),
-        }
     }
 }
 
@@ -233,22 +206,9 @@ pub struct Index {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use crate::schema::time::now_ms;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-fn rlock<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(|e| e.into_inner())
-}
-fn wlock<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(|e| e.into_inner())
-}
+use crate::locks::{lock, read as rlock, write as wlock};
 
 fn vec_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -287,39 +247,34 @@ enum Work {
 
 struct Pending {
     ev: StoredEvent,
-    json: Value,
+    /// The event as decoded; `None` for work that is not an outbox event
+    /// (reindexing) and for events the indexer cannot read (dead-lettered).
+    event: Option<OutboxEvent>,
     path: String,
     account: String,
     work: Work,
 }
 
 fn parse_event(ev: &StoredEvent) -> Option<Pending> {
-    let json: Value = serde_json::from_slice(&ev.json).ok()?;
-    let path = place::node_of_uri(json["uri"].as_str()?)?.to_string();
+    let event = OutboxEvent::decode(&ev.json).ok()?;
+    let path = event.node()?.to_string();
     let account = path.split('/').next()?.to_string();
-    let p = &json["payload"];
-    let work = match json["event_type"].as_str()? {
-        "UPSERT_CONTEXT" => {
-            let mut texts = Vec::new();
-            for r in p["records"].as_array()? {
-                let level = r["level"].as_u64().unwrap_or(2) as u8;
-                texts.push((level, r["text"].as_str().unwrap_or("").to_string()));
-            }
-            Work::Upsert {
-                path: path.clone(),
-                texts,
-            }
-        }
-        "UPSERT_RELATION" => Work::Relations {
+    let work = match &event.change {
+        event::Change::UpsertContext { records } => Work::Upsert {
             path: path.clone(),
-            edges: edges_of(p["edges"].as_array().map(Vec::as_slice).unwrap_or(&[])),
+            texts: records.iter().map(|r| (r.level, r.text.clone())).collect(),
         },
-        "ARCHIVE_CONTEXT" | "DELETE_CONTEXT" => Work::Remove { path: path.clone() },
-        "MOVE_CONTEXT" => Work::Move {
+        event::Change::UpsertRelation { edges } => Work::Relations {
+            path: path.clone(),
+            edges: edges_of(edges),
+        },
+        event::Change::ArchiveContext {} | event::Change::DeleteContext {} => {
+            Work::Remove { path: path.clone() }
+        }
+        event::Change::MoveContext { new_uri } => Work::Move {
             from: path.clone(),
-            to: place::node_of_uri(p["new_uri"].as_str()?)?.to_string(),
+            to: place::node_of_uri(new_uri)?.to_string(),
         },
-        _ => return None,
     };
     // The store files an event under the node's path after the change (a
     // move's under its destination).
@@ -329,7 +284,7 @@ fn parse_event(ev: &StoredEvent) -> Option<Pending> {
     };
     Some(Pending {
         ev: ev.clone(),
-        json,
+        event: Some(event),
         path,
         account,
         work,
@@ -388,7 +343,7 @@ impl Index {
             "vector index parameters"
         );
         std::fs::create_dir_all(dir)
-            .map_err(|e| Error::Store(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| Error::store_from(format!("cannot create {}", dir.display()), e))?;
         Ok(Arc::new(Index {
             store,
             dir: dir.to_path_buf(),
@@ -494,7 +449,9 @@ impl Index {
         let t0 = Instant::now();
         let mut st = State::default();
         let prefix = format!("{account}/");
-        let mut max_label = self.store.high_water(&format!("label:{account}"))? as usize;
+        let mut max_label =
+            self.store
+                .high_water(&crate::schema::counters::label_key(account))? as usize;
         self.store.scan_ix(&prefix, &mut |path, bytes| {
             let ix = IxDoc::decode(bytes)?;
             let path: Arc<str> = Arc::from(path);
@@ -611,7 +568,7 @@ impl Index {
         let h = std::thread::Builder::new()
             .name("ctxfs-index".into())
             .spawn(move || me.run())
-            .map_err(|e| Error::Store(format!("cannot start the indexer: {e}")))?;
+            .map_err(|e| Error::store_from("cannot start the indexer", e))?;
         *lock(&self.thread) = Some(h);
         Ok(())
     }
@@ -722,7 +679,7 @@ impl Index {
                 // Not something the indexer understands: dead-letter it.
                 out.push(Pending {
                     ev: ev.clone(),
-                    json: serde_json::from_slice(&ev.json).unwrap_or(Value::Null),
+                    event: None,
                     path: String::new(),
                     account: String::new(),
                     work: Work::Remove {
@@ -739,7 +696,7 @@ impl Index {
             if touched.iter().any(|t| blocked.contains(t)) {
                 continue;
             }
-            let at = p.json["next_retry_ms"].as_u64().unwrap_or(0);
+            let at = p.event.as_ref().and_then(|e| e.next_retry_ms).unwrap_or(0);
             if at > now {
                 let t = Instant::now() + Duration::from_millis(at - now);
                 next = Some(next.map_or(t, |n: Instant| n.min(t)));
@@ -776,7 +733,7 @@ impl Index {
                         }
                         _ => {
                             let a = asks.entry(p.account.clone()).or_default();
-                            a.0 += crate::core::quota::tokens_of(&t);
+                            a.0 += crate::schema::counters::tokens_of(&t);
                             a.1.push(h);
                             need.insert(h, t);
                         }
@@ -787,10 +744,10 @@ impl Index {
         let mut ops: Vec<Op> = Vec::new();
         // An account over its daily embedding budget waits for the next UTC
         // day: its texts are not embedded and its events are deferred.
-        let day = crate::core::quota::day_of(crate::core::now_ns());
+        let day = crate::schema::time::day_of(crate::schema::time::now_ns());
         let mut deferred: HashSet<String> = HashSet::new();
         for (account, (tokens, hashes)) in &asks {
-            let key = crate::core::quota::tokens_key(account, day);
+            let key = crate::schema::counters::tokens_key(account, day);
             if let Some(&max) = self.cfg.embed_tokens_per_day.get(account) {
                 let used = self.store.counter(&key)?.max(0) as u64;
                 if used + tokens > max {
@@ -879,9 +836,10 @@ impl Index {
                 node_path: p.path.clone(),
                 account: p.account.clone(),
             });
-            if let Some(c) = p.json["created_at"]
-                .as_str()
-                .and_then(|s| humantime::parse_rfc3339_weak(s).ok())
+            if let Some(c) = p
+                .event
+                .as_ref()
+                .and_then(|e| humantime::parse_rfc3339_weak(&e.created_at).ok())
             {
                 done_lags.push(c);
             }
@@ -889,7 +847,7 @@ impl Index {
         }
         for (a, l) in label_hw {
             ops.push(Op::HighWater {
-                key: format!("label:{a}"),
+                key: crate::schema::counters::label_key(&a),
                 value: l as u64,
             });
         }
@@ -942,37 +900,36 @@ impl Index {
     /// The account's embedding budget of today is spent: try again at the
     /// start of the next UTC day, without counting a failed try.
     fn defer_to_tomorrow(&self, ops: &mut Vec<Op>, p: &Pending) {
-        let next = crate::core::quota::next_day_ns(crate::core::now_ns());
-        let mut j = p.json.clone();
-        j["status"] = "DEFERRED".into();
-        j["last_error"] = format!(
+        let Some(mut e) = p.event.clone() else { return };
+        let next = crate::schema::time::next_day_ns(crate::schema::time::now_ns());
+        e.status = EventStatus::Deferred;
+        e.last_error = Some(format!(
             "embedding budget (embed_tokens_per_day) of account {} is spent for today; deferred to {}",
             p.account,
-            crate::core::rfc3339(next)
-        )
-        .into();
-        j["next_retry_ms"] = ((next / 1_000_000) as u64).into();
+            crate::schema::time::rfc3339(next)
+        ));
+        e.next_retry_ms = Some((next / 1_000_000) as u64);
         self.stats.deferred.fetch_add(1, Ordering::Relaxed);
         ops.push(Op::UpdateEvent {
             seq: p.ev.seq,
-            json: serde_json::to_vec(&j).unwrap_or_default(),
+            json: e.encode(),
         });
     }
 
     fn retry_later(&self, ops: &mut Vec<Op>, p: &Pending, err: &str) {
-        let mut j = p.json.clone();
-        let tries = j["retry_count"].as_u64().unwrap_or(0) + 1;
-        j["retry_count"] = tries.into();
-        j["last_error"] = err.into();
-        if tries >= self.cfg.max_retries as u64 {
-            j["status"] = "DEAD".into();
+        let Some(mut e) = p.event.clone() else { return };
+        e.retry_count += 1;
+        let tries = e.retry_count;
+        e.last_error = Some(err.to_string());
+        if tries >= self.cfg.max_retries {
+            e.status = EventStatus::Dead;
             self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(event = p.ev.seq, node = %p.path, "dead letter after {tries} tries: {err}");
             ops.push(Op::DeadEvent {
                 seq: p.ev.seq,
                 node_path: p.path.clone(),
                 account: p.account.clone(),
-                json: serde_json::to_vec(&j).unwrap_or_default(),
+                json: e.encode(),
             });
             return;
         }
@@ -981,26 +938,46 @@ impl Index {
             .backoff
             .saturating_mul(1 << (tries - 1).min(16))
             .min(Duration::from_secs(60));
-        j["status"] = "FAILED".into();
-        j["next_retry_ms"] = (now_ms() + delay.as_millis() as u64).into();
+        e.status = EventStatus::Failed;
+        e.next_retry_ms = Some(now_ms() + delay.as_millis() as u64);
         ops.push(Op::UpdateEvent {
             seq: p.ev.seq,
-            json: serde_json::to_vec(&j).unwrap_or_default(),
+            json: e.encode(),
         });
     }
 
+    /// An event the indexer cannot use goes to the dead-letter queue as it
+    /// is, marked dead when it is an event at all.
     fn dead_letter(&self, ops: &mut Vec<Op>, p: &Pending, why: &str) {
-        let mut j = p.json.clone();
-        if j.is_object() {
-            j["status"] = "DEAD".into();
-            j["last_error"] = why.into();
-        }
+        let (json, uri_path) = match p.event.clone() {
+            Some(mut e) => {
+                e.status = EventStatus::Dead;
+                e.last_error = Some(why.to_string());
+                let path = e.node().unwrap_or("").to_string();
+                (e.encode(), path)
+            }
+            None => {
+                // Not an event of ours: marked when it is a JSON object, and
+                // filed under its URI when it names one.
+                let mut j: Value = serde_json::from_slice(&p.ev.json).unwrap_or(Value::Null);
+                if j.is_object() {
+                    j["status"] = "DEAD".into();
+                    j["last_error"] = why.into();
+                }
+                let path = j["uri"]
+                    .as_str()
+                    .and_then(place::node_of_uri)
+                    .unwrap_or("")
+                    .to_string();
+                let json = match j {
+                    Value::Null => p.ev.json.clone(),
+                    j => serde_json::to_vec(&j).unwrap_or_else(|_| p.ev.json.clone()),
+                };
+                (json, path)
+            }
+        };
         let path = if p.path.is_empty() {
-            j["uri"]
-                .as_str()
-                .and_then(place::node_of_uri)
-                .unwrap_or("")
-                .to_string()
+            uri_path
         } else {
             p.path.clone()
         };
@@ -1010,7 +987,7 @@ impl Index {
             seq: p.ev.seq,
             node_path: path,
             account,
-            json: serde_json::to_vec(&j).unwrap_or_default(),
+            json,
         });
     }
 
@@ -1218,7 +1195,13 @@ impl Index {
         let mut short = HashSet::new();
         // Account directories (a commit creates its account's).
         for a in self.store.list_dirs("")? {
-            let active = self.store.counter(&format!("nodes:{a}:ACTIVE"))?.max(0) as usize;
+            let active = self
+                .store
+                .counter(&crate::schema::counters::nodes_key(
+                    &a,
+                    crate::schema::Status::Active,
+                ))?
+                .max(0) as usize;
             let docs = rlock(&self.account(&a)?.st).docs.len();
             if docs < active {
                 short.insert(a);
@@ -1274,7 +1257,7 @@ impl Index {
                         seq: 0,
                         json: Vec::new(),
                     },
-                    json: Value::Null,
+                    event: None,
                     path: path.clone(),
                     account: path.split('/').next().unwrap_or("").to_string(),
                     work,
@@ -1375,8 +1358,8 @@ impl Index {
             .outbox_head(1)
             .ok()
             .and_then(|h| h.into_iter().next())
-            .and_then(|e| serde_json::from_slice::<Value>(&e.json).ok())
-            .and_then(|j| humantime::parse_rfc3339_weak(j["created_at"].as_str()?).ok())
+            .and_then(|e| OutboxEvent::decode(&e.json).ok())
+            .and_then(|e| humantime::parse_rfc3339_weak(&e.created_at).ok())
             .and_then(|t| SystemTime::now().duration_since(t).ok())
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
@@ -1799,7 +1782,7 @@ fn records(texts: &[(u8, String)]) -> Vec<(u8, u32, String)> {
             let t = t.trim();
             if *level == 1
                 && chunks.len() == 1
-                && content.is_some_and(|c| crate::core::derive::derive_overview(c).trim() == t)
+                && content.is_some_and(|c| crate::schema::derive::derive_overview(c).trim() == t)
             {
                 continue;
             }
@@ -1935,82 +1918,6 @@ fn remove_doc(st: &mut State, path: &str, keep: &HashSet<usize>) {
     set_lex_path(&mut st.lex_path, old.lex_id, None);
 }
 
-/// Where MiniLM's files are looked for when the config names no directory.
-pub fn default_model_dir(data: &Path) -> PathBuf {
-    data.join("models").join(bert::MODEL_ID)
-}
-
-/// The embedder the config asks for, and a note saying why it was chosen.
-pub fn choose_embedder(
-    sec: &crate::config::IndexSection,
-    data: &Path,
-) -> Result<(Arc<dyn Embedder>, String), String> {
-    let dir = sec
-        .model_dir
-        .clone()
-        .unwrap_or_else(|| default_model_dir(data));
-    let hash =
-        || -> Arc<dyn Embedder> { Arc::new(embed::HashEmbedder::new(sec.hash_dim.unwrap_or(384))) };
-    match sec.embedder.as_deref().unwrap_or("auto") {
-        "hash" => Ok((hash(), "hashing embedder (chosen in the config)".into())),
-        "http" => {
-            let e = embed::HttpEmbedder::new(
-                sec.http_url.as_deref().unwrap_or(""),
-                sec.http_model.as_deref().unwrap_or(""),
-                sec.http_dim.unwrap_or(0),
-                Duration::from_millis(sec.http_timeout_ms.unwrap_or(30_000)),
-            );
-            let note = format!(
-                "OpenAI-compatible server at {}",
-                sec.http_url.as_deref().unwrap_or("")
-            );
-            Ok((Arc::new(e), note))
-        }
-        "minilm" => {
-            let m = bert::MiniLm::load(&dir)
-                .map_err(|e| format!("MiniLM from {}: {e}", dir.display()))?;
-            Ok((Arc::new(m), format!("MiniLM from {}", dir.display())))
-        }
-        _ => {
-            if bert::MiniLm::present(&dir) {
-                let m = bert::MiniLm::load(&dir)
-                    .map_err(|e| format!("MiniLM from {}: {e}", dir.display()))?;
-                Ok((Arc::new(m), format!("MiniLM from {}", dir.display())))
-            } else {
-                Ok((
-                    hash(),
-                    format!(
-                        "fallback: MiniLM files not found in {} (run `make model`); \
-                         the hashing embedder matches words, not meaning",
-                        dir.display()
-                    ),
-                ))
-            }
-        }
-    }
-}
-
-impl IndexConfig {
-    pub fn from_section(sec: &crate::config::IndexSection) -> Self {
-        let d = IndexConfig::default();
-        IndexConfig {
-            ann: sec.ann(),
-            max_retries: sec.max_retries.unwrap_or(d.max_retries),
-            backoff: sec
-                .retry_backoff_ms
-                .map(Duration::from_millis)
-                .unwrap_or(d.backoff),
-            sync_timeout: sec
-                .sync_timeout_s
-                .map(Duration::from_secs)
-                .unwrap_or(d.sync_timeout),
-            dump_after: d.dump_after,
-            vector_weight: sec.vector_weight,
-            embed_tokens_per_day: HashMap::new(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2019,7 +1926,7 @@ mod tests {
     #[test]
     fn derived_overview_of_one_chunk_has_no_record() {
         let one = "First line of a note.\nSecond line.\n".to_string();
-        let derived = crate::core::derive::derive_overview(&one);
+        let derived = crate::schema::derive::derive_overview(&one);
         let levels = |texts: &[(u8, String)]| -> Vec<u8> {
             records(texts).into_iter().map(|(l, _, _)| l).collect()
         };
@@ -2030,7 +1937,10 @@ mod tests {
         assert_eq!(levels(&t), [1, 2]);
         // A long content: the derived overview spans chunks, and stays.
         let long = "A line of some length that fills the chunk.\n".repeat(60);
-        let t = [(1, crate::core::derive::derive_overview(&long)), (2, long)];
+        let t = [
+            (1, crate::schema::derive::derive_overview(&long)),
+            (2, long),
+        ];
         let l = levels(&t);
         assert!(l[0] == 1 && l.len() > 2, "{l:?}");
     }
@@ -2073,6 +1983,7 @@ mod tests {
                 json: serde_json::to_vec(&json!({
                     "event_id": format!("{:016x}", self.seq), "event_type": etype,
                     "uri": place::uri_of(path), "payload": payload, "retry_count": 0,
+                    "status": "PENDING", "created_at": "2026-01-01T00:00:00.000Z",
                 }))
                 .unwrap(),
             }];
@@ -2098,7 +2009,7 @@ mod tests {
         }
 
         fn upsert(&mut self, path: &str, text: &str) {
-            let recs = json!({"records": [{"level": 2, "text": text}]});
+            let recs = json!({"records": event::records(path, &[(2, text.to_string())])});
             self.event("UPSERT_CONTEXT", path, recs, Some(path));
         }
 

@@ -6,8 +6,8 @@ use super::redb::{
     OUTBOX, OUTBOX_BY_NODE, VERSIONS,
 };
 use super::{DraftRec, RedbStore, Status};
-use crate::core::place::{self, DirPlace};
 use crate::error::{Error, Result};
+use crate::schema::place::{self, DirPlace};
 use ::redb::{ReadableDatabase, ReadableTable};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -23,8 +23,8 @@ impl std::fmt::Display for Violation {
     }
 }
 
-fn se<E: std::fmt::Display>(e: E) -> Error {
-    Error::Store(e.to_string())
+fn se<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
+    Error::store_from("redb", e)
 }
 
 pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
@@ -136,7 +136,7 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
             }
         }
         *recount
-            .entry(format!("nodes:{}:{}", comps[0], rec.status.as_str()))
+            .entry(crate::schema::counters::nodes_key(comps[0], rec.status))
             .or_default() += 1;
         account_of_id.insert(rec.id, comps[0].to_string());
         node_paths.insert(path.clone());
@@ -155,7 +155,9 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
         for f in &rec.files {
             if !referenced.contains(&f.blob) {
                 if let Some(a) = account_of_id.get(&id) {
-                    *recount.entry(format!("bytes:{a}")).or_default() += f.size as i64;
+                    *recount
+                        .entry(crate::schema::counters::bytes_key(a))
+                        .or_default() += f.size as i64;
                 }
             }
             referenced.insert(f.blob);
@@ -222,7 +224,9 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
                     .and_then(place::node_of_uri)
                     .and_then(|p| p.split('/').next())
                     .unwrap_or("");
-                *recount.entry(format!("outbox:{account}")).or_default() += 1;
+                *recount
+                    .entry(crate::schema::counters::outbox_key(account))
+                    .or_default() += 1;
             }
             _ => bad(9, format!("event {seq} is not a valid event")),
         }
@@ -257,7 +261,9 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
                     .and_then(place::node_of_uri)
                     .and_then(|p| p.split('/').next())
                     .unwrap_or("");
-                *recount.entry(format!("dlq:{account}")).or_default() += 1;
+                *recount
+                    .entry(crate::schema::counters::dlq_key(account))
+                    .or_default() += 1;
             }
             _ => bad(9, format!("dead letter {seq} is not a valid event")),
         }
@@ -271,7 +277,7 @@ pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
     }
     // Usage of the day (writes, embedding tokens) is a history, not a
     // function of the stored state: not recounted.
-    stored.retain(|k, _| !k.starts_with("writes:") && !k.starts_with("embed_tokens:"));
+    stored.retain(|k, _| !crate::schema::counters::is_daily(k));
     recount.retain(|_, n| *n != 0);
     for (k, n) in &recount {
         if stored.get(k) != Some(n) {

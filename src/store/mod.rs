@@ -13,25 +13,7 @@ use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
-pub enum Status {
-    Active,
-    Archived,
-    Broken,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Active => "ACTIVE",
-            Status::Archived => "ARCHIVED",
-            Status::Broken => "BROKEN",
-        }
-    }
-    pub fn all() -> [Status; 3] {
-        [Status::Active, Status::Archived, Status::Broken]
-    }
-}
+pub use crate::schema::Status;
 
 /// One file of a committed version. Content lives in the blob table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,10 +170,10 @@ pub struct ScratchRec {
 impl ScratchRec {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         postcard::from_bytes(bytes)
-            .map_err(|e| crate::error::Error::Store(format!("corrupt scratch entry: {e}")))
+            .map_err(|e| crate::error::Error::store_from("corrupt scratch entry", e))
     }
     pub fn encode(&self) -> Result<Vec<u8>> {
-        postcard::to_stdvec(self).map_err(|e| crate::error::Error::Store(e.to_string()))
+        postcard::to_stdvec(self).map_err(|e| crate::error::Error::store_from("encoding", e))
     }
 }
 
@@ -259,10 +241,9 @@ pub struct DraftFileRec {
 
 impl DraftRec {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        postcard::from_bytes(bytes)
-            .map_err(|e| crate::error::Error::Store(format!("corrupt draft: {e}")))
+        postcard::from_bytes(bytes).map_err(|e| crate::error::Error::store_from("corrupt draft", e))
     }
     pub fn encode(&self) -> Result<Vec<u8>> {
-        postcard::to_stdvec(self).map_err(|e| crate::error::Error::Store(e.to_string()))
+        postcard::to_stdvec(self).map_err(|e| crate::error::Error::store_from("encoding", e))
     }
 }

@@ -59,12 +59,12 @@ pub(super) const HIGH_WATER: TableDefinition<&str, u64> = TableDefinition::new("
 const CACHE_BYTES: usize = 128 << 20;
 pub const CHUNK: usize = 64 * 1024 - 256;
 
-fn se<E: std::fmt::Display>(e: E) -> Error {
-    Error::Store(e.to_string())
+fn se<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
+    Error::store_from("redb", e)
 }
 
 pub(super) fn decode(bytes: &[u8]) -> Result<NodeRec> {
-    postcard::from_bytes(bytes).map_err(|e| Error::Store(format!("corrupt node record: {e}")))
+    postcard::from_bytes(bytes).map_err(|e| Error::store_from("corrupt node record", e))
 }
 
 fn encode(rec: &NodeRec) -> Result<Vec<u8>> {
@@ -72,7 +72,7 @@ fn encode(rec: &NodeRec) -> Result<Vec<u8>> {
 }
 
 pub(super) fn split_key(path: &str) -> (&str, &str) {
-    crate::core::place::parent_name(path)
+    crate::schema::place::parent_name(path)
 }
 
 struct Job {
@@ -96,11 +96,11 @@ impl RedbStore {
             .set_cache_size(CACHE_BYTES)
             .create(path)
             .map_err(|e| match e {
-                ::redb::DatabaseError::DatabaseAlreadyOpen => Error::Store(format!(
-                "{} is already open in another process (is a ctxfs daemon serving this data dir?)",
-                path.display()
-            )),
-                e => Error::Store(format!("cannot open {}: {e}", path.display())),
+                ::redb::DatabaseError::DatabaseAlreadyOpen => Error::store(format!(
+                    "{} is already open in another process (is a ctxfs daemon serving this data dir?)",
+                    path.display()
+                )),
+                e => Error::store_from(format!("cannot open {}", path.display()), e),
             })?;
         let db = Arc::new(db);
         // Create every table so readers never meet a missing one.
@@ -362,7 +362,11 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     let fresh = outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none();
                     by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
                     if fresh {
-                        add(&mut counters, &format!("outbox:{account}"), 1)?;
+                        add(
+                            &mut counters,
+                            &crate::schema::counters::outbox_key(account),
+                            1,
+                        )?;
                     }
                 }
                 Op::DoneEvent {
@@ -371,7 +375,11 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     account,
                 } => {
                     if outbox.remove(*seq).map_err(se)?.is_some() {
-                        add(&mut counters, &format!("outbox:{account}"), -1)?;
+                        add(
+                            &mut counters,
+                            &crate::schema::counters::outbox_key(account),
+                            -1,
+                        )?;
                     }
                     by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
                 }
@@ -387,11 +395,15 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     json,
                 } => {
                     if outbox.remove(*seq).map_err(se)?.is_some() {
-                        add(&mut counters, &format!("outbox:{account}"), -1)?;
+                        add(
+                            &mut counters,
+                            &crate::schema::counters::outbox_key(account),
+                            -1,
+                        )?;
                     }
                     by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
                     if dlq.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
-                        add(&mut counters, &format!("dlq:{account}"), 1)?;
+                        add(&mut counters, &crate::schema::counters::dlq_key(account), 1)?;
                     }
                     dlq_by_node
                         .insert((node_path.as_str(), *seq), ())
@@ -404,11 +416,19 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     json,
                 } => {
                     if dlq.remove(*seq).map_err(se)?.is_some() {
-                        add(&mut counters, &format!("dlq:{account}"), -1)?;
+                        add(
+                            &mut counters,
+                            &crate::schema::counters::dlq_key(account),
+                            -1,
+                        )?;
                     }
                     dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
                     if outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
-                        add(&mut counters, &format!("outbox:{account}"), 1)?;
+                        add(
+                            &mut counters,
+                            &crate::schema::counters::outbox_key(account),
+                            1,
+                        )?;
                     }
                     by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
                 }
@@ -418,7 +438,11 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     account,
                 } => {
                     if dlq.remove(*seq).map_err(se)?.is_some() {
-                        add(&mut counters, &format!("dlq:{account}"), -1)?;
+                        add(
+                            &mut counters,
+                            &crate::schema::counters::dlq_key(account),
+                            -1,
+                        )?;
                     }
                     dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
                 }
@@ -543,7 +567,7 @@ impl Store for RedbStore {
             out.extend_from_slice(v.value());
         }
         if out.len() as u64 != size {
-            return Err(Error::Store(format!(
+            return Err(Error::store(format!(
                 "blob {id} has {} bytes, its record says {size}",
                 out.len()
             )));
@@ -689,14 +713,14 @@ impl Store for RedbStore {
     fn apply(&self, ops: Vec<Op>, durable: bool) -> Result<()> {
         let (done, wait) = mpsc::sync_channel(1);
         {
-            let jobs = self.jobs.lock().map_err(se)?;
+            let jobs = crate::locks::lock(&self.jobs);
             let tx = jobs
                 .as_ref()
-                .ok_or_else(|| Error::Store("store is closed".into()))?;
+                .ok_or_else(|| Error::store("store is closed"))?;
             tx.send(Job { ops, durable, done })
-                .map_err(|_| Error::Store("committer thread is gone".into()))?;
+                .map_err(|_| Error::store("committer thread is gone"))?;
         }
         wait.recv()
-            .map_err(|_| Error::Store("committer thread is gone".into()))?
+            .map_err(|_| Error::store("committer thread is gone"))?
     }
 }

@@ -28,7 +28,7 @@ pub struct Wal {
 }
 
 fn io(e: std::io::Error) -> Error {
-    Error::Store(format!("write-ahead log: {e}"))
+    Error::store_from("write-ahead log", e)
 }
 
 impl Wal {
@@ -83,7 +83,8 @@ impl Wal {
 
     /// Append a record; with `sync`, return only once it is on disk.
     pub fn append(&mut self, rec: &Record, sync: bool) -> Result<()> {
-        let payload = postcard::to_stdvec(rec).map_err(|e| Error::Store(e.to_string()))?;
+        let payload =
+            postcard::to_stdvec(rec).map_err(|e| Error::store_from("encoding a log record", e))?;
         let mut frame = Vec::with_capacity(payload.len() + 12);
         frame.extend_from_slice(&MAGIC.to_le_bytes());
         frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());

@@ -4,7 +4,7 @@
 use crate::config::{Settings, Tenancy};
 use crate::core::transfer::{check_import, ImportNode};
 use crate::core::Fs;
-use crate::daemon::open_data;
+use crate::data::open_data;
 use crate::store::Store;
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -28,10 +28,9 @@ pub fn export(data: &Path, out: &Path) -> Result<i32> {
         bail!("{} exists; export writes a new directory", out.display());
     }
     let (_lock, store) = open_data(data, false)?;
-    let fs =
-        Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0)).map_err(|e| anyhow!("{e}"))?;
+    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
     let t = Instant::now();
-    let nodes = fs.export_nodes().map_err(|e| anyhow!("{e}"))?;
+    let nodes = fs.export_nodes()?;
     let name = out
         .file_name()
         .ok_or_else(|| anyhow!("{} has no file name", out.display()))?;
@@ -48,7 +47,7 @@ pub fn export(data: &Path, out: &Path) -> Result<i32> {
         let dir = tmp.join("accounts").join(&rec.path);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        for (name, data) in fs.node_files(rec).map_err(|e| anyhow!("{e}"))? {
+        for (name, data) in fs.node_files(rec)? {
             bytes += data.len() as u64;
             std::fs::write(dir.join(&name), data)
                 .with_context(|| format!("cannot write {}/{name}", dir.display()))?;
@@ -135,8 +134,7 @@ pub fn import(data: &Path, config: Option<&Path>, input: &Path, skip_bad: bool) 
         None => Default::default(),
     };
     let (_lock, store) = open_data(data, true)?;
-    let fs =
-        Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0)).map_err(|e| anyhow!("{e}"))?;
+    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
     fs.set_redaction(redaction);
     let t = Instant::now();
 

@@ -1,6 +1,6 @@
 //! What a commit must satisfy (CONTRACT §4), as pure functions over bytes.
 
-use super::place;
+use crate::schema::place;
 use crate::store::Status;
 use serde_json::{Map, Value};
 

@@ -2,13 +2,14 @@
 //! the data dir lock, serve until unmounted or signalled, then make every
 //! draft durable and close the store.
 
-use crate::config::{IndexSection, Settings, Tenancy};
+use crate::config::Settings;
 use crate::core::Fs;
+use crate::data::{lock_data_dir, open_index, settings, DB_FILE, LOG_FILE};
 use crate::store::{RedbStore, Store};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::{BufRead, Write};
+use std::os::fd::FromRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,9 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const READY_FD: &str = "CTXFS_READY_FD";
-pub const DB_FILE: &str = "ctxfs.redb";
-pub const LOCK_FILE: &str = "lock";
-pub const LOG_FILE: &str = "ctxfs.log";
 
 pub struct MountOpts {
     pub mountpoint: PathBuf,
@@ -34,57 +32,6 @@ pub struct MountOpts {
     pub no_index: bool,
     /// Serve the metrics over HTTP here.
     pub metrics_addr: Option<std::net::SocketAddr>,
-}
-
-/// The config (or the single-owner default) with the command line's overrides.
-fn settings(
-    config: Option<&Path>,
-    embedder: Option<&String>,
-    model_dir: Option<&PathBuf>,
-) -> Result<Settings> {
-    let mut s = match config {
-        Some(p) => Settings::load(p)?,
-        None => Settings {
-            tenancy: Tenancy::Owner(unsafe { libc::getuid() }),
-            index: IndexSection::default(),
-            redaction: Default::default(),
-            quotas: Default::default(),
-        },
-    };
-    if let Some(e) = embedder {
-        s.index.embedder = Some(e.clone());
-    }
-    if let Some(d) = model_dir {
-        s.index.model_dir = Some(d.clone());
-    }
-    s.index.validate()?;
-    Ok(s)
-}
-
-/// The search index over `store`, with the embedder the settings choose.
-fn open_index(
-    store: &Arc<RedbStore>,
-    data: &Path,
-    s: &Settings,
-) -> Result<Arc<crate::index::Index>> {
-    let sec = &s.index;
-    let mut cfg = crate::index::IndexConfig::from_section(sec);
-    cfg.embed_tokens_per_day = s
-        .quotas
-        .iter()
-        .filter_map(|(a, q)| q.embed_tokens_per_day.map(|t| (a.clone(), t)))
-        .collect();
-    let (emb, note) = crate::index::choose_embedder(sec, data).map_err(|e| anyhow!("{e}"))?;
-    tracing::info!(model = emb.id(), "{note}");
-    cfg.ann = sec.ann_for(emb.kind());
-    crate::index::Index::new(
-        store.clone() as Arc<dyn Store>,
-        &data.join("index"),
-        emb,
-        note,
-        cfg,
-    )
-    .map_err(|e| anyhow!("{e}"))
 }
 
 /// Checks that need no daemon: fail early with a one-line reason.
@@ -213,33 +160,6 @@ impl Ready {
     }
 }
 
-/// Exclusive hold of a data dir, released when the process ends (even by SIGKILL).
-pub struct DataLock(#[allow(dead_code)] File);
-
-pub fn lock_data_dir(data: &Path) -> Result<DataLock> {
-    std::fs::create_dir_all(data)?;
-    let path = data.join(LOCK_FILE);
-    let mut f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let mut holder = String::new();
-        let _ = f.read_to_string(&mut holder);
-        bail!(
-            "data dir {} is already served by another ctxfs daemon ({})",
-            data.display(),
-            holder.trim()
-        );
-    }
-    f.set_len(0)?;
-    writeln!(f, "pid {}", std::process::id())?;
-    Ok(DataLock(f))
-}
-
 pub fn run_foreground(o: MountOpts) -> Result<i32> {
     let mut ready = Ready::from_env();
     let result = serve(&o, &mut ready);
@@ -252,9 +172,8 @@ pub fn run_foreground(o: MountOpts) -> Result<i32> {
 fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let settings = precheck(o)?;
     let _lock = lock_data_dir(&o.data)?;
-    let store = RedbStore::open(&o.data.join(DB_FILE)).map_err(|e| anyhow!("{e}"))?;
-    let fs = Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy.clone())
-        .map_err(|e| anyhow!("{e}"))?;
+    let store = RedbStore::open(&o.data.join(DB_FILE))?;
+    let fs = Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy.clone())?;
     fs.set_redaction(settings.redaction.clone());
     fs.set_quotas(settings.quotas.clone());
     let t = Instant::now();
@@ -272,7 +191,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         None
     } else {
         let index = open_index(&store, &o.data, &settings)?;
-        index.start().map_err(|e| anyhow!("{e}"))?;
+        index.start()?;
         fs.set_index(index.clone());
         Some(index)
     };
@@ -481,186 +400,5 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
         std::thread::sleep(Duration::from_millis(20));
     }
     println!("{} unmounted", mp.display());
-    Ok(0)
-}
-
-pub(crate) fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {
-    open_data(data, false)
-}
-
-/// The store of a data dir no daemon serves; with `create`, a new one is made.
-pub(crate) fn open_data(data: &Path, create: bool) -> Result<(DataLock, Arc<RedbStore>)> {
-    let db = data.join(DB_FILE);
-    if !db.exists() && !create {
-        bail!(
-            "{} holds no ctxfs data ({} missing)",
-            data.display(),
-            DB_FILE
-        );
-    }
-    let lock = lock_data_dir(data).context("unmount it first")?;
-    let store = RedbStore::open(&db).map_err(|e| anyhow!("{e}"))?;
-    Ok((lock, store))
-}
-
-pub fn fsck(data: &Path) -> Result<i32> {
-    let (_lock, store) = open_offline(data)?;
-    let v = crate::store::fsck(&store).map_err(|e| anyhow!("{e}"))?;
-    store.close();
-    if v.is_empty() {
-        println!("clean");
-        Ok(0)
-    } else {
-        for x in &v {
-            println!("{x}");
-        }
-        println!("{} violation(s)", v.len());
-        Ok(1)
-    }
-}
-
-pub fn repair(data: &Path, grace: Duration) -> Result<i32> {
-    let (_lock, store) = open_offline(data)?;
-    let fs =
-        Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0)).map_err(|e| anyhow!("{e}"))?;
-    let actions = fs.repair(grace).map_err(|e| anyhow!("{e}"))?;
-    for a in &actions {
-        println!("{a}");
-    }
-    println!("repair: {} action(s)", actions.len());
-    drop(fs);
-    store.close();
-    Ok(0)
-}
-
-/// `ctxfs reindex`: rebuild every search index of an unmounted data dir
-/// from its committed nodes, with a progress bar.
-pub fn reindex(
-    data: &Path,
-    config: Option<&Path>,
-    embedder: Option<&String>,
-    model_dir: Option<&PathBuf>,
-) -> Result<i32> {
-    let s = settings(config, embedder, model_dir)?;
-    let (_lock, store) = open_offline(data)?;
-    let index = open_index(&store, data, &s)?;
-    println!(
-        "embedder: {} ({})",
-        index.embedder().id(),
-        index.embedder().kind()
-    );
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} nodes  {per_sec}  eta {eta}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let t = Instant::now();
-    let n = index
-        .reindex_all(&mut |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })
-        .map_err(|e| anyhow!("{e}"))?;
-    bar.finish_and_clear();
-    index.shutdown();
-    store.close();
-    println!("reindexed {n} node(s) in {:.1}s", t.elapsed().as_secs_f64());
-    Ok(0)
-}
-
-/// `ctxfs search`: ask a mounted ctxfs through its search files.
-pub fn search(
-    dir: &Path,
-    query: &str,
-    k: Option<usize>,
-    json: bool,
-    mode: Option<&str>,
-) -> Result<i32> {
-    if query.contains('/') {
-        bail!("a query cannot contain '/' (it is a file name)");
-    }
-    let mut opts = Vec::new();
-    if let Some(k) = k {
-        opts.push(format!("k={k}"));
-    }
-    if json {
-        opts.push("format=json".into());
-    }
-    if let Some(m) = mode {
-        opts.push(format!("mode={m}"));
-    }
-    let mut name = query.to_string();
-    if !opts.is_empty() {
-        name.push('?');
-        name.push_str(&opts.join("&"));
-    }
-    let path = dir.join(crate::core::search::SEARCH_DIR).join(&name);
-    let bytes = std::fs::read(&path).map_err(|e| {
-        anyhow!(
-            "{}: {e} (is {} a directory inside a ctxfs account?)",
-            path.display(),
-            dir.display()
-        )
-    })?;
-    std::io::stdout().write_all(&bytes)?;
-    Ok(0)
-}
-
-/// `ctxfs bench-ann`: recall and speed of the graph against exact search.
-pub fn bench_ann(o: crate::cli::BenchAnnOpts) -> Result<i32> {
-    use crate::index::{ann::AnnParams, annbench, embed::normalize};
-    let p = AnnParams {
-        m: o.m,
-        ef_construction: o.ef_construction,
-        ..AnnParams::default()
-    };
-    p.validate().map_err(|e| anyhow!("{e}"))?;
-    let base: Vec<(usize, Vec<f32>)>;
-    let queries: Vec<Vec<f32>>;
-    (base, queries) = if let Some(npy) = &o.npy {
-        let (rows, dim, data) = annbench::read_npy(npy).map_err(|e| anyhow!("{e}"))?;
-        let rows = o.limit.unwrap_or(rows).min(rows);
-        let mut vs: Vec<Vec<f32>> = (0..rows)
-            .map(|i| {
-                let mut v = data[i * dim..(i + 1) * dim].to_vec();
-                normalize(&mut v);
-                v
-            })
-            .collect();
-        let q = vs.split_off(rows - o.queries.min(rows / 2));
-        (vs.into_iter().enumerate().collect(), q)
-    } else {
-        let data = o.data.as_ref().context("give --npy or --data")?;
-        let account = o.account.as_ref().context("--data needs --account")?;
-        let s = settings(
-            o.config.as_deref(),
-            o.embedder.as_ref(),
-            o.model_dir.as_ref(),
-        )?;
-        let (_lock, store) = open_offline(data)?;
-        let index = open_index(&store, data, &s)?;
-        let base = index.live_vectors(account).map_err(|e| anyhow!("{e}"))?;
-        let file = o
-            .queries_file
-            .as_ref()
-            .context("--data needs --queries-file")?;
-        let texts: Vec<String> = std::fs::read_to_string(file)?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .take(o.queries)
-            .map(String::from)
-            .collect();
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let mut q = Vec::new();
-        for part in refs.chunks(32) {
-            q.extend(index.embedder().embed(part).map_err(|e| anyhow!("{e}"))?);
-        }
-        store.close();
-        (base, q)
-    };
-    print!(
-        "{}",
-        annbench::run(base, &queries, p, &[16, 32, 64, 128, 256, 512, 1024])
-    );
     Ok(0)
 }

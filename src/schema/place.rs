@@ -7,24 +7,9 @@ use crate::error::{Error, Result};
 pub const MAX_NAME: usize = 128;
 pub const MAX_FILE_NAME: usize = 255;
 
-/// The five files that make a node version, in the order of the write protocol
-/// (listings use this order so `cp -r` and `mv` fallbacks write `.meta.json` last).
-pub const NODE_FILES: [&str; 5] = [
-    "content.md",
-    ".relations.json",
-    ".abstract.md",
-    ".overview.md",
-    ".meta.json",
-];
-pub const META: &str = ".meta.json";
-pub const CONTENT: &str = "content.md";
-pub const ABSTRACT: &str = ".abstract.md";
-pub const OVERVIEW: &str = ".overview.md";
-pub const RELATIONS: &str = ".relations.json";
-/// Virtual, read-only: pending index events of the node (not listed, reached by path).
-pub const OUTBOX: &str = ".outbox";
-/// Virtual, writer-only: why the last commit of this node was refused.
-pub const COMMIT_ERROR: &str = ".commit-error";
+pub use super::names::{
+    ABSTRACT, COMMIT_ERROR, CONTENT, META, NODE_FILES, OUTBOX, OVERVIEW, RELATIONS,
+};
 
 /// Fixed structural directories: always present under their parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +71,7 @@ pub fn check_file_name(name: &str) -> Result<()> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(Error::Invalid(format!("{name:?} is not a file name")));
     }
-    if super::versions::is_reserved(name) {
+    if super::names::is_reserved(name) {
         return Err(Error::NotPermitted("reserved virtual name"));
     }
     Ok(())

@@ -1,0 +1,191 @@
+//! The offline commands (`fsck`, `repair`, `reindex`, `export`, `import`,
+//! `bench-ann`) and `search` over a mount, each taking plain options: only
+//! `crate::cli` knows clap.
+
+mod transfer;
+
+pub use self::transfer::{export, import};
+use crate::config::Tenancy;
+use crate::core::Fs;
+use crate::data::{open_index, open_offline, settings};
+use crate::store::Store;
+use anyhow::{anyhow, bail, Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Options of `ctxfs bench-ann`.
+#[derive(Debug, Clone)]
+pub struct BenchAnnOpts {
+    pub npy: Option<PathBuf>,
+    pub limit: Option<usize>,
+    pub data: Option<PathBuf>,
+    pub account: Option<String>,
+    pub queries_file: Option<PathBuf>,
+    pub queries: usize,
+    pub config: Option<PathBuf>,
+    pub embedder: Option<String>,
+    pub model_dir: Option<PathBuf>,
+    pub m: usize,
+    pub ef_construction: usize,
+}
+
+pub fn fsck(data: &Path) -> Result<i32> {
+    let (_lock, store) = open_offline(data)?;
+    let v = crate::store::fsck(&store)?;
+    store.close();
+    if v.is_empty() {
+        println!("clean");
+        Ok(0)
+    } else {
+        for x in &v {
+            println!("{x}");
+        }
+        println!("{} violation(s)", v.len());
+        Ok(1)
+    }
+}
+
+pub fn repair(data: &Path, grace: Duration) -> Result<i32> {
+    let (_lock, store) = open_offline(data)?;
+    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
+    let actions = fs.repair(grace)?;
+    for a in &actions {
+        println!("{a}");
+    }
+    println!("repair: {} action(s)", actions.len());
+    drop(fs);
+    store.close();
+    Ok(0)
+}
+
+/// `ctxfs reindex`: rebuild every search index of an unmounted data dir
+/// from its committed nodes, with a progress bar.
+pub fn reindex(
+    data: &Path,
+    config: Option<&Path>,
+    embedder: Option<&String>,
+    model_dir: Option<&PathBuf>,
+) -> Result<i32> {
+    let s = settings(config, embedder, model_dir)?;
+    let (_lock, store) = open_offline(data)?;
+    let index = open_index(&store, data, &s)?;
+    println!(
+        "embedder: {} ({})",
+        index.embedder().id(),
+        index.embedder().kind()
+    );
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} nodes  {per_sec}  eta {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t = Instant::now();
+    let n = index.reindex_all(&mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    index.shutdown();
+    store.close();
+    println!("reindexed {n} node(s) in {:.1}s", t.elapsed().as_secs_f64());
+    Ok(0)
+}
+
+/// `ctxfs search`: ask a mounted ctxfs through its search files.
+pub fn search(
+    dir: &Path,
+    query: &str,
+    k: Option<usize>,
+    json: bool,
+    mode: Option<&str>,
+) -> Result<i32> {
+    if query.contains('/') {
+        bail!("a query cannot contain '/' (it is a file name)");
+    }
+    let mut opts = Vec::new();
+    if let Some(k) = k {
+        opts.push(format!("k={k}"));
+    }
+    if json {
+        opts.push("format=json".into());
+    }
+    if let Some(m) = mode {
+        opts.push(format!("mode={m}"));
+    }
+    let mut name = query.to_string();
+    if !opts.is_empty() {
+        name.push('?');
+        name.push_str(&opts.join("&"));
+    }
+    let path = dir.join(crate::schema::names::SEARCH_DIR).join(&name);
+    let bytes = std::fs::read(&path).map_err(|e| {
+        anyhow!(
+            "{}: {e} (is {} a directory inside a ctxfs account?)",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    std::io::stdout().write_all(&bytes)?;
+    Ok(0)
+}
+
+/// `ctxfs bench-ann`: recall and speed of the graph against exact search.
+pub fn bench_ann(o: BenchAnnOpts) -> Result<i32> {
+    use crate::index::{ann::AnnParams, annbench, embed::normalize};
+    let p = AnnParams {
+        m: o.m,
+        ef_construction: o.ef_construction,
+        ..AnnParams::default()
+    };
+    p.validate().map_err(|e| anyhow!("{e}"))?;
+    let base: Vec<(usize, Vec<f32>)>;
+    let queries: Vec<Vec<f32>>;
+    (base, queries) = if let Some(npy) = &o.npy {
+        let (rows, dim, data) = annbench::read_npy(npy).map_err(|e| anyhow!("{e}"))?;
+        let rows = o.limit.unwrap_or(rows).min(rows);
+        let mut vs: Vec<Vec<f32>> = (0..rows)
+            .map(|i| {
+                let mut v = data[i * dim..(i + 1) * dim].to_vec();
+                normalize(&mut v);
+                v
+            })
+            .collect();
+        let q = vs.split_off(rows - o.queries.min(rows / 2));
+        (vs.into_iter().enumerate().collect(), q)
+    } else {
+        let data = o.data.as_ref().context("give --npy or --data")?;
+        let account = o.account.as_ref().context("--data needs --account")?;
+        let s = settings(
+            o.config.as_deref(),
+            o.embedder.as_ref(),
+            o.model_dir.as_ref(),
+        )?;
+        let (_lock, store) = open_offline(data)?;
+        let index = open_index(&store, data, &s)?;
+        let base = index.live_vectors(account)?;
+        let file = o
+            .queries_file
+            .as_ref()
+            .context("--data needs --queries-file")?;
+        let texts: Vec<String> = std::fs::read_to_string(file)?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .take(o.queries)
+            .map(String::from)
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let mut q = Vec::new();
+        for part in refs.chunks(32) {
+            q.extend(index.embedder().embed(part).map_err(|e| anyhow!("{e}"))?);
+        }
+        store.close();
+        (base, q)
+    };
+    print!(
+        "{}",
+        annbench::run(base, &queries, p, &[16, 32, 64, 128, 256, 512, 1024])
+    );
+    Ok(0)
+}

@@ -1,0 +1,291 @@
+//! The commit, carried out: gather the node's view under its stripe, let
+//! [`Plan::build`] decide, then turn the plan into one store transaction
+//! (blobs, record, version, counters, quota, expiry, outbox events) and
+//! clean up the draft once it is durable.
+
+use super::plan::{Content, Intent, Outcome, Plan, Refusal, View};
+use crate::core::draft::{DFile, Draft, Slot};
+use crate::core::Fs;
+use crate::error::{Error, Result};
+use crate::locks::{lock, read};
+use crate::schema::event::OutboxEvent;
+use crate::schema::names::{ABSTRACT, CONTENT, META, NODE_FILES, OVERVIEW};
+use crate::schema::time::{now_ns, ns_of, rfc3339_ms};
+use crate::schema::{counters, Status};
+use crate::store::{FileRec, NodeRec, Op};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Outcome of a commit request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    Version(u32),
+    /// No status or `PENDING`: the node stays a draft.
+    StillPending,
+}
+
+impl Fs {
+    /// Commit the draft of `node` (a writer's close of `.meta.json`);
+    /// `closing` is the file whose close commits (its own open reference
+    /// does not keep it in the draft).
+    pub fn commit(&self, node: &str, closing: Option<&Arc<RwLock<DFile>>>) -> Result<Committed> {
+        let done = {
+            let _g = self.stripe(node);
+            match self.draft(node) {
+                Some(d) => self.commit_as(node, &d, Intent::Close, closing)?,
+                None => Committed::StillPending,
+            }
+        };
+        if let Committed::Version(_) = done {
+            // Readers must meet the new version as soon as close returns.
+            self.invalidate_commit(node, true);
+        }
+        Ok(done)
+    }
+
+    /// Commit `draft` of `node` for `intent`. The caller holds the node's stripe.
+    pub(crate) fn commit_as(
+        &self,
+        node: &str,
+        draft: &Arc<Mutex<Draft>>,
+        intent: Intent,
+        closing: Option<&Arc<RwLock<DFile>>>,
+    ) -> Result<Committed> {
+        let mut rec = self.store.get_node(node)?;
+        // An expired node is gone already: this commit starts a new node
+        // there and removes the old one in the same transaction.
+        let stale = match &rec {
+            Some(_) if self.expired(node) => rec.take(),
+            _ => None,
+        };
+        let mut d = lock(draft);
+        let view = self.gather(node, rec.as_ref(), &d)?;
+        let now = now_ns();
+        let redactor = match intent {
+            Intent::Broken(_) => None,
+            _ => self.redaction().for_account(Self::account_of(node)),
+        };
+        let plan = match Plan::build(view, intent, now, redactor.as_ref()) {
+            Outcome::Commit(p) => *p,
+            Outcome::StillPending => return Ok(Committed::StillPending),
+            Outcome::Refused(r) => {
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(node, reason = %r.reason(), "commit refused");
+                d.error = Some(r.reason().to_string());
+                return Err(match r {
+                    Refusal::Invalid(r) => Error::BadCommit(r),
+                    Refusal::TooBig(r) => Error::NodeTooBig(r),
+                });
+            }
+        };
+        let version = plan.version;
+        let id = match &rec {
+            Some(r) => r.id,
+            None => self.next_node.fetch_add(1, Ordering::Relaxed),
+        };
+        let expires = plan.expires;
+        let ops = match self.commit_ops(node, id, rec.as_ref(), stale.as_ref(), plan, &intent) {
+            Ok(ops) => ops,
+            Err(e) => {
+                if matches!(e, Error::Quota(_)) {
+                    self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                    d.error = Some(e.to_string());
+                }
+                return Err(e);
+            }
+        };
+        self.store.apply(ops, true)?;
+        self.notify_index();
+        self.set_expiry(node, expires);
+
+        // The version is durable: the node files leave the draft, except those
+        // still open for writing (later bytes start the next edit).
+        d.files.retain(|name, slot| {
+            !NODE_FILES.contains(&name.as_str())
+                || matches!(slot, Slot::File(f) if {
+                    let own = closing.is_some_and(|c| Arc::ptr_eq(c, f)) as usize;
+                    read(f).writers.load(Ordering::Relaxed) > own
+                })
+        });
+        d.error = None;
+        d.base = Some((id, version));
+        let empty = d.files.is_empty();
+        drop(d);
+        if empty {
+            let mut drafts = lock(&self.drafts);
+            if let Some(cur) = drafts.get(node) {
+                if Arc::ptr_eq(cur, draft) && lock(cur).files.is_empty() {
+                    drafts.remove(node);
+                }
+            }
+        }
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(Committed::Version(version))
+    }
+
+    /// The node as the commit sees it: the committed record overlaid with
+    /// the draft, the kept summary texts, and the committed summary marks.
+    fn gather<'a>(&self, node: &'a str, rec: Option<&'a NodeRec>, d: &Draft) -> Result<View<'a>> {
+        let mut files = Vec::new();
+        let mut kept_text = Vec::new();
+        for name in NODE_FILES {
+            let c = match d.files.get(name) {
+                Some(Slot::File(f)) => {
+                    let f = read(f);
+                    Some(Content::New(f.data.clone(), ns_of(f.mtime), f.mode))
+                }
+                Some(Slot::Whiteout) => None,
+                None => rec.and_then(|r| r.file(name)).cloned().map(Content::Keep),
+            };
+            if let Some(Content::Keep(f)) = &c {
+                if matches!(name, ABSTRACT | OVERVIEW | CONTENT) {
+                    let b = self.store.read_blob(f.blob, f.size)?;
+                    kept_text.push((name, String::from_utf8_lossy(&b).into_owned()));
+                }
+            }
+            if let Some(c) = c {
+                files.push((name, c));
+            }
+        }
+        let derived_before = match rec.and_then(|r| r.file(META)) {
+            Some(f) => {
+                let b = self.store.read_blob(f.blob, f.size)?;
+                serde_json::from_slice::<Value>(&b)
+                    .ok()
+                    .and_then(|v| v.get("derived").cloned())
+                    .and_then(|v| serde_json::from_value(v).ok())
+                    .unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        Ok(View {
+            node,
+            committed: rec,
+            files,
+            kept_text,
+            derived_before,
+        })
+    }
+
+    /// The store operations of `plan`: new blobs, the record and its
+    /// version, counters, containers, quota, expiry and outbox events.
+    fn commit_ops(
+        &self,
+        node: &str,
+        id: u64,
+        rec: Option<&NodeRec>,
+        stale: Option<&NodeRec>,
+        plan: Plan,
+        intent: &Intent,
+    ) -> Result<Vec<Op>> {
+        let account = Self::account_of(node).to_string();
+        let mut ops = Vec::new();
+        let mut files = Vec::new();
+        let mut max_blob = 0;
+        for (name, c) in plan.files {
+            match c {
+                Content::Keep(fr) => files.push(fr),
+                Content::New(bytes, mtime_ns, mode) => {
+                    let blob = self.blob_id();
+                    max_blob = max_blob.max(blob);
+                    files.push(FileRec {
+                        name: name.to_string(),
+                        blob,
+                        size: bytes.len() as u64,
+                        mtime_ns,
+                        mode: if mode == 0 { 0o644 } else { mode },
+                    });
+                    ops.push(Op::PutBlob {
+                        id: blob,
+                        data: Arc::from(bytes),
+                    });
+                }
+            }
+        }
+        let new = NodeRec {
+            id,
+            path: node.to_string(),
+            status: plan.status,
+            version: plan.version,
+            created_at: plan.created_at,
+            updated_at: plan.updated_at,
+            updated_ns: plan.updated_ns,
+            files,
+        };
+        if let Some(old) = rec {
+            ops.push(Op::Count {
+                key: counters::nodes_key(&account, old.status),
+                delta: -1,
+            });
+        }
+        ops.push(Op::Count {
+            key: counters::nodes_key(&account, plan.status),
+            delta: 1,
+        });
+        ops.extend(self.container_ops(node));
+        if let Some(old) = stale {
+            ops.extend(self.remove_ops(node, old)?);
+        }
+        let new_bytes = blob_bytes(&ops);
+        if !matches!(intent, Intent::Broken(_)) {
+            self.check_write_quota(&account, new_bytes)?;
+        }
+        ops.extend(self.write_quota_ops(node, new_bytes)?);
+        match plan.expires {
+            Some(at) => ops.push(Op::PutExpiry {
+                path: node.to_string(),
+                at_ns: at,
+            }),
+            None if stale.is_none() && self.expiry_at(node).is_some() => ops.push(Op::DelExpiry {
+                path: node.to_string(),
+            }),
+            None => {}
+        }
+        let mut max_seq = 0;
+        for change in plan.events {
+            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+            max_seq = seq;
+            ops.push(Op::PutEvent {
+                seq,
+                node_path: node.to_string(),
+                account: account.clone(),
+                json: OutboxEvent::new(seq, node, change, rfc3339_ms(now_ns())).encode(),
+            });
+        }
+        debug_assert!(new.status != Status::Broken || max_seq == 0);
+        ops.extend([
+            Op::PutNode {
+                path: node.to_string(),
+                rec: new.clone(),
+            },
+            Op::PutVersion { rec: new },
+            Op::DelDraft {
+                path: node.to_string(),
+            },
+            Op::HighWater {
+                key: counters::NODE_ID.into(),
+                value: id,
+            },
+            Op::HighWater {
+                key: counters::EVENT_ID.into(),
+                value: max_seq,
+            },
+            Op::HighWater {
+                key: counters::BLOB_ID.into(),
+                value: max_blob,
+            },
+        ]);
+        Ok(ops)
+    }
+}
+
+/// Bytes of the new blobs among `ops` (what a change adds to the store).
+pub(crate) fn blob_bytes(ops: &[Op]) -> u64 {
+    ops.iter()
+        .map(|o| match o {
+            Op::PutBlob { data, .. } => data.len() as u64,
+            _ => 0,
+        })
+        .sum()
+}

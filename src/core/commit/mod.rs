@@ -1,0 +1,12 @@
+//! The commit point (CONTRACT §4): the rules a version must satisfy
+//! (`rules.rs`), the pure decision of what a commit makes of a node
+//! (`plan.rs`), and carrying it out in one store transaction (`apply.rs`).
+
+mod apply;
+mod plan;
+pub mod rules;
+
+pub(crate) use self::apply::blob_bytes;
+pub use self::apply::Committed;
+pub use self::plan::{Content, Intent, Outcome, Plan, Refusal, View};
+pub use self::rules::{Derived, MetaIntent};

@@ -1,0 +1,114 @@
+//! The data directory and what opens it, below both the daemon and the
+//! offline commands: its files, its lock, the store in it, the settings
+//! (config file and command-line overrides) and the search index over it.
+
+use crate::config::{IndexSection, Settings, Tenancy};
+use crate::store::{RedbStore, Store};
+use anyhow::{anyhow, bail, Context, Result};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub const DB_FILE: &str = "ctxfs.redb";
+pub const LOCK_FILE: &str = "lock";
+pub const LOG_FILE: &str = "ctxfs.log";
+
+/// The config (or the single-owner default) with the command line's overrides.
+pub fn settings(
+    config: Option<&Path>,
+    embedder: Option<&String>,
+    model_dir: Option<&PathBuf>,
+) -> Result<Settings> {
+    let mut s = match config {
+        Some(p) => Settings::load(p)?,
+        None => Settings {
+            tenancy: Tenancy::Owner(unsafe { libc::getuid() }),
+            index: IndexSection::default(),
+            redaction: Default::default(),
+            quotas: Default::default(),
+        },
+    };
+    if let Some(e) = embedder {
+        s.index.embedder = Some(e.clone());
+    }
+    if let Some(d) = model_dir {
+        s.index.model_dir = Some(d.clone());
+    }
+    crate::index::validate_section(&s.index).map_err(|e| anyhow!("{e}"))?;
+    Ok(s)
+}
+
+/// The search index over `store`, with the embedder the settings choose.
+pub fn open_index(
+    store: &Arc<RedbStore>,
+    data: &Path,
+    s: &Settings,
+) -> Result<Arc<crate::index::Index>> {
+    let sec = &s.index;
+    let mut cfg = crate::index::IndexConfig::from_section(sec);
+    cfg.embed_tokens_per_day = s
+        .quotas
+        .iter()
+        .filter_map(|(a, q)| q.embed_tokens_per_day.map(|t| (a.clone(), t)))
+        .collect();
+    let (emb, note) = crate::index::choose_embedder(sec, data).map_err(|e| anyhow!("{e}"))?;
+    tracing::info!(model = emb.id(), "{note}");
+    cfg.ann = crate::index::ann_params(sec, emb.kind());
+    crate::index::Index::new(
+        store.clone() as Arc<dyn Store>,
+        &data.join("index"),
+        emb,
+        note,
+        cfg,
+    )
+    .map_err(anyhow::Error::from)
+}
+
+/// Exclusive hold of a data dir, released when the process ends (even by SIGKILL).
+pub struct DataLock(#[allow(dead_code)] File);
+
+pub fn lock_data_dir(data: &Path) -> Result<DataLock> {
+    std::fs::create_dir_all(data)?;
+    let path = data.join(LOCK_FILE);
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        bail!(
+            "data dir {} is already served by another ctxfs daemon ({})",
+            data.display(),
+            holder.trim()
+        );
+    }
+    f.set_len(0)?;
+    writeln!(f, "pid {}", std::process::id())?;
+    Ok(DataLock(f))
+}
+
+/// The store of an unmounted data dir that must exist.
+pub fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {
+    open_data(data, false)
+}
+
+/// The store of a data dir no daemon serves; with `create`, a new one is made.
+pub fn open_data(data: &Path, create: bool) -> Result<(DataLock, Arc<RedbStore>)> {
+    let db = data.join(DB_FILE);
+    if !db.exists() && !create {
+        bail!(
+            "{} holds no ctxfs data ({} missing)",
+            data.display(),
+            DB_FILE
+        );
+    }
+    let lock = lock_data_dir(data).context("unmount it first")?;
+    let store = RedbStore::open(&db)?;
+    Ok((lock, store))
+}

@@ -1,0 +1,365 @@
+//! Answers, not only hits: one call searches, judges how sure each hit is
+//! and where in `content.md` the query matches, and when the best hit is
+//! weak retries relaxed variants of the query (respelled from the indexed
+//! words; keywords alone for learned embedders), keeping the best answer.
+//! The decision table (tiers, when to retry, which answer wins) is pure and
+//! tested below.
+
+use super::{text, Hit, Index, Mode, Query};
+use crate::error::Result;
+use crate::schema::names::CONTENT;
+
+/// Matching lines of `content.md` a result names at most.
+const MAX_LINES: usize = 12;
+
+/// How sure a result is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    Low,
+    Medium,
+    High,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Low => "low",
+            Tier::Medium => "medium",
+            Tier::High => "high",
+        }
+    }
+
+    /// From the idf-weighted share of query terms the node holds
+    /// (`coverage`), whether both channels found it, and (real embedding
+    /// models only) the vector similarity.
+    pub fn of(h: &Hit, coverage: f32, semantic: bool) -> Tier {
+        let both = h.vector_rank.is_some() && h.lexical_rank.is_some();
+        let sim = if semantic {
+            h.vector_score.unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        if h.via.is_some() {
+            return Tier::Low;
+        }
+        if (coverage >= 0.75 && (both || h.vector_rank.is_none())) || (both && sim >= 0.6) {
+            Tier::High
+        } else if coverage >= 0.5 || sim >= 0.45 || (both && coverage >= 0.25) {
+            Tier::Medium
+        } else {
+            Tier::Low
+        }
+    }
+}
+
+/// A result with what the agent is told about it.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub hit: Hit,
+    pub tier: Tier,
+    /// 1-based lines of `content.md` holding query terms (or where the best
+    /// matching passage starts).
+    pub lines: Vec<u32>,
+    /// Lines of `content.md` that hold a query term.
+    pub hits: usize,
+    pub coverage: f32,
+    pub snippet: String,
+}
+
+/// One query tried on the way to the answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tried {
+    pub query: String,
+    pub results: usize,
+    pub best: Option<Tier>,
+}
+
+/// The judged results of the query (or of the variant that answered better).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub judged: Vec<Judged>,
+    pub tried: Vec<Tried>,
+    pub answered_by: String,
+    /// The best result is at least medium.
+    pub answerable: bool,
+    /// Time of the first search alone.
+    pub first_search_us: u64,
+}
+
+/// No good hit: the relaxed variants are worth trying.
+pub fn needs_retry(best: Option<Tier>) -> bool {
+    best.is_none_or(|t| t == Tier::Low)
+}
+
+/// Does an answer whose best hit is `again` beat one whose best is `now`?
+pub fn better(now: Option<Tier>, again: Option<Tier>) -> bool {
+    match (now, again) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(a), Some(b)) => b > a,
+    }
+}
+
+/// The relaxed variants of `query`, in the order they are tried: its
+/// respelling from the indexed words, then (learned embedders outside
+/// lexical mode) its keywords alone. Keywords only help a learned embedder,
+/// which reads the whole sentence: BM25 drops stopwords itself, and the
+/// hashing embedder's vector barely moves without them.
+pub fn variants(query: &str, respelled: Option<String>, semantic: bool, mode: Mode) -> Vec<String> {
+    let keywords: String = text::words(query)
+        .into_iter()
+        .filter(|w| !text::is_stopword(w))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let keywords_help = semantic && mode != Mode::Lexical;
+    [
+        respelled,
+        (keywords_help && !keywords.is_empty() && keywords != query.to_lowercase())
+            .then_some(keywords),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|v| v != query)
+    .collect()
+}
+
+fn best(j: &[Judged]) -> Option<Tier> {
+    j.first().map(|j| j.tier)
+}
+
+impl Index {
+    /// Search `scope` for `q`, judge the hits, and retry relaxed variants
+    /// while no hit is better than low. `is_live` drops hits the caller
+    /// must not see any more (expired nodes).
+    pub fn answer(&self, scope: &str, q: &Query, is_live: &dyn Fn(&str) -> bool) -> Result<Answer> {
+        let semantic = self.embedder().kind() != "hash";
+        let t = std::time::Instant::now();
+        let first = self.search(scope, q)?;
+        let first_search_us = t.elapsed().as_micros() as u64;
+        let mut judged = self.judge(scope, first, &q.text, semantic, is_live)?;
+        let mut tried = vec![Tried {
+            query: q.text.clone(),
+            results: judged.len(),
+            best: best(&judged),
+        }];
+        let mut answered_by = q.text.clone();
+        if needs_retry(best(&judged)) {
+            let account = scope.split('/').next().unwrap_or("");
+            let variants = variants(&q.text, self.respell(account, &q.text)?, semantic, q.mode);
+            // The variants' vectors in one pass of the model, before the
+            // first of them is searched.
+            if semantic && q.mode != Mode::Lexical && variants.len() > 1 {
+                let texts: Vec<&str> = variants.iter().map(String::as_str).collect();
+                if let Err(e) = self.embed_queries(&texts) {
+                    tracing::warn!("{e}");
+                }
+            }
+            for text in variants {
+                if !needs_retry(best(&judged)) || tried.iter().any(|t| t.query == text) {
+                    break;
+                }
+                let q2 = Query {
+                    text: text.clone(),
+                    ..q.clone()
+                };
+                let again =
+                    self.judge(scope, self.search(scope, &q2)?, &text, semantic, is_live)?;
+                tried.push(Tried {
+                    query: text.clone(),
+                    results: again.len(),
+                    best: best(&again),
+                });
+                if better(best(&judged), best(&again)) {
+                    judged = again;
+                    answered_by = text;
+                }
+            }
+        }
+        Ok(Answer {
+            answerable: best(&judged).is_some_and(|t| t >= Tier::Medium),
+            judged,
+            tried,
+            answered_by,
+            first_search_us,
+        })
+    }
+
+    /// How sure each hit is, and where in `content.md` the query matches.
+    fn judge(
+        &self,
+        scope: &str,
+        mut hits: Vec<Hit>,
+        query: &str,
+        semantic: bool,
+        is_live: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Judged>> {
+        hits.retain(|h| is_live(h.path.strip_prefix("accounts/").unwrap_or(&h.path)));
+        let mut qterms = text::terms(query);
+        qterms.sort();
+        qterms.dedup();
+        // Coverage counts rare terms more: a name found in every node says little.
+        let account = scope.split('/').next().unwrap_or("");
+        let weights = self.idf(account, &qterms)?;
+        let total: f32 = weights.iter().sum();
+        let mut out = Vec::with_capacity(hits.len());
+        // A line matches when it holds a query term's stem as a substring
+        // (stems mostly prefix their words; no stemming per line).
+        let stems: Vec<String> = qterms
+            .iter()
+            .map(|t| match t.strip_suffix('i') {
+                Some(s) if s.len() >= 3 => s.to_string(),
+                _ => t.clone(),
+            })
+            .collect();
+        for hit in hits {
+            let node = hit.path.strip_prefix("accounts/").unwrap_or(&hit.path);
+            let rec = self.store.get_node(node)?;
+            let content = match rec.as_ref().and_then(|r| r.file(CONTENT)) {
+                Some(f) => {
+                    String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
+                }
+                None => String::new(),
+            };
+            let mut lines = Vec::new();
+            let mut snippet = (0usize, String::new());
+            if !stems.is_empty() {
+                for (i, line) in content.lines().enumerate() {
+                    let lower = line.to_lowercase();
+                    let here = stems.iter().filter(|s| lower.contains(s.as_str())).count();
+                    if here == 0 {
+                        continue;
+                    }
+                    lines.push(i as u32 + 1);
+                    if here > snippet.0 {
+                        snippet = (here, text::one_line(line));
+                    }
+                }
+            }
+            let held = self.holds(node, &qterms)?;
+            let coverage = if total <= 0.0 {
+                0.0
+            } else {
+                held.iter()
+                    .zip(&weights)
+                    .filter(|(h, _)| **h)
+                    .map(|(_, w)| w)
+                    .sum::<f32>()
+                    / total
+            };
+            let hits_n = lines.len();
+            if lines.is_empty() && hit.level == 2 && hit.line > 0 {
+                lines.push(hit.line);
+            }
+            lines.truncate(MAX_LINES);
+            if snippet.1.is_empty() {
+                snippet.1 = hit.abstract_.clone();
+            }
+            let snippet: String = snippet.1.chars().take(200).collect();
+            let tier = Tier::of(&hit, coverage, semantic);
+            out.push(Judged {
+                hit,
+                tier,
+                lines,
+                hits: hits_n,
+                coverage,
+                snippet,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(vector: Option<f32>, lexical: bool, via: bool) -> Hit {
+        Hit {
+            path: "accounts/a/users/u/memories/c/n".into(),
+            uri: "ctx://a/users/u/memories/c/n".into(),
+            score: 1.0,
+            abstract_: String::new(),
+            vector_rank: vector.map(|_| 1),
+            vector_score: vector,
+            lexical_rank: lexical.then_some(1),
+            lexical_score: lexical.then_some(3.0),
+            level: 2,
+            line: 1,
+            via: via.then(|| "related<-x".into()),
+        }
+    }
+
+    /// (vector similarity, lexical hit, via relation, coverage, semantic) → tier.
+    type Row = (Option<f32>, bool, bool, f32, bool, Tier);
+
+    #[test]
+    fn tier_decision_table() {
+        use Tier::*;
+        let table: &[Row] = &[
+            // Most query terms held: high when both channels agree or only BM25 found it.
+            (Some(0.1), true, false, 0.75, true, High),
+            (None, true, false, 0.80, false, High),
+            (Some(0.9), false, false, 0.80, true, Medium),
+            // Both channels and a close vector: high even with few terms.
+            (Some(0.6), true, false, 0.0, true, High),
+            (Some(0.6), true, false, 0.0, false, Low),
+            // Medium: half the terms, a fair vector, or both channels with a quarter.
+            (Some(0.1), false, false, 0.5, true, Medium),
+            (Some(0.45), false, false, 0.0, true, Medium),
+            (Some(0.45), false, false, 0.0, false, Low),
+            (Some(0.1), true, false, 0.25, true, Medium),
+            (Some(0.1), true, false, 0.24, true, Low),
+            (Some(0.1), false, false, 0.49, false, Low),
+            // Found through a relation: always low.
+            (Some(0.99), true, true, 1.0, true, Low),
+        ];
+        for (i, (v, lex, via, cov, sem, want)) in table.iter().enumerate() {
+            assert_eq!(Tier::of(&hit(*v, *lex, *via), *cov, *sem), *want, "row {i}");
+        }
+    }
+
+    #[test]
+    fn retry_decision_table() {
+        use Tier::*;
+        assert!(needs_retry(None));
+        assert!(needs_retry(Some(Low)));
+        assert!(!needs_retry(Some(Medium)));
+        assert!(!needs_retry(Some(High)));
+        // A variant's answer replaces the first only when its best is better.
+        let table = [
+            (None, None, false),
+            (None, Some(Low), true),
+            (Some(Low), None, false),
+            (Some(Low), Some(Low), false),
+            (Some(Low), Some(Medium), true),
+            (Some(Medium), Some(High), true),
+            (Some(High), Some(Medium), false),
+        ];
+        for (now, again, want) in table {
+            assert_eq!(better(now, again), want, "{now:?} vs {again:?}");
+        }
+    }
+
+    #[test]
+    fn variants_in_order() {
+        let q = "Where does the team deploy services";
+        // Learned embedder: respelling first, then the keywords.
+        assert_eq!(
+            variants(
+                q,
+                Some("where does the team deploy service".into()),
+                true,
+                Mode::Hybrid
+            ),
+            ["where does the team deploy service", "team deploy services"]
+        );
+        // Hashing embedder or lexical mode: no keywords variant.
+        assert_eq!(variants(q, None, false, Mode::Hybrid), Vec::<String>::new());
+        assert_eq!(variants(q, None, true, Mode::Lexical), Vec::<String>::new());
+        // A respelling equal to the query, or keywords equal to it, are dropped.
+        assert_eq!(
+            variants("deploy", Some("deploy".into()), true, Mode::Vector),
+            Vec::<String>::new()
+        );
+    }
+}

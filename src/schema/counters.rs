@@ -1,0 +1,58 @@
+//! The names of the store's counters and high-water marks, formatted in one
+//! place: usage and node counts are changed in the same transaction as what
+//! they count, by several layers (core, index, store, fsck).
+
+use super::Status;
+
+/// Live nodes of an account by status.
+pub fn nodes_key(account: &str, status: Status) -> String {
+    format!("nodes:{account}:{}", status.as_str())
+}
+
+/// Pending outbox events of an account.
+pub fn outbox_key(account: &str) -> String {
+    format!("outbox:{account}")
+}
+
+/// Dead letters of an account.
+pub fn dlq_key(account: &str) -> String {
+    format!("dlq:{account}")
+}
+
+/// Stored bytes of an account (every version's blobs, each once).
+pub fn bytes_key(account: &str) -> String {
+    format!("bytes:{account}")
+}
+
+/// Commits of an account on UTC day `day`.
+pub fn writes_key(account: &str, day: u64) -> String {
+    format!("writes:{account}:{day}")
+}
+
+/// Embedding tokens spent by an account on UTC day `day`.
+pub fn tokens_key(account: &str, day: u64) -> String {
+    format!("embed_tokens:{account}:{day}")
+}
+
+/// Counters of one day only (not recounted by fsck).
+pub fn is_daily(key: &str) -> bool {
+    key.starts_with("writes:") || key.starts_with("embed_tokens:")
+}
+
+/// High-water mark of an account's graph labels.
+pub fn label_key(account: &str) -> String {
+    format!("label:{account}")
+}
+
+/// High-water marks of ids handed out.
+pub const NODE_ID: &str = "node";
+pub const BLOB_ID: &str = "blob";
+pub const EVENT_ID: &str = "event";
+/// Set once every account's stored bytes have been counted.
+pub const BYTES_COUNTED: &str = "bytes_counted";
+
+/// Tokens an embedding of `text` costs, by the documented estimate
+/// (4 bytes of UTF-8 per token, at least 1).
+pub fn tokens_of(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4).max(1)
+}

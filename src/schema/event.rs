@@ -1,0 +1,215 @@
+//! The outbox event (seed 000 `OutboxEvent`): written by the core in the
+//! transaction of the change it describes, read by the indexer, shown to
+//! writers as `.outbox/{event_id}.json`. One type, serde on both sides.
+
+use crate::schema::place;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// One outbox event as stored (JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEvent {
+    /// The sequence number in 16 hex digits.
+    pub event_id: String,
+    #[serde(flatten)]
+    pub change: Change,
+    /// `ctx://` URI of the node (before a move).
+    pub uri: String,
+    pub status: EventStatus,
+    pub retry_count: u32,
+    /// RFC 3339 with milliseconds: when the change committed.
+    pub created_at: String,
+    /// Why the last try failed (or why the event waits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Not before this time (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_retry_ms: Option<u64>,
+}
+
+/// What changed, with its payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "event_type",
+    content = "payload",
+    rename_all = "SCREAMING_SNAKE_CASE"
+)]
+pub enum Change {
+    /// A new version: its L0/L1/L2 texts as index records.
+    UpsertContext {
+        records: Vec<IndexRecord>,
+    },
+    /// The node's `.relations.json` as committed (client edges, checked).
+    UpsertRelation {
+        edges: Vec<Value>,
+    },
+    ArchiveContext {},
+    DeleteContext {},
+    MoveContext {
+        new_uri: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EventStatus {
+    Pending,
+    /// Failed, retried after `next_retry_ms`.
+    Failed,
+    /// The account's embedding budget is spent: retried the next UTC day.
+    Deferred,
+    /// Retries exhausted: a dead letter.
+    Dead,
+}
+
+/// An IndexRecord of seed 000: one level of a node's text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IndexRecord {
+    pub id: String,
+    pub uri: String,
+    /// 0 abstract, 1 overview, 2 content.
+    pub level: u8,
+    pub text: String,
+    #[serde(default)]
+    pub filters: Map<String, Value>,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+}
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// The L0/L1/L2 index records of node `node` for its texts (level, text).
+pub fn records(node: &str, texts: &[(u8, String)]) -> Vec<IndexRecord> {
+    let comps = place::split(node);
+    let uri = place::uri_of(node);
+    texts
+        .iter()
+        .map(|(level, text)| {
+            let mut filters = Map::new();
+            filters.insert("account_id".into(), comps[0].into());
+            filters.insert("owner_space".into(), place::owner_space(&comps).into());
+            let mut metadata = Map::new();
+            metadata.insert("category".into(), place::category(&comps).into());
+            metadata.insert("context_type".into(), place::context_type(&comps).into());
+            IndexRecord {
+                id: format!("{:016x}", fnv(&format!("{uri}#{level}"))),
+                uri: uri.clone(),
+                level: *level,
+                text: text.clone(),
+                filters,
+                metadata,
+            }
+        })
+        .collect()
+}
+
+impl OutboxEvent {
+    /// A new event of `node`, pending, created at `created_at` (RFC 3339 ms).
+    pub fn new(seq: u64, node: &str, change: Change, created_at: String) -> OutboxEvent {
+        OutboxEvent {
+            event_id: event_id(seq),
+            change,
+            uri: place::uri_of(node),
+            status: EventStatus::Pending,
+            retry_count: 0,
+            created_at,
+            last_error: None,
+            next_retry_ms: None,
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<OutboxEvent, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("not an outbox event: {e}"))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        // Serialising plain strings, numbers and JSON values cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The node path the event names (before a move).
+    pub fn node(&self) -> Option<&str> {
+        place::node_of_uri(&self.uri)
+    }
+
+    pub fn account(&self) -> Option<&str> {
+        self.node().and_then(|n| n.split('/').next())
+    }
+
+    /// The type as written in `event_type`.
+    pub fn type_name(&self) -> &'static str {
+        match self.change {
+            Change::UpsertContext { .. } => "UPSERT_CONTEXT",
+            Change::UpsertRelation { .. } => "UPSERT_RELATION",
+            Change::ArchiveContext {} => "ARCHIVE_CONTEXT",
+            Change::DeleteContext {} => "DELETE_CONTEXT",
+            Change::MoveContext { .. } => "MOVE_CONTEXT",
+        }
+    }
+}
+
+/// `{seq:016x}`: the event's id and its file name stem.
+pub fn event_id(seq: u64) -> String {
+    format!("{seq:016x}")
+}
+
+/// `{event_id}.json` → sequence number.
+pub fn event_seq(name: &str) -> Option<u64> {
+    let h = name.strip_suffix(".json")?;
+    (h.len() == 16).then(|| u64::from_str_radix(h, 16).ok())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const N: &str = "acme/users/alice/memories/events/e1";
+
+    #[test]
+    fn round_trips_in_the_stored_shape() {
+        let e = OutboxEvent::new(
+            26,
+            N,
+            Change::UpsertContext {
+                records: records(N, &[(0, "abs".into()), (2, "body".into())]),
+            },
+            "2026-01-01T00:00:00.000Z".into(),
+        );
+        let v: Value = serde_json::from_slice(&e.encode()).unwrap();
+        assert_eq!(v["event_id"], "000000000000001a");
+        assert_eq!(v["event_type"], "UPSERT_CONTEXT");
+        assert_eq!(v["status"], "PENDING");
+        assert_eq!(v["retry_count"], 0);
+        assert_eq!(v["payload"]["records"][1]["level"], 2);
+        assert_eq!(
+            v["payload"]["records"][0]["filters"]["owner_space"],
+            "user:alice"
+        );
+        assert!(v.get("last_error").is_none());
+        assert_eq!(OutboxEvent::decode(&e.encode()).unwrap(), e);
+        assert_eq!(e.account(), Some("acme"));
+        assert_eq!(event_seq("000000000000001a.json"), Some(26));
+        assert_eq!(event_seq("1a.json"), None);
+    }
+
+    #[test]
+    fn reads_events_written_before_the_type() {
+        // As the core wrote them with json!() before: empty payloads as `{}`.
+        let old = br#"{"event_id":"0000000000000001","event_type":"DELETE_CONTEXT","uri":"ctx://acme/users/alice/memories/events/e1","payload":{},"status":"PENDING","retry_count":0,"created_at":"2026-01-01T00:00:00.000Z"}"#;
+        let e = OutboxEvent::decode(old).unwrap();
+        assert_eq!(e.change, Change::DeleteContext {});
+        let mv = br#"{"event_id":"0000000000000002","event_type":"MOVE_CONTEXT","uri":"ctx://a/users/u/memories/d/n","payload":{"new_uri":"ctx://a/users/u/memories/d/m"},"status":"FAILED","retry_count":2,"last_error":"x","next_retry_ms":5,"created_at":"t"}"#;
+        let e = OutboxEvent::decode(mv).unwrap();
+        assert_eq!(e.status, EventStatus::Failed);
+        assert_eq!(e.next_retry_ms, Some(5));
+        assert!(matches!(e.change, Change::MoveContext { ref new_uri } if new_uri.ends_with("/m")));
+        assert!(OutboxEvent::decode(br#"{"event_type":"NOPE"}"#).is_err());
+    }
+}
