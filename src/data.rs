@@ -24,6 +24,7 @@ pub fn settings(
     let mut s = match config {
         Some(p) => Settings::load(p)?,
         None => Settings {
+            // SAFETY: getuid(2) has no preconditions and cannot fail.
             tenancy: Tenancy::Owner(unsafe { libc::getuid() }),
             index: IndexSection::default(),
             redaction: Default::default(),
@@ -79,6 +80,7 @@ pub fn lock_data_dir(data: &Path) -> Result<DataLock> {
         .write(true)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: the fd belongs to `f`, open for the whole call.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut holder = String::new();
         let _ = f.read_to_string(&mut holder);

@@ -1,5 +1,7 @@
 //! ctxfs: AI-agent memory served as a FUSE filesystem. See `docs/ARCHITECTURE.md`.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod cli;
 pub mod cmd;
 pub mod config;

@@ -172,3 +172,72 @@ impl Draft {
         }
     }
 }
+
+/// The drafts of the daemon by node path. Lock order: this map → one
+/// `Draft` → one `DFile` (taken under the node's stripe when changing).
+#[derive(Default)]
+pub(crate) struct Drafts {
+    map: std::sync::Mutex<std::collections::HashMap<String, SharedDraft>>,
+}
+
+pub(crate) type SharedDraft = Arc<std::sync::Mutex<Draft>>;
+
+impl Drafts {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SharedDraft>> {
+        crate::locks::lock(&self.map)
+    }
+
+    pub(crate) fn get(&self, node: &str) -> Option<SharedDraft> {
+        self.map().get(node).cloned()
+    }
+
+    /// The draft of `node`, created over `base` (id, version) when missing.
+    pub(crate) fn get_or_new(&self, node: &str, base: Option<(u64, u32)>) -> SharedDraft {
+        self.map()
+            .entry(node.to_string())
+            .or_insert_with(|| Arc::new(std::sync::Mutex::new(Draft::new(base))))
+            .clone()
+    }
+
+    pub(crate) fn insert(&self, node: String, d: Draft) {
+        self.map().insert(node, Arc::new(std::sync::Mutex::new(d)));
+    }
+
+    pub(crate) fn remove(&self, node: &str) -> Option<SharedDraft> {
+        self.map().remove(node)
+    }
+
+    /// Drop `draft` of `node` if it is still the node's draft and empty.
+    pub(crate) fn remove_if_empty(&self, node: &str, draft: &SharedDraft) {
+        let mut m = self.map();
+        if let Some(cur) = m.get(node) {
+            if Arc::ptr_eq(cur, draft) && crate::locks::lock(cur).files.is_empty() {
+                m.remove(node);
+            }
+        }
+    }
+
+    /// Move the draft of `src` to `dst`, with a new base when given.
+    pub(crate) fn rename(&self, src: &str, dst: &str, base: Option<(u64, u32)>) {
+        let mut m = self.map();
+        if let Some(d) = m.remove(src) {
+            if base.is_some() {
+                crate::locks::lock(&d).base = base;
+            }
+            m.insert(dst.to_string(), d);
+        }
+    }
+
+    /// Is there a draft under directory `prefix` (ending in `/`)?
+    pub(crate) fn any_under(&self, prefix: &str) -> bool {
+        self.map().keys().any(|k| k.starts_with(prefix))
+    }
+
+    /// Every draft, outside the map's lock.
+    pub(crate) fn snapshot(&self) -> Vec<(String, SharedDraft)> {
+        self.map()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}

@@ -8,7 +8,9 @@
 pub mod agent;
 pub mod commit;
 pub(crate) mod draft;
+mod handles;
 pub mod inodes;
+mod kcache;
 pub mod metrics;
 pub mod ops;
 pub mod quota;
@@ -20,7 +22,11 @@ pub mod ttl;
 pub mod versions;
 
 pub use self::draft::{DFile, Draft, Slot};
+use self::handles::Handles;
+pub(crate) use self::handles::{DraftHandle, Handle};
 use self::inodes::{Inodes, Key};
+pub use self::kcache::Target;
+use self::kcache::{CachedReads, Invalidator};
 use crate::config::{Access, Tenancy};
 use crate::error::{Error, Result};
 use crate::locks::lock;
@@ -28,10 +34,10 @@ use crate::locks::lock;
 use crate::schema::time::{now_ns, ns_of, rfc3339, rfc3339_ms, time_of};
 use crate::schema::{counters, names, place};
 use crate::store::{NodeRec, Op, Status, Store};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::SystemTime;
 
 /// Largest file a node may hold (a write past it fails with EFBIG).
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -112,35 +118,6 @@ pub struct SetAttr {
     pub mtime: Option<SystemTime>,
 }
 
-pub(crate) enum Handle {
-    /// Immutable bytes: a committed version or a generated file.
-    Data(Arc<[u8]>),
-    Draft(DraftHandle),
-    /// A file of a project's shared area.
-    Scratch(scratch::ScratchHandle),
-    /// `NODE/.versions/restore` opened for writing.
-    Restore(Arc<str>),
-}
-
-pub(crate) struct DraftHandle {
-    node: Arc<str>,
-    name: String,
-    file: Arc<RwLock<DFile>>,
-    append: bool,
-    writable: bool,
-    dirty: AtomicBool,
-}
-
-impl Drop for DraftHandle {
-    fn drop(&mut self) {
-        if self.writable {
-            if let Ok(f) = self.file.read() {
-                f.writers.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
 #[derive(Default)]
 pub struct Stats {
     pub commits: AtomicU64,
@@ -160,117 +137,31 @@ pub struct Fs {
     redaction: std::sync::OnceLock<crate::config::RedactionPolicy>,
     tenancy: Tenancy,
     inodes: Mutex<Inodes>,
-    drafts: Mutex<HashMap<String, Arc<Mutex<Draft>>>>,
+    drafts: draft::Drafts,
     stripes: Vec<Mutex<()>>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    handles: Handles,
     /// Listings being read, by (directory inode, uid): see [`Fs::readdir`].
     listings: Mutex<HashMap<(u64, u32), Arc<Listing>>>,
     /// Open files of project scratchpads, by path: one buffer per file.
     scratch_open: Mutex<HashMap<String, Arc<RwLock<DFile>>>>,
     /// Serialises structural changes of scratchpads.
     scratch_lock: Mutex<()>,
-    next_fh: AtomicU64,
     next_blob: AtomicU64,
     next_node: AtomicU64,
     next_event: AtomicU64,
     started: SystemTime,
     /// Owner shown on every file: attributes must not depend on the caller.
     owner: (u32, u32),
-    /// Kernel dentries to drop (parent inode, name), sent to the invalidation
-    /// thread; with a reply channel, the sender waits until it is done.
-    inval: Mutex<Option<mpsc::Sender<Inval>>>,
-    /// Which committed-file inodes readers hold open through the kernel's
-    /// cache, and which a writer has opened for writing (see [`Cached`]).
-    cached: Mutex<Cached>,
-    /// Signalled when the last cached read of an inode closes.
-    cached_closed: Condvar,
+    /// Drops kernel cache entries after changes (its own thread).
+    inval: Invalidator,
+    /// Committed-file inodes readers hold open through the kernel's cache.
+    cached: CachedReads,
     pub stats: Stats,
     pub metrics: metrics::Metrics,
-    /// Nodes with an expiry time (ns since the epoch), as in the store.
-    expiry: RwLock<HashMap<String, u64>>,
-    /// Quotas by account, once the daemon has set them (none: unlimited).
-    quotas: std::sync::OnceLock<std::collections::BTreeMap<String, crate::config::Quota>>,
-    /// Recent searches by account (the searches-per-minute quota).
-    searches: Mutex<HashMap<String, std::collections::VecDeque<std::time::Instant>>>,
-}
-
-type Inval = (Vec<Target>, Option<mpsc::SyncSender<()>>);
-
-/// The kernel shares an inode's size and page cache between everyone who
-/// opens it. A committed file's inode is opened by readers (served from the
-/// kernel's cache) and, when a writer edits the file, by the writer too: its
-/// `O_TRUNC` sets the shared size to 0 and its writes move it, so a reader
-/// reading at that moment would see an empty or zero-padded file. Hence:
-/// once a writer opens a committed inode for writing it is *tainted*, and
-/// readers open it with direct I/O and get uncached attributes until the
-/// kernel forgets it; and the writer's open waits (up to
-/// [`READER_WAIT`]) for the readers that opened it through the cache
-/// before to close it.
-#[derive(Default)]
-struct Cached {
-    tainted: HashSet<u64>,
-    /// Open cached reads by inode, and the inode of each such handle.
-    open: HashMap<u64, usize>,
-    by_fh: HashMap<u64, u64>,
-}
-
-/// How long a writer's open of a committed file waits for the readers
-/// that hold it open through the kernel's cache.
-const READER_WAIT: Duration = Duration::from_millis(500);
-
-impl Fs {
-    /// A reader opens committed-file inode `ino` as handle `fh`: false if
-    /// the inode is tainted (serve it with direct I/O), else the open is
-    /// counted until `release`.
-    fn open_cached(&self, ino: u64, fh: u64) -> bool {
-        let mut c = lock(&self.cached);
-        if c.tainted.contains(&ino) {
-            return false;
-        }
-        *c.open.entry(ino).or_default() += 1;
-        c.by_fh.insert(fh, ino);
-        true
-    }
-
-    fn release_cached(&self, fh: u64) {
-        let mut c = lock(&self.cached);
-        if let Some(ino) = c.by_fh.remove(&fh) {
-            if let Some(n) = c.open.get_mut(&ino) {
-                *n -= 1;
-                if *n == 0 {
-                    c.open.remove(&ino);
-                    self.cached_closed.notify_all();
-                }
-            }
-        }
-    }
-
-    fn is_tainted(&self, ino: u64) -> bool {
-        lock(&self.cached).tainted.contains(&ino)
-    }
-
-    /// A writer opens committed-file inode `ino` for writing: taint it,
-    /// then wait for the cached readers already in it to finish.
-    fn taint(&self, ino: u64) {
-        let mut c = lock(&self.cached);
-        c.tainted.insert(ino);
-        let (_c, waited) = self
-            .cached_closed
-            .wait_timeout_while(c, READER_WAIT, |c| c.open.contains_key(&ino))
-            .unwrap_or_else(|e| e.into_inner());
-        if waited.timed_out() {
-            tracing::debug!(ino, "a reader still holds the file open through the cache");
-        }
-    }
-}
-
-/// A kernel cache entry to drop.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// The dentry `name` in directory inode `parent`.
-    Entry { parent: u64, name: String },
-    /// The cached attributes and pages (for a directory: its listing) of an inode.
-    Inode(u64),
+    /// Nodes with an expiry time.
+    expiry: ttl::Expiry,
+    /// Quotas by account and the searches they count.
+    quotas: quota::Quotas,
 }
 
 impl Fs {
@@ -282,32 +173,30 @@ impl Fs {
             store,
             tenancy,
             inodes: Mutex::new(Inodes::new()),
-            drafts: Mutex::new(HashMap::new()),
+            drafts: draft::Drafts::default(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            handles: Mutex::new(HashMap::new()),
+            handles: Handles::default(),
             listings: Mutex::new(HashMap::new()),
             scratch_open: Mutex::new(HashMap::new()),
             scratch_lock: Mutex::new(()),
-            next_fh: AtomicU64::new(1),
             started: SystemTime::now(),
+            // SAFETY: geteuid(2) and getegid(2) have no preconditions and cannot fail.
             owner: unsafe { (libc::geteuid(), libc::getegid()) },
-            inval: Mutex::new(None),
-            cached: Mutex::new(Cached::default()),
-            cached_closed: Condvar::new(),
+            inval: Invalidator::default(),
+            cached: CachedReads::default(),
             stats: Stats::default(),
             metrics: metrics::Metrics::default(),
             index: std::sync::OnceLock::new(),
             redaction: std::sync::OnceLock::new(),
-            expiry: RwLock::new(HashMap::new()),
-            quotas: std::sync::OnceLock::new(),
-            searches: Mutex::new(HashMap::new()),
+            expiry: ttl::Expiry::default(),
+            quotas: quota::Quotas::default(),
         };
         fs.count_bytes_once()?;
-        crate::locks::write(&fs.expiry).extend(fs.store.expiries()?);
+        fs.expiry.load(fs.store.expiries()?);
         for (path, bytes) in fs.store.drafts()? {
             match crate::store::DraftRec::decode(&bytes) {
                 Ok(rec) => {
-                    lock(&fs.drafts).insert(path, Arc::new(Mutex::new(Draft::from_rec(rec))));
+                    fs.drafts.insert(path, Draft::from_rec(rec));
                 }
                 Err(e) => tracing::error!(%path, error = %e, "persisted draft ignored"),
             }
@@ -334,8 +223,8 @@ impl Fs {
         let mut ops: Vec<Op> = by_account
             .into_iter()
             .map(|(a, n)| Op::Count {
-                key: quota::bytes_key(&a),
-                delta: n - self.store.counter(&quota::bytes_key(&a)).unwrap_or(0),
+                key: counters::bytes_key(&a),
+                delta: n - self.store.counter(&counters::bytes_key(&a)).unwrap_or(0),
             })
             .collect();
         ops.push(Op::HighWater {
@@ -389,16 +278,11 @@ impl Fs {
     }
 
     fn new_handle(&self, h: Handle) -> u64 {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(fh, Arc::new(h));
-        fh
+        self.handles.insert(h)
     }
 
     fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
-        lock(&self.handles)
-            .get(&fh)
-            .cloned()
-            .ok_or(Error::BadHandle)
+        self.handles.get(fh)
     }
 
     fn ino_lookup(&self, key: Key) -> u64 {
@@ -416,7 +300,7 @@ impl Fs {
             inodes.key(ino).is_none()
         };
         if gone {
-            lock(&self.cached).tainted.remove(&ino);
+            self.cached.forget(ino);
         }
     }
 
@@ -425,17 +309,13 @@ impl Fs {
     }
 
     fn draft(&self, node: &str) -> Option<Arc<Mutex<Draft>>> {
-        lock(&self.drafts).get(node).cloned()
+        self.drafts.get(node)
     }
 
     /// The draft of `node`, created over its committed version when missing.
     fn draft_or_new(&self, node: &str, committed: Option<&NodeRec>) -> Arc<Mutex<Draft>> {
-        lock(&self.drafts)
-            .entry(node.to_string())
-            .or_insert_with(|| {
-                Arc::new(Mutex::new(Draft::new(committed.map(|r| (r.id, r.version)))))
-            })
-            .clone()
+        self.drafts
+            .get_or_new(node, committed.map(|r| (r.id, r.version)))
     }
 
     /// Is a committed node of this status shown to a caller with `access`?
@@ -487,7 +367,7 @@ impl Fs {
                 .counter(&crate::schema::counters::outbox_key(a))?;
         }
         let (mut pending, mut edits) = (0, 0);
-        for (path, d) in lock(&self.drafts).iter() {
+        for (path, d) in self.drafts.snapshot().iter() {
             if accounts.iter().any(|a| a == Self::account_of(path)) {
                 if lock(d).base.is_none() {
                     pending += 1;
@@ -526,26 +406,15 @@ impl Fs {
     // ---- kernel cache invalidation -----------------------------------------
 
     /// Install the function that drops kernel cache entries (the FUSE
-    /// notifier). It runs on its own thread: notifying from inside a request
-    /// that holds the directory's lock in the kernel would deadlock.
+    /// notifier), on its own thread.
     pub fn set_invalidator(&self, f: impl Fn(&Target) + Send + 'static) {
-        let (tx, rx) = mpsc::channel::<Inval>();
-        let spawned = std::thread::Builder::new()
-            .name("ctxfs-inval".into())
-            .spawn(move || {
-                for (targets, done) in rx {
-                    for t in &targets {
-                        f(t);
-                    }
-                    if let Some(d) = done {
-                        let _ = d.send(());
-                    }
-                }
-            });
-        match spawned {
-            Ok(_) => *lock(&self.inval) = Some(tx),
-            Err(e) => tracing::error!(error = %e, "no invalidation thread; caching stays off"),
-        }
+        self.inval.start(f);
+    }
+
+    /// Send invalidations. With `wait`, return once done: only call it so
+    /// when holding no lock a FUSE request may need.
+    fn send_inval(&self, targets: Vec<Target>, wait: bool) {
+        self.inval.send(targets, wait);
     }
 
     fn dir_ino(&self, dir: &str) -> Option<u64> {
@@ -574,26 +443,6 @@ impl Fs {
             .collect()
     }
 
-    /// Send invalidations. With `wait`, return once done: only call it so
-    /// when holding no lock a FUSE request may need.
-    fn send_inval(&self, targets: Vec<Target>, wait: bool) {
-        if targets.is_empty() {
-            return;
-        }
-        let Some(tx) = lock(&self.inval).clone() else {
-            return;
-        };
-        tracing::trace!(n = targets.len(), wait, "invalidate");
-        if wait {
-            let (done, waited) = mpsc::sync_channel(1);
-            if tx.send((targets, Some(done))).is_ok() {
-                let _ = waited.recv_timeout(Duration::from_secs(5));
-            }
-        } else {
-            let _ = tx.send((targets, None));
-        }
-    }
-
     fn invalidate(&self, dir: &str, names: &[&str], wait: bool) {
         self.send_inval(self.entry_targets(dir, names), wait);
     }
@@ -617,10 +466,7 @@ impl Fs {
 
     /// Make every draft durable (clean unmount).
     pub fn persist_all_drafts(&self) -> Result<usize> {
-        let drafts: Vec<(String, Arc<Mutex<Draft>>)> = lock(&self.drafts)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let drafts = self.drafts.snapshot();
         let mut ops = Vec::new();
         for (path, d) in &drafts {
             let _g = self.stripe(path);

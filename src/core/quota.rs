@@ -14,16 +14,27 @@ use crate::store::Op;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-pub use crate::schema::counters::{bytes_key, tokens_key, tokens_of, writes_key};
-pub use crate::schema::time::{day_of, next_day_ns};
+use crate::locks::lock;
+use crate::schema::counters::{bytes_key, tokens_key, writes_key};
+use crate::schema::time::day_of;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
+
+/// The quotas by account once the daemon has set them (none: unlimited),
+/// and the recent searches of each account (the searches-per-minute quota).
+#[derive(Default)]
+pub(super) struct Quotas {
+    limits: OnceLock<BTreeMap<String, Quota>>,
+    searches: Mutex<HashMap<String, VecDeque<Instant>>>,
+}
 
 impl Fs {
-    pub fn set_quotas(&self, q: std::collections::BTreeMap<String, Quota>) {
-        let _ = self.quotas.set(q);
+    pub fn set_quotas(&self, q: BTreeMap<String, Quota>) {
+        let _ = self.quotas.limits.set(q);
     }
 
     pub(super) fn quota(&self, account: &str) -> Option<&Quota> {
-        self.quotas.get().and_then(|m| m.get(account))
+        self.quotas.limits.get().and_then(|m| m.get(account))
     }
 
     /// Count and log a refusal by quota; returns `err`.
@@ -95,7 +106,7 @@ impl Fs {
             return Ok(());
         };
         let now = Instant::now();
-        let mut m = super::lock(&self.searches);
+        let mut m = lock(&self.quotas.searches);
         let q = m.entry(account.to_string()).or_default();
         while q
             .front()
@@ -120,7 +131,7 @@ impl Fs {
 
     fn searches_last_minute(&self, account: &str) -> usize {
         let now = Instant::now();
-        super::lock(&self.searches).get(account).map_or(0, |q| {
+        lock(&self.quotas.searches).get(account).map_or(0, |q| {
             q.iter()
                 .filter(|t| now.duration_since(**t) < Duration::from_secs(60))
                 .count()
@@ -150,21 +161,5 @@ impl Fs {
         let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
         out.push(b'\n');
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn days_and_tokens() {
-        assert_eq!(day_of(0), 0);
-        assert_eq!(day_of(86_400_000_000_000 - 1), 0);
-        assert_eq!(day_of(86_400_000_000_000), 1);
-        assert_eq!(next_day_ns(5), 86_400_000_000_000);
-        assert_eq!(tokens_of(""), 1);
-        assert_eq!(tokens_of("abcd"), 1);
-        assert_eq!(tokens_of("abcde"), 2);
     }
 }

@@ -15,7 +15,7 @@ impl Fs {
     /// Returns one line per action.
     pub fn repair(&self, grace: Duration) -> Result<Vec<String>> {
         let cutoff = now_ns() - grace.as_nanos() as i128;
-        let mut nodes: Vec<String> = lock(&self.drafts).keys().cloned().collect();
+        let mut nodes: Vec<String> = self.drafts.snapshot().into_iter().map(|(k, _)| k).collect();
         nodes.sort();
         let mut actions = Vec::new();
         for node in nodes {

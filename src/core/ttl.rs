@@ -8,10 +8,13 @@
 
 use super::{lock, now_ns, Fs};
 use crate::error::Result;
+use crate::locks::{read, write};
 use crate::schema::place;
 use crate::store::Op;
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::RwLock;
 
 /// `expires_at` / `ttl_seconds` of a commit request, as ns since the epoch.
 /// `ttl_seconds` is turned into `expires_at` (the stored `.meta.json` keeps
@@ -54,52 +57,80 @@ pub fn expiry_of(obj: &mut Map<String, Value>, now: i128) -> Result<Option<u64>,
     }
 }
 
-impl Fs {
-    /// Has `node` expired? (False for nodes without an expiry.)
-    pub(super) fn expired(&self, node: &str) -> bool {
-        let map = crate::locks::read(&self.expiry);
-        if map.is_empty() {
-            return false;
-        }
-        map.get(node).is_some_and(|&at| at as i128 <= now_ns())
+/// The nodes with an expiry time (ns since the epoch), as in the store:
+/// the check on every lookup is one map probe under a read lock.
+#[derive(Default)]
+pub(super) struct Expiry {
+    map: RwLock<HashMap<String, u64>>,
+}
+
+impl Expiry {
+    pub(super) fn load(&self, entries: impl IntoIterator<Item = (String, u64)>) {
+        write(&self.map).extend(entries);
     }
 
-    /// Does `node` carry an expiry? Such nodes are never cached by the
-    /// kernel, so they vanish the instant they expire.
-    pub(super) fn expires(&self, node: &str) -> bool {
-        let map = crate::locks::read(&self.expiry);
-        !map.is_empty() && map.contains_key(node)
+    /// Has `node` expired at `now`? (False for nodes without an expiry.)
+    fn expired(&self, node: &str, now: i128) -> bool {
+        let map = read(&self.map);
+        !map.is_empty() && map.get(node).is_some_and(|&at| at as i128 <= now)
     }
 
-    /// Does any node carry an expiry?
-    pub(super) fn any_expiry(&self) -> bool {
-        !crate::locks::read(&self.expiry).is_empty()
+    fn at(&self, node: &str) -> Option<u64> {
+        read(&self.map).get(node).copied()
     }
 
-    pub(super) fn expiry_at(&self, node: &str) -> Option<u64> {
-        let map = crate::locks::read(&self.expiry);
-        map.get(node).copied()
+    fn any(&self) -> bool {
+        !read(&self.map).is_empty()
     }
 
-    pub(super) fn set_expiry(&self, node: &str, at: Option<u64>) {
-        let mut map = crate::locks::write(&self.expiry);
+    fn set(&self, node: &str, at: Option<u64>) {
+        let mut map = write(&self.map);
         match at {
             Some(at) => map.insert(node.to_string(), at),
             None => map.remove(node),
         };
     }
 
+    /// The nodes whose expiry has passed at `now`.
+    fn due(&self, now: i128) -> Vec<String> {
+        read(&self.map)
+            .iter()
+            .filter(|(_, &at)| at as i128 <= now)
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+}
+
+impl Fs {
+    /// Has `node` expired? (False for nodes without an expiry.)
+    pub(super) fn expired(&self, node: &str) -> bool {
+        self.expiry.expired(node, now_ns())
+    }
+
+    /// Does `node` carry an expiry? Such nodes are never cached by the
+    /// kernel, so they vanish the instant they expire.
+    pub(super) fn expires(&self, node: &str) -> bool {
+        self.expiry.at(node).is_some()
+    }
+
+    /// Does any node carry an expiry?
+    pub(super) fn any_expiry(&self) -> bool {
+        self.expiry.any()
+    }
+
+    pub(super) fn expiry_at(&self, node: &str) -> Option<u64> {
+        self.expiry.at(node)
+    }
+
+    pub(super) fn set_expiry(&self, node: &str, at: Option<u64>) {
+        self.expiry.set(node, at);
+    }
+
     /// Delete every expired node (the sweeper; also `ctxfs`'s tests call it).
     /// Returns the paths removed.
     pub fn sweep_expired(&self) -> Result<Vec<String>> {
         let now = now_ns();
-        let due: Vec<String> = {
-            let map = crate::locks::read(&self.expiry);
-            map.iter()
-                .filter(|(_, &at)| at as i128 <= now)
-                .map(|(p, _)| p.clone())
-                .collect()
-        };
+        let due = self.expiry.due(now);
         let mut swept = Vec::new();
         for node in due {
             let _g = self.stripe(&node);
@@ -125,7 +156,7 @@ impl Fs {
             self.notify_index();
             self.set_expiry(&node, None);
             if drop_draft {
-                lock(&self.drafts).remove(&node);
+                self.drafts.remove(&node);
             }
             if rec.is_some() {
                 self.stats.expired.fetch_add(1, Ordering::Relaxed);

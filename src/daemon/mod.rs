@@ -68,10 +68,12 @@ fn precheck(o: &MountOpts) -> Result<Settings> {
 pub fn start_background(o: MountOpts) -> Result<i32> {
     precheck(&o)?;
     let mut fds = [0; 2];
+    // SAFETY: `fds` is a writable array of two ints, as pipe(2) requires.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
         bail!("pipe: {}", std::io::Error::last_os_error());
     }
     let (rfd, wfd) = (fds[0], fds[1]);
+    // SAFETY: `rfd` is the pipe end just opened and owned here; F_SETFD takes an int.
     unsafe { libc::fcntl(rfd, libc::F_SETFD, libc::FD_CLOEXEC) };
     let log = OpenOptions::new()
         .create(true)
@@ -109,6 +111,8 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // setsid(2), which is async-signal-safe and allocates nothing.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
@@ -116,8 +120,10 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
         });
     }
     let child = cmd.spawn().context("cannot start the daemon")?;
+    // SAFETY: `wfd` is our copy of the pipe's write end; the child has its own.
     unsafe { libc::close(wfd) };
     let mut answer = String::new();
+    // SAFETY: `rfd` is an open pipe end owned by nothing else; the File takes it over.
     let r = unsafe { File::from_raw_fd(rfd) };
     let _ = std::io::BufReader::new(r).read_line(&mut answer);
     match answer.trim() {
@@ -149,8 +155,11 @@ impl Ready {
         // Helpers we spawn (fusermount3 stays alive for auto-unmount) must not
         // inherit the pipe, or the parent never sees it close.
         if let Some(fd) = fd {
+            // SAFETY: `fd` is the readiness pipe our parent passed down; F_SETFD takes an int.
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
+        // SAFETY: the readiness fd is open, inherited for this purpose only, and owned
+        // by nothing else in this process; the File takes it over.
         Ready(fd.map(|fd| unsafe { File::from_raw_fd(fd) }))
     }
     fn say(&mut self, msg: &str) {
@@ -265,7 +274,7 @@ fn spawn_sweeper(
                         tracing::info!(nodes = swept.len(), "TTL sweep")
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::error!(error = %e, "TTL sweep failed"),
+                    Err(e) => tracing::error!(error = %e.report(), "TTL sweep failed"),
                 }
             }
         })?)
@@ -325,6 +334,7 @@ fn unmount(mp: &Path, lazy: bool) -> Result<()> {
         )
     };
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
     if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
         return Ok(());
     }
@@ -333,6 +343,7 @@ fn unmount(mp: &Path, lazy: bool) -> Result<()> {
         Some(libc::EBUSY) if !lazy => return Err(busy()),
         Some(libc::EBUSY) => {
             tracing::warn!("mount busy; detaching lazily");
+            // SAFETY: as above, `c` is a NUL-terminated path that outlives the call.
             if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
                 return Ok(());
             }
@@ -376,6 +387,7 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
     };
     if lazy {
         // The daemon detaches the mount and exits once nobody uses it.
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
         if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
             bail!(
                 "cannot signal daemon {pid}: {}",
@@ -390,6 +402,7 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
     }
     unmount(mp, false)?;
     let deadline = Instant::now() + Duration::from_secs(timeout);
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
     while unsafe { libc::kill(pid, 0) } == 0 {
         if Instant::now() > deadline {
             bail!(

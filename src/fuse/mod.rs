@@ -131,7 +131,7 @@ fn errno(op: &str, e: &Error) -> Errno {
     if e.is_expected() {
         tracing::debug!(op, error = %e, "refused");
     } else {
-        tracing::error!(op, error = %e, "failed");
+        tracing::error!(op, error = %e.report(), "failed");
     }
     Errno::from_i32(e.errno())
 }

@@ -56,3 +56,18 @@ pub const BYTES_COUNTED: &str = "bytes_counted";
 pub fn tokens_of(text: &str) -> u64 {
     (text.len() as u64).div_ceil(4).max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_tokens() {
+        assert_eq!(nodes_key("acme", Status::Archived), "nodes:acme:ARCHIVED");
+        assert_eq!(writes_key("acme", 3), "writes:acme:3");
+        assert!(is_daily(&tokens_key("acme", 3)) && !is_daily(&bytes_key("acme")));
+        assert_eq!(tokens_of(""), 1);
+        assert_eq!(tokens_of("abcd"), 1);
+        assert_eq!(tokens_of("abcde"), 2);
+    }
+}

@@ -113,12 +113,7 @@ impl Fs {
         let empty = d.files.is_empty();
         drop(d);
         if empty {
-            let mut drafts = lock(&self.drafts);
-            if let Some(cur) = drafts.get(node) {
-                if Arc::ptr_eq(cur, draft) && lock(cur).files.is_empty() {
-                    drafts.remove(node);
-                }
-            }
+            self.drafts.remove_if_empty(node, draft);
         }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         Ok(Committed::Version(version))

@@ -1,0 +1,69 @@
+//! Open files: what each file handle serves, and the table of handles.
+
+use super::draft::DFile;
+use super::scratch;
+use crate::error::{Error, Result};
+use crate::locks::lock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+pub(crate) enum Handle {
+    /// Immutable bytes: a committed version or a generated file.
+    Data(Arc<[u8]>),
+    Draft(DraftHandle),
+    /// A file of a project's shared area.
+    Scratch(scratch::ScratchHandle),
+    /// `NODE/.versions/restore` opened for writing.
+    Restore(Arc<str>),
+}
+
+pub(crate) struct DraftHandle {
+    pub(super) node: Arc<str>,
+    pub(super) name: String,
+    pub(super) file: Arc<RwLock<DFile>>,
+    pub(super) append: bool,
+    pub(super) writable: bool,
+    pub(super) dirty: AtomicBool,
+}
+
+impl Drop for DraftHandle {
+    fn drop(&mut self) {
+        if self.writable {
+            if let Ok(f) = self.file.read() {
+                f.writers.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Open handles by number (numbers are never reused).
+pub(super) struct Handles {
+    next: AtomicU64,
+    map: Mutex<HashMap<u64, Arc<Handle>>>,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Handles {
+            next: AtomicU64::new(1),
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Handles {
+    pub(super) fn insert(&self, h: Handle) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.map).insert(fh, Arc::new(h));
+        fh
+    }
+
+    pub(super) fn get(&self, fh: u64) -> Result<Arc<Handle>> {
+        lock(&self.map).get(&fh).cloned().ok_or(Error::BadHandle)
+    }
+
+    pub(super) fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
+        lock(&self.map).remove(&fh)
+    }
+}

@@ -1,0 +1,150 @@
+//! What the kernel caches, and how ctxfs keeps it honest: the invalidation
+//! thread that drops dentries and pages after changes, and the committed
+//! inodes readers hold open through the cache while a writer edits them.
+
+use crate::locks::lock;
+use std::collections::{HashMap, HashSet};
+use std::sync::{mpsc, Condvar, Mutex};
+use std::time::Duration;
+
+/// A kernel cache entry to drop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The dentry `name` in directory inode `parent`.
+    Entry { parent: u64, name: String },
+    /// The cached attributes and pages (for a directory: its listing) of an inode.
+    Inode(u64),
+}
+
+type Inval = (Vec<Target>, Option<mpsc::SyncSender<()>>);
+
+/// Kernel dentries to drop (parent inode, name) and inodes whose cache to
+/// drop, sent to the invalidation thread; with a reply channel, the sender
+/// waits until it is done. Notifying from inside a request that holds the
+/// directory's lock in the kernel would deadlock, hence the thread.
+#[derive(Default)]
+pub(super) struct Invalidator {
+    tx: Mutex<Option<mpsc::Sender<Inval>>>,
+}
+
+impl Invalidator {
+    /// Start the thread that runs `f` (the FUSE notifier) on each target.
+    pub(super) fn start(&self, f: impl Fn(&Target) + Send + 'static) {
+        let (tx, rx) = mpsc::channel::<Inval>();
+        let spawned = std::thread::Builder::new()
+            .name("ctxfs-inval".into())
+            .spawn(move || {
+                for (targets, done) in rx {
+                    for t in &targets {
+                        f(t);
+                    }
+                    if let Some(d) = done {
+                        let _ = d.send(());
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => *lock(&self.tx) = Some(tx),
+            Err(e) => tracing::error!(error = %e, "no invalidation thread; caching stays off"),
+        }
+    }
+
+    /// Send invalidations; with `wait`, return once they are done.
+    pub(super) fn send(&self, targets: Vec<Target>, wait: bool) {
+        if targets.is_empty() {
+            return;
+        }
+        let Some(tx) = lock(&self.tx).clone() else {
+            return;
+        };
+        tracing::trace!(n = targets.len(), wait, "invalidate");
+        if wait {
+            let (done, waited) = mpsc::sync_channel(1);
+            if tx.send((targets, Some(done))).is_ok() {
+                let _ = waited.recv_timeout(Duration::from_secs(5));
+            }
+        } else {
+            let _ = tx.send((targets, None));
+        }
+    }
+}
+
+/// The kernel shares an inode's size and page cache between everyone who
+/// opens it. A committed file's inode is opened by readers (served from the
+/// kernel's cache) and, when a writer edits the file, by the writer too: its
+/// `O_TRUNC` sets the shared size to 0 and its writes move it, so a reader
+/// reading at that moment would see an empty or zero-padded file. Hence:
+/// once a writer opens a committed inode for writing it is *tainted*, and
+/// readers open it with direct I/O and get uncached attributes until the
+/// kernel forgets it; and the writer's open waits (up to
+/// [`READER_WAIT`]) for the readers that opened it through the cache
+/// before to close it.
+#[derive(Default)]
+pub(super) struct CachedReads {
+    state: Mutex<Cached>,
+    /// Signalled when the last cached read of an inode closes.
+    closed: Condvar,
+}
+
+#[derive(Default)]
+struct Cached {
+    tainted: HashSet<u64>,
+    /// Open cached reads by inode, and the inode of each such handle.
+    open: HashMap<u64, usize>,
+    by_fh: HashMap<u64, u64>,
+}
+
+/// How long a writer's open of a committed file waits for the readers
+/// that hold it open through the kernel's cache.
+const READER_WAIT: Duration = Duration::from_millis(500);
+
+impl CachedReads {
+    /// A reader opens committed-file inode `ino` as handle `fh`: false if
+    /// the inode is tainted (serve it with direct I/O), else the open is
+    /// counted until `release`.
+    pub(super) fn open(&self, ino: u64, fh: u64) -> bool {
+        let mut c = lock(&self.state);
+        if c.tainted.contains(&ino) {
+            return false;
+        }
+        *c.open.entry(ino).or_default() += 1;
+        c.by_fh.insert(fh, ino);
+        true
+    }
+
+    pub(super) fn release(&self, fh: u64) {
+        let mut c = lock(&self.state);
+        if let Some(ino) = c.by_fh.remove(&fh) {
+            if let Some(n) = c.open.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    c.open.remove(&ino);
+                    self.closed.notify_all();
+                }
+            }
+        }
+    }
+
+    pub(super) fn is_tainted(&self, ino: u64) -> bool {
+        lock(&self.state).tainted.contains(&ino)
+    }
+
+    /// A writer opens committed-file inode `ino` for writing: taint it,
+    /// then wait for the cached readers already in it to finish.
+    pub(super) fn taint(&self, ino: u64) {
+        let mut c = lock(&self.state);
+        c.tainted.insert(ino);
+        let (_c, waited) = self
+            .closed
+            .wait_timeout_while(c, READER_WAIT, |c| c.open.contains_key(&ino))
+            .unwrap_or_else(|e| e.into_inner());
+        if waited.timed_out() {
+            tracing::debug!(ino, "a reader still holds the file open through the cache");
+        }
+    }
+
+    /// The kernel forgot inode `ino`: a new inode number starts untainted.
+    pub(super) fn forget(&self, ino: u64) {
+        lock(&self.state).tainted.remove(&ino);
+    }
+}

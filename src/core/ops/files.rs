@@ -1,0 +1,403 @@
+//! File I/O: `open`, `create`, `read`, `write`, `flush` (the commit of
+//! `.meta.json` at close), `release`, `fsync`, `setattr`, `access`.
+
+use super::*;
+
+impl Fs {
+    // ---- files --------------------------------------------------------------------
+
+    /// Copy-on-write: the draft file `name` of `node`, made from the committed
+    /// file when the draft does not have it yet. Caller holds the node stripe.
+    pub(in crate::core) fn cow(
+        &self,
+        node: &str,
+        name: &str,
+        create_mode: Option<u16>,
+    ) -> Result<Arc<RwLock<DFile>>> {
+        let rec = self.live_node(node)?;
+        let draft = match (&rec, self.draft(node)) {
+            (_, Some(d)) => d,
+            (Some(r), None) => self.draft_or_new(node, Some(r)),
+            (None, None) => return Err(Error::NotFound),
+        };
+        let mut d = lock(&draft);
+        if let Some(Slot::File(f)) = d.files.get(name) {
+            return Ok(f.clone());
+        }
+        let whiteout = matches!(d.files.get(name), Some(Slot::Whiteout));
+        let file = match rec
+            .as_ref()
+            .and_then(|r| r.file(name))
+            .filter(|_| !whiteout)
+        {
+            Some(fr) => {
+                let f = DFile::new(self.store.read_blob(fr.blob, fr.size)?, fr.mode);
+                write_lock(&f).mtime = time_of(fr.mtime_ns);
+                f
+            }
+            None => match create_mode {
+                Some(mode) => DFile::new(Vec::new(), mode),
+                None => return Err(Error::NotFound),
+            },
+        };
+        d.files.insert(name.to_string(), Slot::File(file.clone()));
+        d.touch();
+        if rec.as_ref().and_then(|r| r.file(name)).is_some() {
+            // The writer's next lookup must find the draft, not the cached version.
+            self.invalidate(node, &[name], false);
+        }
+        Ok(file)
+    }
+
+    pub(in crate::core) fn draft_handle(
+        &self,
+        node: &str,
+        name: &str,
+        file: Arc<RwLock<DFile>>,
+        flags: i32,
+    ) -> Result<Opened> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if writable {
+            read_lock(&file).writers.fetch_add(1, Ordering::Relaxed);
+        }
+        let trunc = writable && flags & libc::O_TRUNC != 0;
+        if trunc {
+            let mut f = write_lock(&file);
+            f.data.clear();
+            f.mtime = SystemTime::now();
+        }
+        let fh = self.new_handle(Handle::Draft(DraftHandle {
+            node: arc(node),
+            name: name.to_string(),
+            file,
+            append: flags & libc::O_APPEND != 0,
+            writable,
+            dirty: AtomicBool::new(false),
+        }));
+        Ok(Opened {
+            fh,
+            direct_io: true,
+            keep_cache: false,
+            no_flush: !(writable && name == META),
+        })
+    }
+
+    pub fn open(&self, c: Caller, ino: u64, flags: i32) -> Result<Opened> {
+        let key = self.key_of(ino)?;
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let data = |bytes: Vec<u8>| -> Result<Opened> {
+            if write {
+                return Err(Error::NotPermitted("read-only virtual file"));
+            }
+            let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+            Ok(Opened {
+                fh,
+                direct_io: true,
+                keep_cache: false,
+                no_flush: true,
+            })
+        };
+        match &key {
+            Key::CtxfsFile(names::STATUS_FILE) => data(self.status_json(c)?),
+            Key::CtxfsFile(names::SYNC_FILE) => data(self.sync_file()?),
+            Key::Scratch(path) => self.scratch_open(c, path, flags),
+            Key::VersionFile { .. } | Key::Restore(_) => self.versions_open(c, &key, write),
+            Key::Usage(account) => data(self.usage_json(c, account)?),
+            Key::CtxfsFile(names::HEADER) => data(self.header(c, None)?),
+            Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
+            Key::CtxfsFile(names::METRICS_FILE) => data(self.metrics_text(Some(c))?.into_bytes()),
+            Key::Generated { dir, name } => {
+                // Readers meet EROFS on any write, as everywhere in their account.
+                if write {
+                    self.gate(c, Self::account_of(dir), true)?;
+                }
+                if *name == names::MAP_FILE {
+                    data(self.memory_map(c, dir)?)
+                } else {
+                    data(self.header(c, Some(dir))?)
+                }
+            }
+            Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
+            Key::Search { dir, name } => data(self.search_file(c, dir, name)?),
+            Key::CtxfsFile(_) => data(format!("{}\n", std::process::id()).into_bytes()),
+            Key::CommitError(node) => data(self.commit_error_text(c, node)?),
+            Key::Event { node, seq } => data(self.event_json(c, node, *seq)?),
+            Key::File {
+                node,
+                name,
+                id,
+                version,
+            } => {
+                let access = self.gate(c, Self::account_of(node), write)?;
+                if access == Access::Write {
+                    let g = self.stripe(node);
+                    let in_draft = self
+                        .draft(node)
+                        .map(|d| matches!(lock(&d).files.get(&**name), Some(Slot::File(_))))
+                        .unwrap_or(false);
+                    if write || in_draft {
+                        let file = self.cow(node, name, None)?;
+                        let opened = self.draft_handle(node, name, file, flags);
+                        drop(g);
+                        if write && opened.is_ok() {
+                            // The kernel truncates and resizes this inode for
+                            // everyone once this open returns (see `Cached`).
+                            self.cached.taint(ino);
+                        }
+                        return opened;
+                    }
+                }
+                let (rec, stale) = self.current_rec(node, *id, *version, access)?;
+                let f = rec.file(name).ok_or(Error::NotFound)?;
+                let bytes = self.store.read_blob(f.blob, f.size)?;
+                let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+                let stale = stale || !self.cached.open(ino, fh);
+                // A current inode's pages never change (a new version is a
+                // new inode), so the kernel keeps them. A stale inode serves
+                // the current version's bytes around its cached pages.
+                Ok(Opened {
+                    fh,
+                    direct_io: stale,
+                    keep_cache: !stale,
+                    no_flush: true,
+                })
+            }
+            Key::Draft { node, name } => match self.draft_file(c, node, name) {
+                Ok(file) => self.draft_handle(node, name, file, flags),
+                // Another writer committed between the lookup and this open:
+                // the file left the draft and is the committed version now.
+                Err(Error::NotFound) => {
+                    let access = self.gate(c, Self::account_of(node), write)?;
+                    let rec = self.visible_node(node, access)?.ok_or(Error::NotFound)?;
+                    let key = Key::File {
+                        node: node.clone(),
+                        name: name.clone(),
+                        id: rec.id,
+                        version: rec.version,
+                    };
+                    rec.file(name).ok_or(Error::NotFound)?;
+                    let ino = self.ino_lookup(key);
+                    let opened = self.open(c, ino, flags);
+                    self.forget(ino, 1);
+                    opened
+                }
+                Err(e) => Err(e),
+            },
+            _ => Err(Error::IsDir),
+        }
+    }
+
+    pub fn create(
+        &self,
+        c: Caller,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(Attr, Opened)> {
+        let pkey = self.key_of(parent)?;
+        if let Key::Scratch(dir) = &pkey {
+            let opened = self.scratch_create(c, dir, name, mode, flags)?;
+            let attr = self.lookup(c, parent, name)?;
+            return Ok((attr, opened));
+        }
+        let node = match &pkey {
+            Key::Dir(p) => p.clone(),
+            Key::Accounts => {
+                return Err(Error::Invalid(
+                    "accounts/ holds account directories only".into(),
+                ))
+            }
+            _ => return Err(Error::NotPermitted("no files can be created here")),
+        };
+        self.gate(c, Self::account_of(&node), true)?;
+        if place::classify_dir(&place::split(&node))? != DirPlace::Node {
+            return Err(Error::Invalid(
+                "files live inside node directories only; create the node directory first".into(),
+            ));
+        }
+        place::check_file_name(name)?;
+        let file = {
+            let _g = self.stripe(&node);
+            self.node_for(&node, Access::Write)?;
+            let exists = self.node_child_key(&node, name, Access::Write).is_ok();
+            if exists && flags & libc::O_EXCL != 0 {
+                return Err(Error::Exists);
+            }
+            self.cow(&node, name, Some((mode & 0o7777) as u16))?
+        };
+        let opened = self.draft_handle(&node, name, file, flags)?;
+        let attr = self.lookup(c, parent, name)?;
+        Ok((attr, opened))
+    }
+
+    /// `mknod` of a regular file (some tools create files this way).
+    pub fn mknod(&self, c: Caller, parent: u64, name: &str, mode: u32) -> Result<Attr> {
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            return Err(Error::NotPermitted(
+                "only regular files and directories are stored",
+            ));
+        }
+        let (attr, opened) = self.create(c, parent, name, mode, libc::O_WRONLY | libc::O_EXCL)?;
+        self.release(opened.fh);
+        Ok(attr)
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        match &*h {
+            Handle::Data(d) => Ok(super::draft::slice_at(d, offset, size)),
+            Handle::Draft(d) => Ok(read_lock(&d.file).read_at(offset, size)),
+            Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
+            Handle::Restore(_) => Err(Error::BadHandle),
+        }
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let h = self.handle(fh)?;
+        if let Handle::Scratch(s) = &*h {
+            return Self::scratch_write(s, offset, data);
+        }
+        if let Handle::Restore(node) = &*h {
+            return self.restore_write(node, data);
+        }
+        let Handle::Draft(d) = &*h else {
+            return Err(Error::BadHandle);
+        };
+        if !d.writable {
+            return Err(Error::BadHandle);
+        }
+        let mut f = write_lock(&d.file);
+        let start = if d.append {
+            f.data.len() as u64
+        } else {
+            offset
+        };
+        // A file that could not be committed under the account's byte quota
+        // is refused at the write, before anything of it is stored.
+        let grown = start.saturating_add(data.len() as u64);
+        if grown > f.data.len() as u64 {
+            self.check_bytes(Self::account_of(&d.node), grown)?;
+        }
+        let n = f.write_at(start, data)?;
+        d.dirty.store(true, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// `close(2)`: closing a written `.meta.json` is the commit point.
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        let h = self.handle(fh)?;
+        if let Handle::Draft(d) = &*h {
+            if d.name == META && d.dirty.swap(false, Ordering::AcqRel) {
+                self.commit(&d.node, Some(&d.file))?;
+            }
+        }
+        if let Handle::Scratch(s) = &*h {
+            self.scratch_persist(s, false)?;
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.cached.release(fh);
+        let h = self.handles.remove(fh);
+        if let Some(h) = h {
+            if let Handle::Scratch(s) = &*h {
+                let path = s.path().to_string();
+                if let Err(e) = self.scratch_persist(s, false) {
+                    tracing::error!(%path, error = %e, "scratch file not written back");
+                }
+                drop(h);
+                self.scratch_released(&path);
+            }
+        }
+    }
+
+    /// `fsync` of a draft file makes the node's whole draft durable.
+    pub fn fsync(&self, fh: u64) -> Result<()> {
+        let h = self.handle(fh)?;
+        if let Handle::Scratch(s) = &*h {
+            return self.scratch_persist(s, true);
+        }
+        if let Handle::Draft(d) = &*h {
+            let _g = self.stripe(&d.node);
+            if let Some(draft) = self.draft(&d.node) {
+                let op = self.persist_draft_op(&d.node, &lock(&draft))?;
+                self.store.apply(vec![op], true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `fsync` of a directory: everything acknowledged before is durable.
+    pub fn fsyncdir(&self) -> Result<()> {
+        self.store.apply(Vec::new(), true)
+    }
+
+    pub fn setattr(&self, c: Caller, ino: u64, fh: Option<u64>, sa: SetAttr) -> Result<Attr> {
+        let key = self.key_of(ino)?;
+        let (node, name) = match &key {
+            Key::File { node, name, .. } | Key::Draft { node, name } => {
+                (node.clone(), name.clone())
+            }
+            Key::Dir(path) => {
+                // Directory attributes are not stored; accepted for writers.
+                self.gate(c, Self::account_of(path), true)?;
+                return self.attr_of(c, &key, ino);
+            }
+            Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
+            Key::Generated { dir, .. } => {
+                self.gate(c, Self::account_of(dir), true)?;
+                return Err(Error::NotPermitted("generated file"));
+            }
+            Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
+            // `echo N > restore` truncates first: nothing to truncate.
+            Key::Restore(_) if sa.mode.is_none() && sa.size == Some(0) => {
+                return self.attr_of(c, &key, ino)
+            }
+            _ => return Err(Error::NotPermitted("read-only virtual file")),
+        };
+        self.gate(c, Self::account_of(&node), true)?;
+        if sa.uid.is_some_and(|u| u != c.uid) || sa.gid.is_some_and(|g| g != c.gid) {
+            return Err(Error::NotPermitted(
+                "files belong to their account; chown is refused",
+            ));
+        }
+        let from_handle = fh
+            .and_then(|fh| self.handle(fh).ok())
+            .and_then(|h| match &*h {
+                Handle::Draft(d) => Some(d.file.clone()),
+                _ => None,
+            });
+        let file = match from_handle {
+            Some(f) => f,
+            None => {
+                let _g = self.stripe(&node);
+                self.cow(&node, &name, None)?
+            }
+        };
+        write_lock(&file).set_attr(&sa)?;
+        let f = read_lock(&file);
+        Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
+    }
+
+    pub fn access(&self, c: Caller, ino: u64, mask: i32) -> Result<()> {
+        let key = self.key_of(ino)?;
+        let attr = self.attr_of(c, &key, ino)?;
+        if mask & libc::W_OK != 0 {
+            match &key {
+                Key::Dir(p) => {
+                    self.gate(c, Self::account_of(p), true)?;
+                }
+                Key::File { node, .. } | Key::Draft { node, .. } | Key::Scratch(node) => {
+                    self.gate(c, Self::account_of(node), true)?;
+                }
+                _ => return Err(Error::AccessDenied),
+            }
+        }
+        if mask & libc::X_OK != 0 && attr.kind == Kind::File {
+            return Err(Error::AccessDenied);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,263 @@
+//! Directory listings (`readdir`): the entries of a directory as one
+//! caller sees them, kept per (directory, uid) between the calls of one reading.
+
+use super::*;
+
+impl Fs {
+    // ---- directories -----------------------------------------------------------
+
+    /// A directory's listing as caller `c` sees it (with `.` and `..`), and
+    /// whether it is `shared`: the same for every caller allowed in (no
+    /// draft, no BROKEN or expiring node, not `accounts/`), so the kernel
+    /// may cache it. Changes the kernel does not see itself (commits)
+    /// invalidate it.
+    pub(in crate::core) fn listing(&self, c: Caller, ino: u64) -> Result<Listing> {
+        let key = self.key_of(ino)?;
+        let attr = self.attr_of(c, &key, ino)?;
+        if attr.kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        let mut entries = vec![
+            DirEntry {
+                ino,
+                name: ".".into(),
+                kind: Kind::Dir,
+            },
+            DirEntry {
+                ino,
+                name: "..".into(),
+                kind: Kind::Dir,
+            },
+        ];
+        let d = |k: Key, name: &str, kind: Kind| DirEntry {
+            ino: self.entry_ino(&k),
+            name: name.to_string(),
+            kind,
+        };
+        let mut shared = true;
+        match &key {
+            Key::Root => {
+                entries.push(d(Key::Accounts, "accounts", Kind::Dir));
+                entries.push(d(Key::CtxfsDir, names::CTXFS_DIR, Kind::Dir));
+            }
+            Key::CtxfsDir => {
+                for n in names::CTXFS_FILES {
+                    entries.push(d(Key::CtxfsFile(n), n, Kind::File));
+                }
+            }
+            Key::Accounts => {
+                shared = false;
+                for a in self.accounts_visible(c)? {
+                    entries.push(d(Key::Dir(arc(&a)), &a, Kind::Dir));
+                }
+            }
+            Key::Dir(path) => {
+                let comps = place::split(path);
+                let access = self.gate(c, Self::account_of(path), false)?;
+                let placed = place::classify_dir(&comps)?;
+                if placed == DirPlace::Node {
+                    shared = self.draft(path).is_none()
+                        && !self.expires(path)
+                        && self
+                            .store
+                            .get_node(path)?
+                            .is_some_and(|r| r.status != Status::Broken);
+                    // d_ino ascends in protocol order: tools that sort entries
+                    // by inode number before copying (GNU cp) still write
+                    // .meta.json last.
+                    let base = (self.entry_ino(&key) >> 16) << 16;
+                    for (i, (name, _)) in self.node_listing(path, access)?.into_iter().enumerate() {
+                        entries.push(DirEntry {
+                            ino: base | (i as u64 + 1).min(0xffff),
+                            name,
+                            kind: Kind::File,
+                        });
+                    }
+                } else {
+                    let mut names: Vec<String> = place::fixed_children(&comps, &placed)
+                        .iter()
+                        .map(|f| f.name().to_string())
+                        .collect();
+                    names.extend(self.store.list_dirs(path)?);
+                    // One probe of the expiry map per listing when no node expires.
+                    let any_expiry = self.any_expiry();
+                    for (n, r) in self.store.list_nodes(path)? {
+                        // BROKEN nodes are listed for writers only.
+                        shared &= r.status != Status::Broken;
+                        // Expiring nodes leave the listing the instant they
+                        // expire: never cached by the kernel.
+                        if any_expiry && self.expires(&r.path) {
+                            shared = false;
+                            if self.expired(&r.path) {
+                                continue;
+                            }
+                        }
+                        if Self::shows(r.status, access) {
+                            names.push(n);
+                        }
+                    }
+                    names.sort();
+                    names.dedup();
+                    for n in names {
+                        let child = join(path, &n);
+                        entries.push(d(Key::Dir(arc(&child)), &n, Kind::Dir));
+                    }
+                    if scratch::is_project(path) {
+                        let k = Key::Scratch(arc(&join(path, names::SCRATCHPAD)));
+                        entries.push(d(k, names::SCRATCHPAD, Kind::Dir));
+                        let k = Key::Scratch(arc(&join(path, names::ACTIVITY_LOG)));
+                        entries.push(d(k, names::ACTIVITY_LOG, Kind::File));
+                    }
+                    if agent::is_owner_space(path) {
+                        for name in [names::MAP_FILE, names::HEADER_FILE] {
+                            let k = Key::Generated {
+                                dir: path.clone(),
+                                name,
+                            };
+                            entries.push(d(k, name, Kind::File));
+                        }
+                    }
+                }
+            }
+            Key::Outbox(node) => {
+                shared = false;
+                entries.push(d(
+                    Key::OutboxDlq(node.clone()),
+                    names::OUTBOX_DLQ,
+                    Kind::Dir,
+                ));
+                for e in self.store.node_events(node)? {
+                    let k = Key::Event {
+                        node: node.clone(),
+                        seq: e.seq,
+                    };
+                    entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
+                }
+            }
+            Key::OutboxDlq(node) => {
+                shared = false;
+                for e in self.store.dead_events(node)? {
+                    let k = Key::DeadEvent {
+                        node: node.clone(),
+                        seq: e.seq,
+                    };
+                    entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
+                }
+            }
+            Key::SearchDir(_) => shared = false,
+            Key::AccountCtxfs(account) => {
+                shared = false;
+                let k = Key::Usage(account.clone());
+                entries.push(d(k, names::USAGE_FILE, Kind::File));
+            }
+            Key::Versions(_) | Key::VersionDir { .. } => {
+                shared = false;
+                for (k, name, kind) in self.versions_list(c, &key)? {
+                    entries.push(d(k, &name, kind));
+                }
+            }
+            Key::Scratch(dir) => {
+                shared = false;
+                for (name, kind) in self.scratch_list(c, dir)? {
+                    let k = Key::Scratch(arc(&join(dir, &name)));
+                    entries.push(d(k, &name, kind));
+                }
+            }
+            _ => return Err(Error::NotDir),
+        }
+        Ok(Listing { entries, shared })
+    }
+
+    /// An inode number for a directory entry: the real one if the kernel
+    /// knows the entry, else a stable non-zero hash (readdir's d_ino is
+    /// informational; `stat` gives the real number).
+    pub(in crate::core) fn entry_ino(&self, k: &Key) -> u64 {
+        if let Some(i) = lock(&self.inodes).peek(k) {
+            return i;
+        }
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        k.hash(&mut h);
+        h.finish() | (1 << 63)
+    }
+
+    /// Files of a node directory in protocol order, as `access` sees them.
+    pub(in crate::core) fn node_listing(
+        &self,
+        node: &str,
+        access: Access,
+    ) -> Result<Vec<(String, Key)>> {
+        let (rec, draft) = self.node_for(node, access)?;
+        let mut out = Vec::new();
+        let guard = draft.as_ref().map(|d| lock(d));
+        let names = view_names(rec.as_ref(), guard.as_deref());
+        for name in names {
+            let key = match guard.as_ref().and_then(|d| d.files.get(&name)) {
+                Some(Slot::File(_)) => Key::Draft {
+                    node: arc(node),
+                    name: arc(&name),
+                },
+                _ => match &rec {
+                    Some(r) => Key::File {
+                        node: arc(node),
+                        name: arc(&name),
+                        id: r.id,
+                        version: r.version,
+                    },
+                    None => continue,
+                },
+            };
+            out.push((name, key));
+        }
+        if let Some(d) = guard.as_ref() {
+            if d.error.is_some() {
+                out.push((place::COMMIT_ERROR.to_string(), Key::CommitError(arc(node))));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Entries of directory `ino` from `offset` on (an empty batch is the
+    /// end), with `shared` as in [`Fs::listing`]. There is no open handle:
+    /// the kernel opens directories without asking (`no_opendir`), so the
+    /// listing is taken at offset 0 and kept per (directory, uid) until its
+    /// end is read; a continuation without one rebuilds it.
+    pub fn readdir(&self, c: Caller, ino: u64, offset: u64) -> Result<DirBatch> {
+        let key = (ino, c.uid);
+        let kept = if offset == 0 {
+            None
+        } else {
+            lock(&self.listings).get(&key).cloned()
+        };
+        let snap = match kept {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(self.listing(c, ino)?);
+                let mut l = lock(&self.listings);
+                // Listings abandoned half-read are not kept forever; a
+                // dropped one is rebuilt on demand.
+                if l.len() >= MAX_LISTINGS {
+                    l.clear();
+                }
+                l.insert(key, s.clone());
+                s
+            }
+        };
+        // One reply holds a few hundred entries; never copy the whole rest.
+        let entries: Vec<(u64, DirEntry)> = snap
+            .entries
+            .iter()
+            .enumerate()
+            .skip(offset as usize)
+            .take(READDIR_BATCH)
+            .map(|(i, e)| (i as u64 + 1, e.clone()))
+            .collect();
+        if entries.is_empty() {
+            lock(&self.listings).remove(&key);
+        }
+        Ok(DirBatch {
+            entries,
+            shared: snap.shared,
+        })
+    }
+}

@@ -1,0 +1,459 @@
+//! Attributes and name lookup: what a name in a directory is for one
+//! caller (`lookup`, `getattr`), and the views of nodes it is built from.
+
+use super::*;
+
+impl Fs {
+    // ---- attributes --------------------------------------------------------
+
+    pub(in crate::core) fn dir_attr(
+        &self,
+        ino: u64,
+        perm: u16,
+        mtime: SystemTime,
+        shared: bool,
+    ) -> Attr {
+        Attr {
+            ino,
+            kind: Kind::Dir,
+            size: 0,
+            perm,
+            uid: self.owner.0,
+            gid: self.owner.1,
+            mtime,
+            ctime: mtime,
+            shared,
+        }
+    }
+
+    pub(in crate::core) fn file_attr(
+        &self,
+        ino: u64,
+        size: u64,
+        mode: u16,
+        mtime: SystemTime,
+        shared: bool,
+    ) -> Attr {
+        Attr {
+            ino,
+            kind: Kind::File,
+            size,
+            perm: if mode == 0 { 0o644 } else { mode & 0o7777 },
+            uid: self.owner.0,
+            gid: self.owner.1,
+            mtime,
+            ctime: mtime,
+            shared,
+        }
+    }
+
+    /// Attributes of `key` as `c` sees it; `NotFound` when it is not there for `c`.
+    /// Attributes never depend on the caller (see `Attr::shared`); whether
+    /// the thing is there at all may.
+    pub(in crate::core) fn attr_of(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
+        match key {
+            Key::Root | Key::Accounts | Key::CtxfsDir => {
+                Ok(self.dir_attr(ino, 0o555, self.started, true))
+            }
+            Key::CtxfsFile(_) => Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false)),
+            Key::Dir(path) => {
+                let comps = place::split(path);
+                let access = self.gate(c, Self::account_of(path), false)?;
+                // Whether an account is there depends on the caller.
+                let shared = comps.len() > 1;
+                match place::classify_dir(&comps)? {
+                    DirPlace::Node => {
+                        let (rec, draft) = self.node_for(path, access)?;
+                        match (&rec, &draft) {
+                            (Some(r), _) if r.status != Status::Broken => {
+                                let shared = shared && !self.expires(path);
+                                Ok(self.dir_attr(ino, 0o755, time_of(r.updated_ns), shared))
+                            }
+                            (_, Some(d)) => {
+                                Ok(self.dir_attr(ino, 0o755, time_of(lock(d).modified_ns), false))
+                            }
+                            (Some(r), None) => {
+                                Ok(self.dir_attr(ino, 0o755, time_of(r.updated_ns), false))
+                            }
+                            (None, None) => Err(Error::NotFound),
+                        }
+                    }
+                    _ => {
+                        if self.dir_present(path, &comps)? {
+                            Ok(self.dir_attr(ino, 0o755, self.started, shared))
+                        } else {
+                            Err(Error::NotFound)
+                        }
+                    }
+                }
+            }
+            Key::File {
+                node,
+                name,
+                id,
+                version,
+            } => {
+                let access = self.gate(c, Self::account_of(node), false)?;
+                let (rec, stale) = self.current_rec(node, *id, *version, access)?;
+                let stale = stale || self.cached.is_tainted(ino);
+                let f = rec.file(name).ok_or(Error::NotFound)?;
+                let attr = self.committed_file_attr(ino, &rec, f);
+                // A stale inode's answer is not cached: the next lookup
+                // finds the current inode.
+                Ok(Attr {
+                    shared: attr.shared && !stale,
+                    ..attr
+                })
+            }
+            Key::Draft { node, name } => {
+                let file = self.draft_file(c, node, name)?;
+                let f = read_lock(&file);
+                Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
+            }
+            Key::CommitError(node) => {
+                let text = self.commit_error_text(c, node)?;
+                Ok(self.file_attr(ino, text.len() as u64, 0o444, SystemTime::now(), false))
+            }
+            Key::Outbox(node) | Key::OutboxDlq(node) => {
+                let access = self.gate(c, Self::account_of(node), false)?;
+                self.node_for(node, access)?;
+                Ok(self.dir_attr(ino, 0o555, self.started, false))
+            }
+            Key::Event { node, seq } => {
+                let json = self.event_json(c, node, *seq)?;
+                Ok(self.file_attr(ino, json.len() as u64, 0o444, self.started, false))
+            }
+            Key::DeadEvent { node, seq } => {
+                let json = self.dead_event_json(c, node, *seq)?;
+                Ok(self.file_attr(ino, json.len() as u64, 0o644, self.started, false))
+            }
+            Key::SearchDir(dir) => {
+                self.gate(c, Self::account_of(dir), false)?;
+                Ok(self.dir_attr(ino, 0o555, self.started, false))
+            }
+            Key::Scratch(path) => self.scratch_attr(c, path, ino),
+            Key::AccountCtxfs(account) => {
+                self.gate(c, account, false)?;
+                Ok(self.dir_attr(ino, 0o555, self.started, false))
+            }
+            Key::Usage(account) => {
+                self.gate(c, account, false)?;
+                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
+            }
+            Key::Versions(_)
+            | Key::VersionDir { .. }
+            | Key::VersionFile { .. }
+            | Key::Restore(_) => self.versions_attr(c, key, ino),
+            Key::Generated { dir, .. } => {
+                self.check_space(c, dir)?;
+                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
+            }
+            Key::Search { dir, name } => {
+                self.gate(c, Self::account_of(dir), false)?;
+                super::search::parse_query_name(name)?;
+                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
+            }
+        }
+    }
+
+    /// Does a non-node directory exist?
+    pub(in crate::core) fn dir_present(&self, path: &str, comps: &[&str]) -> Result<bool> {
+        match place::classify_dir(comps)? {
+            DirPlace::Account => Ok(self.tenancy.configured().iter().any(|a| a == path)
+                || self.store.dir_exists(path)?),
+            DirPlace::Fixed(_) => {
+                let parent = &comps[..comps.len() - 1];
+                self.dir_present(&parent.join("/"), parent)
+            }
+            DirPlace::Container => self.store.dir_exists(path),
+            DirPlace::Node => Ok(false),
+        }
+    }
+
+    /// The node as `access` sees it: its visible committed record, and its
+    /// draft for writers. `NotFound` when neither is there.
+    pub(in crate::core) fn node_for(&self, node: &str, access: Access) -> Result<NodeView> {
+        let rec = self.visible_node(node, access)?;
+        let draft = if access == Access::Write {
+            self.draft(node)
+        } else {
+            None
+        };
+        if rec.is_none() && draft.is_none() {
+            return Err(Error::NotFound);
+        }
+        Ok((rec, draft))
+    }
+
+    /// The record a committed file's inode is served from, and whether the
+    /// inode is stale. The inode names the version its lookup saw; after a
+    /// commit the kernel may still hold that dentry for a moment (the
+    /// invalidations of a node's five files are not one atomic step, and a
+    /// lookup can race with them). An open or stat through a stale inode
+    /// meets the node's *current* version, never an older one, so a reader
+    /// cannot combine files of two versions; a deleted or moved node's stale
+    /// file is `ENOENT`.
+    pub(in crate::core) fn current_rec(
+        &self,
+        node: &str,
+        id: u64,
+        version: u32,
+        access: Access,
+    ) -> Result<(NodeRec, bool)> {
+        let rec = self.live_node(node)?.ok_or(Error::NotFound)?;
+        if !Self::shows(rec.status, access) {
+            return Err(Error::NotFound);
+        }
+        let stale = rec.id != id || rec.version != version;
+        Ok((rec, stale))
+    }
+
+    pub(in crate::core) fn draft_file(
+        &self,
+        c: Caller,
+        node: &str,
+        name: &str,
+    ) -> Result<Arc<RwLock<DFile>>> {
+        // Readers never learn that a draft exists.
+        if self.access_of(c, Self::account_of(node)) != Access::Write {
+            return Err(match self.access_of(c, Self::account_of(node)) {
+                Access::None => Error::AccessDenied,
+                _ => Error::NotFound,
+            });
+        }
+        let d = self.draft(node).ok_or(Error::NotFound)?;
+        let d = lock(&d);
+        match d.files.get(name) {
+            Some(Slot::File(f)) => Ok(f.clone()),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    pub(in crate::core) fn commit_error_text(&self, c: Caller, node: &str) -> Result<Vec<u8>> {
+        self.gate(c, Self::account_of(node), true)
+            .map_err(|e| match e {
+                Error::ReadOnly => Error::NotFound,
+                e => e,
+            })?;
+        let d = self.draft(node).ok_or(Error::NotFound)?;
+        let d = lock(&d);
+        let e = d.error.as_ref().ok_or(Error::NotFound)?;
+        Ok(format!("{e}\n").into_bytes())
+    }
+
+    pub(in crate::core) fn event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
+        let access = self.gate(c, Self::account_of(node), false)?;
+        self.node_for(node, access)?;
+        super::search::event_file(self.store.node_events(node)?, seq)
+    }
+
+    // ---- lookup, getattr ----------------------------------------------------
+
+    /// The key of `name` in directory `parent` for caller `c`.
+    /// The key of `name` in `parent` for caller `c`, with its attributes
+    /// when they were already at hand.
+    pub(in crate::core) fn child_key(
+        &self,
+        c: Caller,
+        parent: &Key,
+        name: &str,
+    ) -> Result<(Key, Option<Attr>)> {
+        if let Key::Dir(path) = parent {
+            let access = self.gate(c, Self::account_of(path), false)?;
+            if place::classify_dir(&place::split(path))? == DirPlace::Node {
+                return self.node_child_key(path, name, access);
+            }
+        }
+        Ok((self.structural_child_key(c, parent, name)?, None))
+    }
+
+    /// `child_key` outside node directories.
+    pub(in crate::core) fn structural_child_key(
+        &self,
+        c: Caller,
+        parent: &Key,
+        name: &str,
+    ) -> Result<Key> {
+        match parent {
+            Key::Root => match name {
+                "accounts" => Ok(Key::Accounts),
+                names::CTXFS_DIR => Ok(Key::CtxfsDir),
+                _ => Err(Error::NotFound),
+            },
+            Key::CtxfsDir => match names::CTXFS_FILES.iter().find(|n| **n == name) {
+                Some(n) => Ok(Key::CtxfsFile(n)),
+                None => Err(Error::NotFound),
+            },
+            Key::Accounts => {
+                if place::check_name(name).is_err() {
+                    return Err(Error::NotFound);
+                }
+                self.gate(c, name, false)?;
+                Ok(Key::Dir(arc(name)))
+            }
+            Key::Dir(path) if name == names::SEARCH_DIR => {
+                self.gate(c, Self::account_of(path), false)?;
+                Ok(Key::SearchDir(path.clone()))
+            }
+            Key::Dir(path)
+                if scratch::is_project(path)
+                    && (name == names::SCRATCHPAD || name == names::ACTIVITY_LOG) =>
+            {
+                self.gate(c, Self::account_of(path), false)?;
+                Ok(Key::Scratch(arc(&join(path, name))))
+            }
+            Key::Scratch(dir) => self.scratch_child(c, dir, name),
+            Key::Versions(_) | Key::VersionDir { .. } => self.versions_child(c, parent, name),
+            Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
+                self.gate(c, path, false)?;
+                Ok(Key::AccountCtxfs(path.clone()))
+            }
+            Key::AccountCtxfs(account) if name == names::USAGE_FILE => {
+                self.gate(c, account, false)?;
+                Ok(Key::Usage(account.clone()))
+            }
+            Key::Dir(path)
+                if (name == names::MAP_FILE || name == names::HEADER_FILE)
+                    && agent::is_owner_space(path) =>
+            {
+                self.gate(c, Self::account_of(path), false)?;
+                Ok(Key::Generated {
+                    dir: path.clone(),
+                    name: if name == names::MAP_FILE {
+                        names::MAP_FILE
+                    } else {
+                        names::HEADER_FILE
+                    },
+                })
+            }
+            Key::SearchDir(dir) => {
+                self.gate(c, Self::account_of(dir), false)?;
+                super::search::parse_query_name(name)?;
+                Ok(Key::Search {
+                    dir: dir.clone(),
+                    name: arc(name),
+                })
+            }
+            Key::Dir(path) => {
+                self.gate(c, Self::account_of(path), false)?;
+                let child = join(path, name);
+                match place::classify_dir(&place::split(&child)) {
+                    Ok(_) => Ok(Key::Dir(arc(&child))),
+                    Err(Error::NameTooLong) => Err(Error::NameTooLong),
+                    Err(_) => Err(Error::NotFound),
+                }
+            }
+            Key::Outbox(node) => {
+                if name == names::OUTBOX_DLQ {
+                    return Ok(Key::OutboxDlq(node.clone()));
+                }
+                let seq = crate::schema::event::event_seq(name).ok_or(Error::NotFound)?;
+                Ok(Key::Event {
+                    node: node.clone(),
+                    seq,
+                })
+            }
+            Key::OutboxDlq(node) => {
+                let seq = crate::schema::event::event_seq(name).ok_or(Error::NotFound)?;
+                Ok(Key::DeadEvent {
+                    node: node.clone(),
+                    seq,
+                })
+            }
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    /// The key of file `name` in node directory `node`; for a committed file
+    /// also its attributes (from the record read here, not read again).
+    pub(in crate::core) fn node_child_key(
+        &self,
+        node: &str,
+        name: &str,
+        access: Access,
+    ) -> Result<(Key, Option<Attr>)> {
+        match name {
+            place::OUTBOX => return Ok((Key::Outbox(arc(node)), None)),
+            names::VERSIONS_DIR => {
+                self.visible_node(node, access)?.ok_or(Error::NotFound)?;
+                return Ok((Key::Versions(arc(node)), None));
+            }
+            names::SEARCH_DIR => {
+                self.node_for(node, access)?;
+                return Ok((Key::SearchDir(arc(node)), None));
+            }
+            place::COMMIT_ERROR => return Ok((Key::CommitError(arc(node)), None)),
+            _ => {}
+        }
+        let (rec, draft) = self.node_for(node, access)?;
+        if let Some(d) = draft {
+            match lock(&d).files.get(name) {
+                Some(Slot::File(_)) => {
+                    let key = Key::Draft {
+                        node: arc(node),
+                        name: arc(name),
+                    };
+                    return Ok((key, None));
+                }
+                Some(Slot::Whiteout) => return Err(Error::NotFound),
+                None => {}
+            }
+        }
+        let rec = rec.ok_or(Error::NotFound)?;
+        let f = rec.file(name).ok_or(Error::NotFound)?;
+        let mut attr = self.committed_file_attr(0, &rec, f);
+        // While a draft changes this name, writers find the draft and
+        // readers the committed file: a cached entry would give one the
+        // other's answer.
+        if attr.shared {
+            if let Some(d) = self.draft(node) {
+                attr.shared = !lock(&d).files.contains_key(name);
+            }
+        }
+        let key = Key::File {
+            node: arc(node),
+            name: arc(name),
+            id: rec.id,
+            version: rec.version,
+        };
+        Ok((key, Some(attr)))
+    }
+
+    pub(in crate::core) fn committed_file_attr(
+        &self,
+        ino: u64,
+        rec: &NodeRec,
+        f: &crate::store::FileRec,
+    ) -> Attr {
+        let shared = rec.status != Status::Broken && !self.expires(&rec.path);
+        self.file_attr(ino, f.size, f.mode, time_of(f.mtime_ns), shared)
+    }
+
+    pub fn lookup(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
+        let pkey = self.key_of(parent)?;
+        let (key, known) = self.child_key(c, &pkey, name)?;
+        let attr = match known {
+            Some(a) => a,
+            None => self.attr_of(c, &key, 0)?,
+        };
+        let ino = self.ino_lookup(key);
+        Ok(Attr { ino, ..attr })
+    }
+
+    pub fn getattr(&self, c: Caller, ino: u64, fh: Option<u64>) -> Result<Attr> {
+        if let Some(fh) = fh {
+            if let Ok(h) = self.handle(fh) {
+                if let Handle::Draft(d) = &*h {
+                    let f = read_lock(&d.file);
+                    return Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false));
+                }
+                if let Handle::Scratch(s) = &*h {
+                    let f = read_lock(s.file());
+                    return Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false));
+                }
+            }
+        }
+        let key = self.key_of(ino)?;
+        self.attr_of(c, &key, ino)
+    }
+}

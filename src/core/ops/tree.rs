@@ -1,0 +1,611 @@
+//! Changes to the tree: `mkdir`, `rmdir`, `unlink` and `rename` of files,
+//! nodes and containers, with the store operations of deletes and moves.
+
+use super::*;
+
+impl Fs {
+    /// The path of directory `name` in `parent`, for a change by writer `c`
+    /// (mkdir, rmdir). Node directories hold no directories: `Invalid`.
+    pub(in crate::core) fn dir_child(&self, c: Caller, parent: u64, name: &str) -> Result<String> {
+        let path = match self.key_of(parent)? {
+            Key::Accounts => name.to_string(),
+            Key::Dir(p) => {
+                self.gate(c, Self::account_of(&p), true)?;
+                if place::classify_dir(&place::split(&p))? == DirPlace::Node {
+                    return Err(Error::Invalid("node directories hold files only".into()));
+                }
+                join(&p, name)
+            }
+            Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
+            _ => return Err(Error::NotPermitted("virtual directory")),
+        };
+        self.gate(c, Self::account_of(&path), true)?;
+        Ok(path)
+    }
+
+    pub fn mkdir(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
+        if let Key::Scratch(dir) = self.key_of(parent)? {
+            self.scratch_mkdir(c, &dir, name, 0o755)?;
+            return self.lookup(c, parent, name);
+        }
+        if self.key_of(parent)? == Key::Accounts {
+            place::check_name(name)?;
+        }
+        let path = self.dir_child(c, parent, name)?;
+        let comps = place::split(&path);
+        match place::classify_dir(&comps)? {
+            DirPlace::Fixed(_) => return Err(Error::Exists),
+            DirPlace::Account | DirPlace::Container => {
+                if self.dir_present(&path, &comps)? {
+                    return Err(Error::Exists);
+                }
+                let mut ops = self.container_ops(&path);
+                ops.push(Op::PutDir { path: path.clone() });
+                self.store.apply(ops, false)?;
+            }
+            DirPlace::Node => {
+                let _g = self.stripe(&path);
+                if self.live_node(&path)?.is_some() || self.draft(&path).is_some() {
+                    return Err(Error::Exists);
+                }
+                self.drafts.insert(path.clone(), Draft::new(None));
+            }
+        }
+        self.lookup(c, parent, name)
+    }
+
+    pub fn rmdir(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
+        match self.key_of(parent)? {
+            Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
+            Key::Dir(p) if scratch::is_project(&p) && name == names::SCRATCHPAD => {
+                self.gate(c, Self::account_of(&p), true)?;
+                return Err(Error::NotPermitted("the scratchpad itself stays"));
+            }
+            _ => {}
+        }
+        let path = match self.dir_child(c, parent, name) {
+            Err(Error::Invalid(_)) if name == place::OUTBOX => {
+                return Err(Error::NotPermitted("virtual directory"))
+            }
+            Err(Error::Invalid(_)) => return Err(Error::NotFound),
+            r => r?,
+        };
+        let comps = place::split(&path);
+        let placed = match place::classify_dir(&comps) {
+            Ok(p) => p,
+            Err(_) => return Err(Error::NotFound),
+        };
+        match placed {
+            DirPlace::Node => self.delete_node(&path),
+            DirPlace::Fixed(_) | DirPlace::Account | DirPlace::Container => {
+                if !self.dir_present(&path, &comps)? {
+                    return Err(Error::NotFound);
+                }
+                if self.subtree_busy(&path)?
+                    || (scratch::is_project(&path) && self.project_busy(&path)?)
+                {
+                    return Err(Error::NotEmpty);
+                }
+                match placed {
+                    // Structural directories are implicit: an empty one is
+                    // "removed" and shows again, so `rm -r` of an owner works.
+                    DirPlace::Fixed(_) => Ok(()),
+                    DirPlace::Account if self.tenancy.configured().contains(&path) => {
+                        Err(Error::NotPermitted("the account is defined by the config"))
+                    }
+                    _ => self.store.apply(vec![Op::DelDir { path }], true),
+                }
+            }
+        }
+    }
+
+    /// Has the subtree at `path` any node, container or draft?
+    pub(in crate::core) fn subtree_busy(&self, path: &str) -> Result<bool> {
+        if self.store.has_children(path)? {
+            return Ok(true);
+        }
+        // Fixed children (users/, memories/...) are stored under their own path.
+        let comps = place::split(path);
+        if let Ok(placed) = place::classify_dir(&comps) {
+            for f in place::fixed_children(&comps, &placed) {
+                if self.subtree_busy(&join(path, f.name()))? {
+                    return Ok(true);
+                }
+            }
+        }
+        let prefix = format!("{path}/");
+        Ok(self.drafts.any_under(&prefix))
+    }
+
+    pub(in crate::core) fn delete_node(&self, node: &str) -> Result<()> {
+        let _g = self.stripe(node);
+        let rec = self.live_node(node)?;
+        let draft = self.draft(node);
+        if rec.is_none() && draft.is_none() {
+            return Err(Error::NotFound);
+        }
+        {
+            let guard = draft.as_ref().map(|d| lock(d));
+            if !view_names(rec.as_ref(), guard.as_deref()).is_empty() {
+                return Err(Error::NotEmpty);
+            }
+        }
+        let mut ops = vec![Op::DelDraft {
+            path: node.to_string(),
+        }];
+        if let Some(rec) = &rec {
+            ops.extend(self.remove_ops(node, rec)?);
+            ops.extend(self.write_quota_ops(node, 0)?);
+        }
+        self.store.apply(ops, true)?;
+        self.notify_index();
+        self.set_expiry(node, None);
+        self.drafts.remove(node);
+        self.stats.deletes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The ops that remove committed node `rec` at `node` with its history,
+    /// its expiry and its `DELETE_CONTEXT` event (delete, expiry sweep, and
+    /// a commit over an expired node).
+    pub(in crate::core) fn remove_ops(&self, node: &str, rec: &NodeRec) -> Result<Vec<Op>> {
+        let account = Self::account_of(node).to_string();
+        let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+        let freed = self.history_bytes(rec)?;
+        let mut ops = vec![
+            Op::DelNode {
+                path: node.to_string(),
+            },
+            Op::DropHistory { node_id: rec.id },
+            Op::Count {
+                key: crate::schema::counters::nodes_key(&account, rec.status),
+                delta: -1,
+            },
+            Op::Count {
+                key: counters::bytes_key(&account),
+                delta: -(freed as i64),
+            },
+            Op::PutEvent {
+                seq,
+                node_path: node.to_string(),
+                account,
+                json: self.event(seq, node, Change::DeleteContext {}),
+            },
+            Op::HighWater {
+                key: counters::EVENT_ID.into(),
+                value: seq,
+            },
+        ];
+        if self.expiry_at(node).is_some() {
+            ops.push(Op::DelExpiry {
+                path: node.to_string(),
+            });
+        }
+        Ok(ops)
+    }
+
+    /// Bytes the versions of a node hold in the store (each blob once).
+    pub(in crate::core) fn history_bytes(&self, rec: &NodeRec) -> Result<u64> {
+        let mut seen = std::collections::HashSet::new();
+        let mut total = 0;
+        for v in 1..=rec.version {
+            let r = if v == rec.version {
+                Some(rec.clone())
+            } else {
+                self.store.get_version(rec.id, v)?
+            };
+            for f in r.map(|r| r.files).unwrap_or_default() {
+                if seen.insert(f.blob) {
+                    total += f.size;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    pub fn unlink(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
+        let pkey = self.key_of(parent)?;
+        if let Key::OutboxDlq(node) = &pkey {
+            return self.drop_dead(c, node, name);
+        }
+        if let Key::Scratch(dir) = &pkey {
+            return self.scratch_unlink(c, dir, name, false);
+        }
+        let Key::Dir(node) = &pkey else {
+            return Err(Error::NotPermitted("virtual directory"));
+        };
+        self.gate(c, Self::account_of(node), true)?;
+        if scratch::is_project(node) && name == names::ACTIVITY_LOG {
+            return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+        }
+        if place::classify_dir(&place::split(node))? != DirPlace::Node {
+            return match self.child_key(c, &pkey, name) {
+                // Generated again at the next open: removing it changes
+                // nothing, and `rm -r` of a user directory goes through.
+                Ok((Key::Generated { .. }, _)) => Ok(()),
+                Ok(_) => Err(Error::IsDir),
+                Err(e) => Err(e),
+            };
+        }
+        if name == place::OUTBOX {
+            return Err(Error::IsDir);
+        }
+        let _g = self.stripe(node);
+        if name == place::COMMIT_ERROR {
+            // Removing the reason acknowledges it (and lets `rm -r` finish).
+            let d = self.draft(node).ok_or(Error::NotFound)?;
+            return lock(&d).error.take().map(|_| ()).ok_or(Error::NotFound);
+        }
+        let rec = self.live_node(node)?;
+        let in_committed = rec.as_ref().and_then(|r| r.file(name)).is_some();
+        let draft = match self.draft(node) {
+            Some(d) => d,
+            None if in_committed => self.draft_or_new(node, rec.as_ref()),
+            None => return Err(Error::NotFound),
+        };
+        let mut d = lock(&draft);
+        match d.files.get(name) {
+            Some(Slot::Whiteout) => return Err(Error::NotFound),
+            Some(Slot::File(_)) => {
+                d.files.remove(name);
+            }
+            None if !in_committed => return Err(Error::NotFound),
+            None => {}
+        }
+        if in_committed {
+            d.files.insert(name.to_string(), Slot::Whiteout);
+        }
+        d.touch();
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        c: Caller,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        if let (Key::OutboxDlq(sn), Key::Outbox(dn)) =
+            (self.key_of(parent)?, self.key_of(newparent)?)
+        {
+            return self.revive_dead(c, &sn, name, &dn, newname);
+        }
+        match (self.key_of(parent)?, self.key_of(newparent)?) {
+            (Key::Dir(sp), _) if scratch::is_project(&sp) && name == names::ACTIVITY_LOG => {
+                self.gate(c, Self::account_of(&sp), true)?;
+                return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+            }
+            (Key::Scratch(sd), Key::Scratch(dd)) => {
+                return self.scratch_rename(c, &sd, name, &dd, newname, noreplace)
+            }
+            (Key::Scratch(sd), _) => {
+                self.gate(c, Self::account_of(&sd), true)?;
+                return Err(Error::CrossDevice);
+            }
+            (_, Key::Scratch(dd)) => {
+                self.gate(c, Self::account_of(&dd), true)?;
+                return Err(Error::CrossDevice);
+            }
+            _ => {}
+        }
+        let (Key::Dir(sp), Key::Dir(dp)) = (self.key_of(parent)?, self.key_of(newparent)?) else {
+            return Err(Error::NotPermitted(
+                "only files and directories of accounts can be renamed",
+            ));
+        };
+        let (sa, da) = (Self::account_of(&sp), Self::account_of(&dp));
+        self.gate(c, sa, true)?;
+        self.gate(c, da, true)?;
+        if sa != da {
+            return Err(Error::CrossDevice);
+        }
+        let s_place = place::classify_dir(&place::split(&sp))?;
+        let d_place = place::classify_dir(&place::split(&dp))?;
+        if s_place == DirPlace::Node {
+            if d_place != DirPlace::Node {
+                return Err(Error::Invalid(
+                    "node files can only move into another node directory".into(),
+                ));
+            }
+            return self.rename_file(&sp, name, &dp, newname, noreplace);
+        }
+        let src = join(&sp, name);
+        let dst = join(&dp, newname);
+        match place::classify_dir(&place::split(&src)) {
+            Ok(DirPlace::Node) => {}
+            Ok(DirPlace::Fixed(_)) => return Err(Error::NotPermitted("structural directory")),
+            Ok(_) => return Err(Error::CrossDevice),
+            Err(_) => return Err(Error::NotFound),
+        }
+        if place::classify_dir(&place::split(&dst))? != DirPlace::Node {
+            return Err(Error::Invalid(
+                "a node can only move to a node place".into(),
+            ));
+        }
+        self.move_node(&src, &dst, noreplace)
+    }
+
+    pub(in crate::core) fn lock_two(
+        &self,
+        a: &str,
+        b: &str,
+    ) -> (MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>) {
+        let (i, j) = (stripe_of(a), stripe_of(b));
+        if i == j {
+            (lock(&self.stripes[i]), None)
+        } else {
+            let (lo, hi) = (i.min(j), i.max(j));
+            let g1 = lock(&self.stripes[lo]);
+            let g2 = lock(&self.stripes[hi]);
+            (g1, Some(g2))
+        }
+    }
+
+    pub(in crate::core) fn rename_file(
+        &self,
+        sn: &str,
+        sname: &str,
+        dn: &str,
+        dname: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        for n in [sname, dname] {
+            if n == place::OUTBOX || n == place::COMMIT_ERROR {
+                return Err(Error::NotPermitted("reserved virtual name"));
+            }
+        }
+        place::check_file_name(dname)?;
+        let _g = self.lock_two(sn, dn);
+        if self.node_for(dn, Access::Write).is_err() {
+            return Err(Error::NotFound);
+        }
+        let file = self.cow(sn, sname, None)?;
+        let s_rec = self.live_node(sn)?;
+        let d_rec = self.live_node(dn)?;
+        let sdraft = self.draft(sn).ok_or(Error::NotFound)?;
+        let ddraft = self.draft_or_new(dn, d_rec.as_ref());
+        let same = Arc::ptr_eq(&sdraft, &ddraft);
+        if sn == dn && sname == dname {
+            return Ok(());
+        }
+        let old_src;
+        let old_dst;
+        {
+            let mut s = lock(&sdraft);
+            let d_exists = |d: &Draft| match d.files.get(dname) {
+                Some(Slot::File(_)) => true,
+                Some(Slot::Whiteout) => false,
+                None => d_rec.as_ref().and_then(|r| r.file(dname)).is_some(),
+            };
+            if same {
+                if noreplace && d_exists(&s) {
+                    return Err(Error::Exists);
+                }
+                old_src = s.files.get(sname).cloned();
+                old_dst = s.files.get(dname).cloned();
+                apply_move(&mut s, sname, s_rec.as_ref(), None, dname, &file);
+            } else {
+                let mut d = lock(&ddraft);
+                if noreplace && d_exists(&d) {
+                    return Err(Error::Exists);
+                }
+                old_src = s.files.get(sname).cloned();
+                old_dst = d.files.get(dname).cloned();
+                apply_move(&mut s, sname, s_rec.as_ref(), Some(&mut d), dname, &file);
+            }
+        }
+        if dname == META {
+            // A rename onto `.meta.json` commits, as its close would.
+            if let Err(e) = self.commit_as(dn, &ddraft, Intent::Close, None) {
+                let restore = |d: &mut Draft, name: &str, old: Option<Slot>| match old {
+                    Some(s) => {
+                        d.files.insert(name.to_string(), s);
+                    }
+                    None => {
+                        d.files.remove(name);
+                    }
+                };
+                let mut s = lock(&sdraft);
+                if same {
+                    restore(&mut s, dname, old_dst);
+                    restore(&mut s, sname, old_src);
+                } else {
+                    restore(&mut s, sname, old_src);
+                    drop(s);
+                    restore(&mut lock(&ddraft), dname, old_dst);
+                }
+                return Err(e);
+            }
+            // The kernel holds this directory's lock until rename returns.
+            self.invalidate_commit(dn, false);
+        }
+        Ok(())
+    }
+
+    pub(in crate::core) fn move_node(&self, src: &str, dst: &str, noreplace: bool) -> Result<()> {
+        let _g = self.lock_two(src, dst);
+        let rec = self.live_node(src)?;
+        let draft = self.draft(src);
+        if rec.is_none() && draft.is_none() {
+            return Err(Error::NotFound);
+        }
+        if src == dst {
+            return Ok(());
+        }
+        if self.live_node(dst)?.is_some() || self.draft(dst).is_some() {
+            return Err(if noreplace {
+                Error::Exists
+            } else {
+                Error::NotEmpty
+            });
+        }
+        let mut ops = vec![Op::DelDraft {
+            path: src.to_string(),
+        }];
+        // An expired node at the target goes now, in the same transaction.
+        if let Some(stale) = self.store.get_node(dst)? {
+            ops.extend(self.remove_ops(dst, &stale)?);
+        }
+        let expiry = self.expiry_at(src);
+        let mut new_base = None;
+        if let Some(rec) = &rec {
+            let now = now_ns();
+            let version = rec.version + 1;
+            let mut files = Vec::new();
+            for f in &rec.files {
+                let rewritten = match f.name.as_str() {
+                    META => {
+                        let bytes = self.store.read_blob(f.blob, f.size)?;
+                        let obj = match serde_json::from_slice::<Value>(&bytes) {
+                            Ok(Value::Object(o)) => o,
+                            _ => serde_json::Map::new(),
+                        };
+                        Some(commit::rules::render_meta(
+                            obj,
+                            &commit::rules::Derived {
+                                node: dst,
+                                status: rec.status,
+                                version,
+                                created_at: &rec.created_at,
+                                updated_at: &rfc3339(now),
+                            },
+                        ))
+                    }
+                    place::RELATIONS => {
+                        let bytes = self.store.read_blob(f.blob, f.size)?;
+                        commit::rules::rebase_relations(&bytes, dst)
+                    }
+                    _ => None,
+                };
+                match rewritten {
+                    Some(bytes) => {
+                        let id = self.blob_id();
+                        files.push(crate::store::FileRec {
+                            name: f.name.clone(),
+                            blob: id,
+                            size: bytes.len() as u64,
+                            mtime_ns: now,
+                            mode: f.mode,
+                        });
+                        ops.push(Op::PutBlob {
+                            id,
+                            data: Arc::from(bytes),
+                        });
+                        ops.push(Op::HighWater {
+                            key: counters::BLOB_ID.into(),
+                            value: id,
+                        });
+                    }
+                    None => files.push(f.clone()),
+                }
+            }
+            let new = NodeRec {
+                path: dst.to_string(),
+                version,
+                updated_at: rfc3339(now),
+                updated_ns: now,
+                files,
+                ..rec.clone()
+            };
+            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+            let account = Self::account_of(dst).to_string();
+            ops.extend(self.container_ops(dst));
+            ops.extend([
+                Op::DelNode {
+                    path: src.to_string(),
+                },
+                Op::PutNode {
+                    path: dst.to_string(),
+                    rec: new.clone(),
+                },
+                Op::PutVersion { rec: new },
+                Op::PutEvent {
+                    seq,
+                    node_path: dst.to_string(),
+                    account,
+                    json: self.event(
+                        seq,
+                        src,
+                        Change::MoveContext {
+                            new_uri: place::uri_of(dst),
+                        },
+                    ),
+                },
+                Op::HighWater {
+                    key: counters::EVENT_ID.into(),
+                    value: seq,
+                },
+            ]);
+            new_base = Some((rec.id, version));
+            let new_bytes = blob_bytes(&ops);
+            self.check_write_quota(Self::account_of(dst), new_bytes)?;
+            ops.extend(self.write_quota_ops(dst, new_bytes)?);
+            if let Some(at) = expiry {
+                ops.push(Op::DelExpiry {
+                    path: src.to_string(),
+                });
+                ops.push(Op::PutExpiry {
+                    path: dst.to_string(),
+                    at_ns: at,
+                });
+            }
+        } else {
+            ops.extend(self.container_ops(dst));
+        }
+        self.store.apply(ops, true)?;
+        self.notify_index();
+        if rec.is_some() {
+            self.set_expiry(src, None);
+            self.set_expiry(dst, expiry);
+        }
+        self.drafts.rename(src, dst, new_base);
+        // The kernel moved its dentry to an inode named by the old path.
+        for path in [src, dst] {
+            let (parent, name) = place::parent_name(path);
+            self.invalidate(parent, &[name], false);
+        }
+        self.stats.moves.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(in crate::core) fn container_ops(&self, node: &str) -> Vec<Op> {
+        place::ancestor_containers(&place::split(node))
+            .into_iter()
+            .map(|(p, n)| Op::PutDir { path: join(&p, &n) })
+            .collect()
+    }
+
+    /// The stored JSON of outbox event `seq` of `node`, created now.
+    pub(in crate::core) fn event(&self, seq: u64, node: &str, change: Change) -> Vec<u8> {
+        OutboxEvent::new(seq, node, change, rfc3339_ms(now_ns())).encode()
+    }
+}
+
+/// Move draft file `file` from `sname` of draft `s` to `dname` of draft `d`
+/// (or of `s` itself when `d` is `None`).
+fn apply_move(
+    s: &mut Draft,
+    sname: &str,
+    s_rec: Option<&NodeRec>,
+    d: Option<&mut Draft>,
+    dname: &str,
+    file: &Arc<RwLock<DFile>>,
+) {
+    if s_rec.and_then(|r| r.file(sname)).is_some() {
+        s.files.insert(sname.to_string(), Slot::Whiteout);
+    } else {
+        s.files.remove(sname);
+    }
+    s.touch();
+    let target = match d {
+        Some(d) => d,
+        None => s,
+    };
+    target
+        .files
+        .insert(dname.to_string(), Slot::File(file.clone()));
+    target.touch();
+}

@@ -1,0 +1,223 @@
+//! Per-account indexes: loading an account on first use (documents and
+//! BM25 postings first, then its graph from the dump, reconciled with the
+//! documents), and the vectors held for it.
+
+use super::*;
+
+impl Index {
+    /// The index of `account`, loaded on first use.
+    pub fn account(&self, account: &str) -> Result<Arc<AccountIndex>> {
+        let cell = lock(&self.accounts)
+            .entry(account.to_string())
+            .or_default()
+            .clone();
+        if let Some(a) = cell.get() {
+            return Ok(a.clone());
+        }
+        let mut err = None;
+        let a = cell.get_or_init(|| match self.load_account(account) {
+            Ok(a) => Arc::new(a),
+            Err(e) => {
+                err = Some(e);
+                Arc::new(self.empty_account(account))
+            }
+        });
+        if let Some(e) = err {
+            // Do not keep a half-loaded index: the next use tries again.
+            lock(&self.accounts).remove(account);
+            return Err(e);
+        }
+        Ok(a.clone())
+    }
+
+    pub(super) fn empty_account(&self, account: &str) -> AccountIndex {
+        AccountIndex {
+            name: account.to_string(),
+            graph: RwLock::new(Arc::new(ann::new_graph(&self.cfg.ann, 1024))),
+            st: RwLock::new(State::default()),
+            ready: AtomicBool::new(true),
+            loading: Mutex::new(()),
+        }
+    }
+
+    /// Load the account's graph and vectors unless done (phase two). Only
+    /// the indexer thread (or an offline command) calls this: it is the
+    /// only writer of graphs, so nothing changes the graph meanwhile.
+    pub(super) fn ensure_vectors(&self, ai: &AccountIndex) -> Result<()> {
+        if ai.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _g = lock(&ai.loading);
+        if ai.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.load_vectors(ai)?;
+        ai.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Every account whose index is loaded (phase one at least).
+    pub(super) fn loaded_accounts(&self) -> Vec<Arc<AccountIndex>> {
+        lock(&self.accounts)
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .collect()
+    }
+
+    /// Phase two for every account loaded so far.
+    pub(super) fn ensure_all_vectors(&self) {
+        let accts = self.loaded_accounts();
+        for ai in accts {
+            if let Err(e) = self.ensure_vectors(&ai) {
+                tracing::error!(account = %ai.name, "cannot load vectors: {e}");
+            }
+        }
+    }
+
+    pub(super) fn graph_dir(&self, account: &str) -> PathBuf {
+        self.dir.join(account)
+    }
+
+    /// Build an account's in-memory index from its stored documents and its
+    /// graph dump.
+    /// Phase one of a load: the documents and BM25 postings (enough to
+    /// answer lexically). The graph comes in `load_vectors`.
+    pub(super) fn load_account(&self, account: &str) -> Result<AccountIndex> {
+        let t0 = Instant::now();
+        let mut st = State::default();
+        let prefix = format!("{account}/");
+        let mut max_label =
+            self.store
+                .high_water(&crate::schema::counters::label_key(account))? as usize;
+        self.store.scan_ix(&prefix, &mut |path, bytes| {
+            let ix = IxDoc::decode(bytes)?;
+            let path: Arc<str> = Arc::from(path);
+            for (i, r) in ix.recs.iter().enumerate() {
+                st.slots.insert(r.label as usize, (path.clone(), i as u16));
+                max_label = max_label.max(r.label as usize);
+            }
+            let lex_id = st.lex.add(&ix.terms);
+            set_lex_path(&mut st.lex_path, lex_id, Some(path.clone()));
+            st.docs.insert(path, Doc { ix, lex_id });
+            Ok(())
+        })?;
+        st.next_label = max_label + 1;
+        tracing::info!(
+            account,
+            docs = st.docs.len(),
+            ms = t0.elapsed().as_millis() as u64,
+            "index documents loaded (lexical search ready)"
+        );
+        Ok(AccountIndex {
+            name: account.to_string(),
+            graph: RwLock::new(Arc::new(ann::new_graph(&self.cfg.ann, 1024))),
+            st: RwLock::new(st),
+            ready: AtomicBool::new(false),
+            loading: Mutex::new(()),
+        })
+    }
+
+    /// Phase two: the graph from its dump, reconciled with the documents.
+    pub(super) fn load_vectors(&self, ai: &AccountIndex) -> Result<()> {
+        let t0 = Instant::now();
+        let account = ai.name.as_str();
+        let dim = self.embedder.dim();
+        // Only this thread changes the account's state (see `ensure_vectors`):
+        // reading it under a read lock while the graph loads is consistent,
+        // and searches keep their read access meanwhile.
+        let st = rlock(&ai.st);
+        let slots = &st.slots;
+        let (graph, mut vecs) = match ann::load(&self.graph_dir(account), dim) {
+            Some(x) => x,
+            None => (ann::new_graph(&self.cfg.ann, slots.len()), HashMap::new()),
+        };
+        let loaded = vecs.len();
+        // Labels in the dump that no document holds: tombstones.
+        let dead: HashSet<usize> = vecs
+            .keys()
+            .filter(|l| !slots.contains_key(l))
+            .copied()
+            .collect();
+        vecs.retain(|l, _| slots.contains_key(l));
+        // Labels documents hold that the dump lacks: insert from the store.
+        let mut missing = Vec::new();
+        let model = self.embedder.id().to_string();
+        for (label, (path, i)) in slots {
+            if vecs.contains_key(label) {
+                continue;
+            }
+            let Some(doc) = st.docs.get(path) else {
+                continue;
+            };
+            if doc.ix.model != model {
+                continue;
+            }
+            let r = &doc.ix.recs[*i as usize];
+            if let Some(b) = self.store.get_vec(&model, r.hash)? {
+                let v = bytes_vec(&b);
+                if v.len() == dim {
+                    missing.push((*label, ann::half(&v)));
+                }
+            }
+        }
+        drop(st);
+        ann::insert(&graph, &missing);
+        for (l, v) in missing.iter() {
+            vecs.insert(*l, v.clone());
+        }
+        {
+            let mut st = wlock(&ai.st);
+            st.dirty = !missing.is_empty() || !dead.is_empty();
+            st.dead = dead;
+            st.vecs = vecs;
+            *wlock(&ai.graph) = Arc::new(graph);
+            tracing::info!(
+                account,
+                docs = st.docs.len(),
+                vectors = st.vecs.len(),
+                from_dump = loaded,
+                inserted = missing.len(),
+                tombstones = st.dead.len(),
+                ms = t0.elapsed().as_millis() as u64,
+                "index loaded"
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn stored_accounts(&self) -> Result<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        self.store.scan_ix("", &mut |path, _| {
+            let a = path.split('/').next().unwrap_or("");
+            if out.last().map(String::as_str) != Some(a) {
+                out.push(a.to_string());
+            }
+            Ok(())
+        })?;
+        out.dedup();
+        Ok(out)
+    }
+
+    /// The live vectors of an account by label, as the store keeps them
+    /// (f32, before the rounding to half precision; benchmarks).
+    pub fn live_vectors(&self, account: &str) -> Result<Vec<(usize, Vec<f32>)>> {
+        let ai = self.account(account)?;
+        self.ensure_vectors(&ai)?;
+        let st = rlock(&ai.st);
+        let model = self.embedder.id();
+        let mut out = Vec::with_capacity(st.vecs.len());
+        for l in st.vecs.keys() {
+            let Some((path, i)) = st.slots.get(l) else {
+                continue;
+            };
+            let Some(doc) = st.docs.get(path) else {
+                continue;
+            };
+            if let Some(b) = self.store.get_vec(model, doc.ix.recs[*i as usize].hash)? {
+                out.push((*l, bytes_vec(&b)));
+            }
+        }
+        out.sort_by_key(|x| x.0);
+        Ok(out)
+    }
+}

@@ -1,0 +1,515 @@
+//! The indexer's step: select the outbox events to process now, embed
+//! what the batch needs, plan each event's change, write documents and
+//! remove the events in one transaction, then update the in-memory
+//! indexes; failures retry with backoff, then go to the dead-letter queue.
+
+use super::*;
+
+/// One unit of indexing work decoded from an outbox event.
+pub(super) enum Work {
+    Upsert {
+        path: String,
+        texts: Vec<(u8, String)>,
+    },
+    Relations {
+        path: String,
+        edges: Vec<Edge>,
+    },
+    Remove {
+        path: String,
+    },
+    Move {
+        from: String,
+        to: String,
+    },
+}
+
+pub(super) struct Pending {
+    pub(super) ev: StoredEvent,
+    /// The event as decoded; `None` for work that is not an outbox event
+    /// (reindexing) and for events the indexer cannot read (dead-lettered).
+    pub(super) event: Option<OutboxEvent>,
+    pub(super) path: String,
+    pub(super) account: String,
+    pub(super) work: Work,
+}
+
+pub(super) fn parse_event(ev: &StoredEvent) -> Option<Pending> {
+    let event = OutboxEvent::decode(&ev.json).ok()?;
+    let path = event.node()?.to_string();
+    let account = path.split('/').next()?.to_string();
+    let work = match &event.change {
+        event::Change::UpsertContext { records } => Work::Upsert {
+            path: path.clone(),
+            texts: records.iter().map(|r| (r.level, r.text.clone())).collect(),
+        },
+        event::Change::UpsertRelation { edges } => Work::Relations {
+            path: path.clone(),
+            edges: edges_of(edges),
+        },
+        event::Change::ArchiveContext {} | event::Change::DeleteContext {} => {
+            Work::Remove { path: path.clone() }
+        }
+        event::Change::MoveContext { new_uri } => Work::Move {
+            from: path.clone(),
+            to: place::node_of_uri(new_uri)?.to_string(),
+        },
+    };
+    // The store files an event under the node's path after the change (a
+    // move's under its destination).
+    let path = match &work {
+        Work::Move { to, .. } => to.clone(),
+        _ => path,
+    };
+    Some(Pending {
+        ev: ev.clone(),
+        event: Some(event),
+        path,
+        account,
+        work,
+    })
+}
+
+pub(super) fn edges_of(v: &[Value]) -> Vec<Edge> {
+    v.iter()
+        .filter_map(|e| {
+            Some(Edge {
+                to: e["to_uri"].as_str()?.to_string(),
+                kind: e["relation_type"].as_str().unwrap_or("related").to_string(),
+                weight: e["weight"].as_f64().unwrap_or(1.0) as f32,
+            })
+        })
+        .collect()
+}
+
+impl Index {
+    /// Events to process now, in order; an event waiting for a retry holds
+    /// back the later events of its node.
+    pub(super) fn select(&self, head: &[StoredEvent]) -> (Vec<Pending>, Option<Instant>) {
+        let now = now_ms();
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut out = Vec::new();
+        let mut next: Option<Instant> = None;
+        for ev in head {
+            let Some(p) = parse_event(ev) else {
+                // Not something the indexer understands: dead-letter it.
+                out.push(Pending {
+                    ev: ev.clone(),
+                    event: None,
+                    path: String::new(),
+                    account: String::new(),
+                    work: Work::Remove {
+                        path: String::new(),
+                    },
+                });
+                continue;
+            };
+            // A move touches its source and its destination.
+            let mut touched = vec![p.path.clone()];
+            if let Work::Move { from, .. } = &p.work {
+                touched.push(from.clone());
+            }
+            if touched.iter().any(|t| blocked.contains(t)) {
+                continue;
+            }
+            let at = p.event.as_ref().and_then(|e| e.next_retry_ms).unwrap_or(0);
+            if at > now {
+                let t = Instant::now() + Duration::from_millis(at - now);
+                next = Some(next.map_or(t, |n: Instant| n.min(t)));
+                blocked.extend(touched);
+                continue;
+            }
+            out.push(p);
+            if out.len() >= BATCH {
+                break;
+            }
+        }
+        (out, next)
+    }
+
+    /// Embed what the batch needs, then apply it: store first (one
+    /// transaction), memory after.
+    pub(super) fn process(&self, batch: Vec<Pending>) -> Result<()> {
+        let model = self.embedder.id().to_string();
+        // Texts to embed, by hash, from every upsert of the batch.
+        let mut need: HashMap<u128, String> = HashMap::new();
+        let mut have: HashMap<u128, ann::Vector> = HashMap::new();
+        // Tokens each account asks of the embedder in this batch (quota).
+        let mut asks: HashMap<String, (u64, Vec<u128>)> = HashMap::new();
+        for p in &batch {
+            if let Work::Upsert { texts, .. } = &p.work {
+                for (h, t) in record_texts(texts) {
+                    if have.contains_key(&h) || need.contains_key(&h) {
+                        continue;
+                    }
+                    match self.store.get_vec(&model, h)? {
+                        Some(b) if b.len() == self.embedder.dim() * 4 => {
+                            self.stats.embed_cache_hits.fetch_add(1, Ordering::Relaxed);
+                            have.insert(h, ann::half(&bytes_vec(&b)));
+                        }
+                        _ => {
+                            let a = asks.entry(p.account.clone()).or_default();
+                            a.0 += crate::schema::counters::tokens_of(&t);
+                            a.1.push(h);
+                            need.insert(h, t);
+                        }
+                    }
+                }
+            }
+        }
+        let mut ops: Vec<Op> = Vec::new();
+        // An account over its daily embedding budget waits for the next UTC
+        // day: its texts are not embedded and its events are deferred.
+        let day = crate::schema::time::day_of(crate::schema::time::now_ns());
+        let mut deferred: HashSet<String> = HashSet::new();
+        for (account, (tokens, hashes)) in &asks {
+            let key = crate::schema::counters::tokens_key(account, day);
+            if let Some(&max) = self.cfg.embed_tokens_per_day.get(account) {
+                let used = self.store.counter(&key)?.max(0) as u64;
+                if used + tokens > max {
+                    deferred.insert(account.clone());
+                    for h in hashes {
+                        need.remove(h);
+                    }
+                    continue;
+                }
+            }
+            ops.push(Op::Count {
+                key,
+                delta: *tokens as i64,
+            });
+        }
+        let mut failed: HashMap<u128, String> = HashMap::new();
+        let mut todo: Vec<(u128, String)> = need.into_iter().collect();
+        todo.sort_by_key(|(_, t)| t.len());
+        let texts: Vec<&str> = todo.iter().map(|(_, t)| t.as_str()).collect();
+        let results = embed::embed_batches(&*self.embedder, &texts, EMBED_BATCH);
+        for (part, r) in todo.chunks(EMBED_BATCH).zip(results) {
+            match r {
+                Ok(vs) => {
+                    for ((h, _), v) in part.iter().zip(vs) {
+                        ops.push(Op::PutVec {
+                            model: model.clone(),
+                            hash: *h,
+                            data: vec_bytes(&v),
+                        });
+                        have.insert(*h, ann::half(&v));
+                    }
+                    self.stats
+                        .embedded
+                        .fetch_add(part.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.stats
+                        .embed_failures
+                        .fetch_add(part.len() as u64, Ordering::Relaxed);
+                    tracing::warn!("embedding failed: {e}");
+                    for (h, _) in part {
+                        failed.insert(*h, e.clone());
+                    }
+                }
+            }
+        }
+
+        // Apply in order, per account.
+        let mut changes: Vec<(Arc<AccountIndex>, Change)> = Vec::new();
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut done_lags = Vec::new();
+        let mut label_hw: HashMap<String, usize> = HashMap::new();
+        for p in batch {
+            if p.path.is_empty() {
+                self.dead_letter(&mut ops, &p, "not an index event");
+                continue;
+            }
+            if blocked.contains(&p.path) {
+                continue;
+            }
+            let ai = self.account(&p.account)?;
+            self.ensure_vectors(&ai)?;
+            let recs = match &p.work {
+                Work::Upsert { texts, .. } => record_texts(texts),
+                _ => Vec::new(),
+            };
+            // Only a spent budget leaves a text neither embedded nor failed.
+            if recs
+                .iter()
+                .any(|(h, _)| !have.contains_key(h) && !failed.contains_key(h))
+            {
+                self.defer_to_tomorrow(&mut ops, &p);
+                blocked.insert(p.path.clone());
+                continue;
+            }
+            let err = recs.iter().find_map(|(h, _)| failed.get(h).cloned());
+            if let Some(e) = err {
+                self.retry_later(&mut ops, &p, &e);
+                blocked.insert(p.path.clone());
+                continue;
+            }
+            let change = self.plan(&ai, &p, &have, &model, &mut label_hw, &changes)?;
+            change.ops(&mut ops);
+            ops.push(Op::DoneEvent {
+                seq: p.ev.seq,
+                node_path: p.path.clone(),
+                account: p.account.clone(),
+            });
+            if let Some(c) = p
+                .event
+                .as_ref()
+                .and_then(|e| humantime::parse_rfc3339_weak(&e.created_at).ok())
+            {
+                done_lags.push(c);
+            }
+            changes.push((ai, change));
+        }
+        for (a, l) in label_hw {
+            ops.push(Op::HighWater {
+                key: crate::schema::counters::label_key(&a),
+                value: l as u64,
+            });
+        }
+        let n_done = changes.len() as u64;
+        self.store.apply(ops, false)?;
+        // Memory: the graph inserts (on the rayon pool, outside the state
+        // lock) and the state changes (BM25, slots) at the same time; the
+        // batch counts as done when both are. A search in between may see a
+        // node in one and not yet in the other, as for any node still being
+        // indexed.
+        let mut inserts: HashMap<String, (Arc<AccountIndex>, Vec<LabeledVec>)> = HashMap::new();
+        for (ai, c) in &changes {
+            if let Change::Put { vecs, .. } = c {
+                inserts
+                    .entry(ai.name.clone())
+                    .or_insert_with(|| (ai.clone(), Vec::new()))
+                    .1
+                    .extend(vecs.iter().cloned());
+            }
+        }
+        std::thread::scope(|s| {
+            if !inserts.is_empty() {
+                s.spawn(move || {
+                    for (ai, vecs) in inserts.into_values() {
+                        let g = rlock(&ai.graph).clone();
+                        ann::insert(&g, &vecs);
+                    }
+                });
+            }
+            for (ai, c) in changes {
+                c.apply(&ai);
+            }
+        });
+        self.stats.events_done.fetch_add(n_done, Ordering::Relaxed);
+        let now = SystemTime::now();
+        let mut lags = lock(&self.lags);
+        for c in done_lags {
+            let ms = now
+                .duration_since(c)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            lags.push_back(ms);
+            if lags.len() > 1000 {
+                lags.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// The account's embedding budget of today is spent: try again at the
+    /// start of the next UTC day, without counting a failed try.
+    pub(super) fn defer_to_tomorrow(&self, ops: &mut Vec<Op>, p: &Pending) {
+        let Some(mut e) = p.event.clone() else { return };
+        let next = crate::schema::time::next_day_ns(crate::schema::time::now_ns());
+        e.status = EventStatus::Deferred;
+        e.last_error = Some(format!(
+            "embedding budget (embed_tokens_per_day) of account {} is spent for today; deferred to {}",
+            p.account,
+            crate::schema::time::rfc3339(next)
+        ));
+        e.next_retry_ms = Some((next / 1_000_000) as u64);
+        self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+        ops.push(Op::UpdateEvent {
+            seq: p.ev.seq,
+            json: e.encode(),
+        });
+    }
+
+    pub(super) fn retry_later(&self, ops: &mut Vec<Op>, p: &Pending, err: &str) {
+        let Some(mut e) = p.event.clone() else { return };
+        e.retry_count += 1;
+        let tries = e.retry_count;
+        e.last_error = Some(err.to_string());
+        if tries >= self.cfg.max_retries {
+            e.status = EventStatus::Dead;
+            self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(event = p.ev.seq, node = %p.path, "dead letter after {tries} tries: {err}");
+            ops.push(Op::DeadEvent {
+                seq: p.ev.seq,
+                node_path: p.path.clone(),
+                account: p.account.clone(),
+                json: e.encode(),
+            });
+            return;
+        }
+        let delay = self
+            .cfg
+            .backoff
+            .saturating_mul(1 << (tries - 1).min(16))
+            .min(Duration::from_secs(60));
+        e.status = EventStatus::Failed;
+        e.next_retry_ms = Some(now_ms() + delay.as_millis() as u64);
+        ops.push(Op::UpdateEvent {
+            seq: p.ev.seq,
+            json: e.encode(),
+        });
+    }
+
+    /// An event the indexer cannot use goes to the dead-letter queue as it
+    /// is, marked dead when it is an event at all.
+    pub(super) fn dead_letter(&self, ops: &mut Vec<Op>, p: &Pending, why: &str) {
+        let (json, uri_path) = match p.event.clone() {
+            Some(mut e) => {
+                e.status = EventStatus::Dead;
+                e.last_error = Some(why.to_string());
+                let path = e.node().unwrap_or("").to_string();
+                (e.encode(), path)
+            }
+            None => {
+                // Not an event of ours: marked when it is a JSON object, and
+                // filed under its URI when it names one.
+                let mut j: Value = serde_json::from_slice(&p.ev.json).unwrap_or(Value::Null);
+                if j.is_object() {
+                    j["status"] = "DEAD".into();
+                    j["last_error"] = why.into();
+                }
+                let path = j["uri"]
+                    .as_str()
+                    .and_then(place::node_of_uri)
+                    .unwrap_or("")
+                    .to_string();
+                let json = match j {
+                    Value::Null => p.ev.json.clone(),
+                    j => serde_json::to_vec(&j).unwrap_or_else(|_| p.ev.json.clone()),
+                };
+                (json, path)
+            }
+        };
+        let path = if p.path.is_empty() {
+            uri_path
+        } else {
+            p.path.clone()
+        };
+        let account = path.split('/').next().unwrap_or("").to_string();
+        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        ops.push(Op::DeadEvent {
+            seq: p.ev.seq,
+            node_path: path,
+            account,
+            json,
+        });
+    }
+
+    /// What one event changes, given the documents as they will be after the
+    /// earlier changes of the same batch.
+    pub(super) fn plan(
+        &self,
+        ai: &AccountIndex,
+        p: &Pending,
+        have: &HashMap<u128, ann::Vector>,
+        model: &str,
+        label_hw: &mut HashMap<String, usize>,
+        earlier: &[(Arc<AccountIndex>, Change)],
+    ) -> Result<Change> {
+        // The current document of a path: from an earlier change of this
+        // batch, else memory.
+        let current = |path: &str| -> Option<Option<IxDoc>> {
+            for (a, c) in earlier.iter().rev() {
+                if a.name == ai.name {
+                    if let Some(d) = c.doc_after(path) {
+                        return Some(d);
+                    }
+                }
+            }
+            None
+        };
+        let cur_doc = |path: &str| -> Option<IxDoc> {
+            match current(path) {
+                Some(d) => d,
+                None => rlock(&ai.st).docs.get(path).map(|d| d.ix.clone()),
+            }
+        };
+        Ok(match &p.work {
+            Work::Upsert { path, texts } => {
+                let old = cur_doc(path);
+                let next = label_hw
+                    .entry(ai.name.clone())
+                    .or_insert_with(|| rlock(&ai.st).next_label);
+                let mut doc = IxDoc {
+                    model: model.to_string(),
+                    edges: old.as_ref().map(|d| d.edges.clone()).unwrap_or_default(),
+                    ..Default::default()
+                };
+                let mut all = String::new();
+                for (level, t) in texts {
+                    all.push_str(t);
+                    all.push('\n');
+                    if *level == 0 {
+                        doc.abstract_ = text::one_line(t);
+                    }
+                }
+                if doc.abstract_.is_empty() {
+                    let c = texts.iter().find(|t| t.0 == 2).map(|t| t.1.as_str());
+                    let first = c.unwrap_or("").lines().find(|l| !l.trim().is_empty());
+                    doc.abstract_ = first
+                        .unwrap_or("")
+                        .trim_start_matches('#')
+                        .trim()
+                        .chars()
+                        .take(100)
+                        .collect();
+                }
+                doc.terms = lex::counts(&text::terms(&all));
+                let mut vecs = Vec::new();
+                for (level, line, t) in records(texts) {
+                    let h = xxh3_128(t.as_bytes());
+                    let Some(v) = have.get(&h) else { continue };
+                    let label = *next;
+                    *next += 1;
+                    doc.recs.push(IxRec {
+                        label: label as u64,
+                        level,
+                        line,
+                        hash: h,
+                    });
+                    vecs.push((label, v.clone()));
+                }
+                Change::Put {
+                    path: path.clone(),
+                    doc,
+                    vecs,
+                }
+            }
+            Work::Relations { path, edges } => match cur_doc(path) {
+                Some(mut d) => {
+                    d.edges = edges.clone();
+                    Change::Put {
+                        path: path.clone(),
+                        doc: d,
+                        vecs: Vec::new(),
+                    }
+                }
+                None => Change::None,
+            },
+            Work::Remove { path } => match cur_doc(path) {
+                Some(_) => Change::Del { path: path.clone() },
+                None => Change::None,
+            },
+            Work::Move { from, to } => match cur_doc(from) {
+                Some(d) => Change::Move {
+                    from: from.clone(),
+                    to: to.clone(),
+                    doc: d,
+                },
+                None => Change::None,
+            },
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! Reindexing from the committed nodes: after a model change, for nodes
+//! never indexed, for given paths, or everything (`ctxfs reindex`).
+
+use super::*;
+
+/// The L0/L1/L2 texts of a committed node (for reindexing from the store).
+pub fn node_texts(store: &dyn Store, rec: &NodeRec) -> Result<(Texts, Vec<Edge>)> {
+    let mut texts = Vec::new();
+    let mut edges = Vec::new();
+    for (name, level) in [
+        (place::ABSTRACT, 0u8),
+        (place::OVERVIEW, 1),
+        (place::CONTENT, 2),
+    ] {
+        if let Some(f) = rec.file(name) {
+            let b = store.read_blob(f.blob, f.size)?;
+            texts.push((level, String::from_utf8_lossy(&b).into_owned()));
+        }
+    }
+    if let Some(f) = rec.file(place::RELATIONS) {
+        let b = store.read_blob(f.blob, f.size)?;
+        if let Ok(Value::Array(a)) = serde_json::from_slice::<Value>(&b) {
+            edges = edges_of(&a);
+        }
+    }
+    Ok((texts, edges))
+}
+
+impl Index {
+    /// Re-embed the documents of accounts whose vectors came from another
+    /// model (or of `only`, all of them).
+    pub fn reindex_stale_models(&self, only: Option<&str>) -> Result<usize> {
+        let model = self.embedder.id().to_string();
+        let mut stale: Vec<String> = Vec::new();
+        self.store.scan_ix("", &mut |path, b| {
+            let d = IxDoc::decode(b)?;
+            if d.model != model && !d.recs.is_empty() {
+                stale.push(path.to_string());
+            }
+            Ok(())
+        })?;
+        if let Some(a) = only {
+            stale.retain(|p| p.split('/').next() == Some(a));
+        }
+        if stale.is_empty() {
+            return Ok(0);
+        }
+        tracing::info!(
+            nodes = stale.len(),
+            model,
+            "embedding model changed: reindexing"
+        );
+        let n = stale.len();
+        self.reindex_paths(stale, &mut |_, _| {})?;
+        Ok(n)
+    }
+
+    /// ACTIVE nodes with no index document (an interrupted `ctxfs reindex`,
+    /// an index dir deleted by hand): index them from the store. Cheap when
+    /// the counts agree: one counter per account.
+    pub fn index_unindexed(&self) -> Result<usize> {
+        let mut short = HashSet::new();
+        // Account directories (a commit creates its account's).
+        for a in self.store.list_dirs("")? {
+            let active = self
+                .store
+                .counter(&crate::schema::counters::nodes_key(
+                    &a,
+                    crate::schema::Status::Active,
+                ))?
+                .max(0) as usize;
+            let docs = rlock(&self.account(&a)?.st).docs.len();
+            if docs < active {
+                short.insert(a);
+            }
+        }
+        if short.is_empty() {
+            return Ok(0);
+        }
+        let mut missing = Vec::new();
+        self.store.scan_nodes(&mut |r| {
+            let a = r.path.split('/').next().unwrap_or("");
+            if r.status == Status::Active && short.contains(a) {
+                missing.push(r.path);
+            }
+            Ok(())
+        })?;
+        let accounts: HashMap<String, Arc<AccountIndex>> = short
+            .iter()
+            .map(|a| Ok((a.clone(), self.account(a)?)))
+            .collect::<Result<_>>()?;
+        missing.retain(|p| {
+            let a = p.split('/').next().unwrap_or("");
+            accounts
+                .get(a)
+                .is_some_and(|ai| !rlock(&ai.st).docs.contains_key(p.as_str()))
+        });
+        let n = missing.len();
+        if n > 0 {
+            tracing::warn!(
+                nodes = n,
+                "ACTIVE nodes without an index document: indexing them"
+            );
+            self.reindex_paths(missing, &mut |_, _| {})?;
+        }
+        Ok(n)
+    }
+
+    /// Index the current state of the given nodes from the store (ACTIVE:
+    /// upsert; anything else or gone: remove).
+    pub fn reindex_paths(
+        &self,
+        paths: Vec<String>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<()> {
+        let total = paths.len();
+        let mut done = 0;
+        for part in paths.chunks(BATCH) {
+            let mut batch = Vec::new();
+            for path in part {
+                // Work that is not an outbox event: sequence number 0.
+                let direct = |work: Work| Pending {
+                    ev: StoredEvent {
+                        seq: 0,
+                        json: Vec::new(),
+                    },
+                    event: None,
+                    path: path.clone(),
+                    account: path.split('/').next().unwrap_or("").to_string(),
+                    work,
+                };
+                match self.store.get_node(path)? {
+                    Some(rec) if rec.status == Status::Active => {
+                        let (texts, edges) = node_texts(&*self.store, &rec)?;
+                        batch.push(direct(Work::Upsert {
+                            path: path.clone(),
+                            texts,
+                        }));
+                        batch.push(direct(Work::Relations {
+                            path: path.clone(),
+                            edges,
+                        }));
+                    }
+                    _ => batch.push(direct(Work::Remove { path: path.clone() })),
+                }
+            }
+            // Sequence number 0 is never a stored event: the outbox
+            // bookkeeping of `process` is a no-op for this work.
+            self.process(batch)?;
+            done += part.len();
+            progress(done, total);
+        }
+        Ok(())
+    }
+
+    /// Rebuild every index from the store: documents, vectors (from the
+    /// cache when the model already embedded a text) and graphs.
+    pub fn reindex_all(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<usize> {
+        // Forget what is indexed.
+        let mut ops = Vec::new();
+        self.store.scan_ix("", &mut |path, _| {
+            ops.push(Op::DelIx {
+                path: path.to_string(),
+            });
+            Ok(())
+        })?;
+        self.store.apply(ops, false)?;
+        lock(&self.accounts).clear();
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+        let mut paths = Vec::new();
+        self.store.scan_nodes(&mut |rec| {
+            if rec.status == Status::Active {
+                paths.push(rec.path);
+            }
+            Ok(())
+        })?;
+        paths.sort();
+        let n = paths.len();
+        self.reindex_paths(paths, progress)?;
+        self.dump_all();
+        Ok(n)
+    }
+}

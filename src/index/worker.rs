@@ -1,0 +1,172 @@
+//! The indexer thread: woken by commits and `.ctxfs/sync`, it drains the
+//! outbox batch by batch; when idle it rebuilds graphs full of tombstones
+//! and dumps changed graphs.
+
+use super::*;
+
+impl Index {
+    pub fn start(self: &Arc<Self>) -> Result<()> {
+        let me = self.clone();
+        let h = std::thread::Builder::new()
+            .name("ctxfs-index".into())
+            .spawn(move || me.run())
+            .map_err(|e| Error::store_from("cannot start the indexer", e))?;
+        *lock(&self.thread) = Some(h);
+        Ok(())
+    }
+
+    /// Stop the indexer and write the graph dumps.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.notify();
+        if let Some(h) = lock(&self.thread).take() {
+            let _ = h.join();
+        }
+        self.dump_all();
+    }
+
+    /// Something was committed: look at the outbox soon.
+    pub fn notify(&self) {
+        lock(&self.progress).wake = true;
+        self.cv.notify_all();
+    }
+
+    pub(super) fn run(self: Arc<Self>) {
+        self.running.store(true, Ordering::SeqCst);
+        // Load every indexed account up front, so the first search is fast.
+        match self.stored_accounts() {
+            Ok(accts) => {
+                for a in accts {
+                    if let Err(e) = self.account(&a) {
+                        tracing::error!(account = %a, "cannot load index: {e}");
+                    }
+                }
+            }
+            Err(e) => tracing::error!("cannot list indexed accounts: {e}"),
+        }
+        // Lexical search works from here; then the graphs.
+        self.ensure_all_vectors();
+        if let Err(e) = self.reindex_stale_models(None) {
+            tracing::error!("reindex after a model change failed: {e}");
+        }
+        if let Err(e) = self.index_unindexed() {
+            tracing::error!("indexing nodes the index lacks failed: {e}");
+        }
+        let mut last_work = Instant::now();
+        let mut last_rebuild_check = Instant::now();
+        while !self.stop.load(Ordering::SeqCst) {
+            // Accounts a search loaded meanwhile get their graphs here.
+            self.ensure_all_vectors();
+            let scan = {
+                let mut p = lock(&self.progress);
+                p.started += 1;
+                p.wake = false;
+                p.started
+            };
+            let head = match self.store.outbox_head(BATCH * 4) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!("indexer cannot read the outbox: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            {
+                let mut p = lock(&self.progress);
+                p.published = (scan, head.first().map(|e| e.seq).unwrap_or(u64::MAX));
+            }
+            self.cv.notify_all();
+            let (ready, next_retry) = self.select(&head);
+            if !ready.is_empty() {
+                if let Err(e) = self.process(ready) {
+                    tracing::error!("indexer step failed: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                last_work = Instant::now();
+                // Under a steady stream of updates the indexer is never idle:
+                // rebuild graphs full of tombstones now and then anyway, so
+                // memory follows the live vectors, not every version ever.
+                if last_rebuild_check.elapsed() >= Duration::from_secs(10) {
+                    self.rebuild_tombstoned();
+                    last_rebuild_check = Instant::now();
+                }
+                continue;
+            }
+            // Idle: maybe rebuild or dump, then wait.
+            if last_work.elapsed() >= self.cfg.dump_after {
+                self.maintain();
+                last_work = Instant::now();
+            }
+            let wait = next_retry
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(1))
+                .min(Duration::from_secs(1));
+            let p = lock(&self.progress);
+            if !p.wake {
+                let _ = self.cv.wait_timeout(p, wait.max(Duration::from_millis(5)));
+            }
+        }
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    /// Rebuild graphs with many tombstones; dump changed graphs.
+    pub(super) fn maintain(&self) {
+        self.rebuild_tombstoned();
+        self.dump_all();
+    }
+
+    /// Rebuild the graphs whose tombstones outnumber a quarter of the live vectors.
+    pub(super) fn rebuild_tombstoned(&self) {
+        let accts = self.loaded_accounts();
+        for ai in accts {
+            if !ai.ready.load(Ordering::Acquire) {
+                continue;
+            }
+            let (dead, live) = {
+                let st = rlock(&ai.st);
+                (st.dead.len(), st.vecs.len())
+            };
+            if dead > 1000 && dead * 4 > live {
+                self.rebuild(&ai);
+            }
+        }
+    }
+
+    /// Build a new graph from the live vectors and swap it in.
+    pub fn rebuild(&self, ai: &AccountIndex) {
+        let t0 = Instant::now();
+        let items: Vec<LabeledVec> = {
+            let st = rlock(&ai.st);
+            st.vecs.iter().map(|(l, v)| (*l, v.clone())).collect()
+        };
+        let g = ann::build(&self.cfg.ann, &items);
+        // Only the indexer thread changes vectors, and it is here: nothing
+        // changed since the snapshot.
+        *wlock(&ai.graph) = Arc::new(g);
+        let mut st = wlock(&ai.st);
+        st.dead.clear();
+        st.dirty = true;
+        tracing::info!(account = %ai.name, vectors = items.len(), ms = t0.elapsed().as_millis() as u64, "graph rebuilt");
+    }
+
+    /// Dump every graph changed since its last dump.
+    pub(super) fn dump_all(&self) {
+        let accts = self.loaded_accounts();
+        for ai in accts {
+            // Never dump a graph that is not loaded yet over the real one.
+            if !ai.ready.load(Ordering::Acquire) || !rlock(&ai.st).dirty {
+                continue;
+            }
+            let g = rlock(&ai.graph).clone();
+            let t0 = Instant::now();
+            match ann::dump(&g, &self.graph_dir(&ai.name)) {
+                Ok(()) => {
+                    wlock(&ai.st).dirty = false;
+                    self.stats.dumps.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(account = %ai.name, ms = t0.elapsed().as_millis() as u64, "graph dumped");
+                }
+                Err(e) => tracing::error!(account = %ai.name, "graph dump failed: {e}"),
+            }
+        }
+    }
+}
