@@ -1,0 +1,308 @@
+//! The daemon's life: restart, refusals of the command line, kill -9 during
+//! commits, SIGTERM, the Repair Job at mount, and umount of a busy mount.
+
+use crate::harness::*;
+use std::time::Duration;
+
+const N1: &str = "acme/users/alice/memories/events/e1";
+
+#[test]
+fn restart_keeps_committed_state_and_drafts() {
+    let mut m = Mount::new();
+    m.ok(0, &four_steps(N1, "durable", ACTIVE));
+    m.ok(0, "mkdir -p $M/accounts/acme/users/alice/memories/events/draft1 && echo wip > $M/accounts/acme/users/alice/memories/events/draft1/content.md");
+    m.umount();
+    m.fsck();
+    m.mount();
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
+        "durable"
+    );
+    assert!(m
+        .ok(0, &format!("cat $M/accounts/{N1}/.meta.json"))
+        .contains("\"version\": 1"));
+    // The draft was saved at unmount and is still the writer's.
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/alice/memories/events/draft1/content.md"
+        ),
+        "wip\n"
+    );
+}
+
+#[test]
+fn daemon_cli_refusals() {
+    let m = Mount::new();
+    // A second daemon on the same data dir.
+    let other = m.dir.path().join("mnt2");
+    std::fs::create_dir(&other).unwrap();
+    let out = ctxfs(&[
+        "mount",
+        other.to_str().unwrap(),
+        "--data",
+        m.data.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already served by another ctxfs daemon"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one-line reason: {err}");
+    // Missing mountpoint, bad config.
+    let out = ctxfs(&["mount", "/nonexistent/x", "--data", "/tmp/x"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("mountpoint"));
+    let bad = m.dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[account]]\nid = 'a b'\n").unwrap();
+    let out = ctxfs(&[
+        "mount",
+        other.to_str().unwrap(),
+        "--data",
+        "/tmp/unused",
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("bad config"));
+    let out = ctxfs(&[
+        "mount",
+        other.to_str().unwrap(),
+        "--config",
+        "/nonexistent.toml",
+    ]);
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("cannot read config")
+    );
+    // fsck refuses a data dir that is being served.
+    let out = ctxfs(&["fsck", "--data", m.data.to_str().unwrap()]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn kill9_during_commit_stream_loses_nothing_acknowledged() {
+    let mut m = Mount::new();
+    let acked = m.dir.path().join("acked");
+    // A writer streams commits and records each one whose close returned 0.
+    let script = format!(
+        "i=0; while true; do i=$((i+1)); N=$M/accounts/acme/users/w/memories/stream/n$i; \
+         mkdir $N 2>/dev/null && printf 'content %d' $i > $N/content.md 2>/dev/null && echo '[]' > $N/.relations.json 2>/dev/null \
+         && echo a > $N/.abstract.md 2>/dev/null && echo o > $N/.overview.md 2>/dev/null \
+         && /bin/echo '{ACTIVE}' > $N/.meta.json 2>/dev/null && echo $i >> {a} || exit 0; done",
+        a = acked.display()
+    );
+    // The writer creates only node dirs: their parent exists only inside the
+    // mount, so once the daemon is gone it fails instead of writing to the
+    // plain directory under the mountpoint.
+    m.ok(0, "mkdir -p $M/accounts/acme/users/w/memories/stream");
+    let mut w = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(&script)
+        .env("M", &m.mnt)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // A durably fsynced draft must survive too.
+    m.ok(
+        0,
+        "mkdir -p $M/accounts/acme/users/w/memories/drafts/d1 && /usr/bin/python3 -c \"
+import os
+fd = os.open('$M/accounts/acme/users/w/memories/drafts/d1/content.md', os.O_CREAT|os.O_WRONLY)
+os.write(fd, b'fsynced draft'); os.fsync(fd); os.close(fd)\"",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    m.kill9();
+    let _ = w.wait();
+    let acked: Vec<u32> = std::fs::read_to_string(&acked)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert!(
+        acked.len() > 10,
+        "too few commits before the kill: {}",
+        acked.len()
+    );
+    m.fsck();
+    m.mount();
+    for i in &acked {
+        assert_eq!(
+            m.ok(
+                0,
+                &format!("cat $M/accounts/acme/users/w/memories/stream/n{i}/content.md")
+            ),
+            format!("content {i}"),
+            "acknowledged commit n{i} lost"
+        );
+    }
+    // No PENDING node is visible; the status shows committed nodes only.
+    let listed = m
+        .ok(0, "ls $M/accounts/acme/users/w/memories/stream")
+        .lines()
+        .count();
+    assert!(
+        listed >= acked.len() && listed <= acked.len() + 1,
+        "listed {listed}, acked {}",
+        acked.len()
+    );
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/w/memories/drafts/d1/content.md"
+        ),
+        "fsynced draft"
+    );
+    m.umount();
+    m.fsck();
+}
+
+#[test]
+fn sigterm_unmounts_cleanly_and_saves_drafts() {
+    let mut m = Mount::new();
+    m.ok(0, &four_steps(N1, "kept", ACTIVE));
+    m.ok(0, "mkdir -p $M/accounts/acme/users/alice/memories/events/wip && echo draft > $M/accounts/acme/users/alice/memories/events/wip/content.md");
+    let pid = m.daemon_pid();
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    m.wait_gone(pid);
+    m.fsck();
+    m.mount();
+    assert_eq!(m.ok(0, &format!("cat $M/accounts/{N1}/content.md")), "kept");
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/alice/memories/events/wip/content.md"
+        ),
+        "draft\n"
+    );
+}
+
+#[test]
+fn repair_job_branches() {
+    let mut m = Mount::new();
+    let base = "$M/accounts/acme/users/r/memories/rep";
+    // fsync'd drafts in the states of seed 000's failure table.
+    let py = |node: &str, files: &[&str]| {
+        let writes: String = files
+            .iter()
+            .map(|f| {
+                let body = match *f {
+                    ".relations.json" => "[]",
+                    ".meta.json" => "{\"status\": \"PENDING\"}",
+                    _ => "text",
+                };
+                format!("w('{f}', '{body}')\n")
+            })
+            .collect();
+        format!(
+            "mkdir -p {base}/{node} && /usr/bin/python3 - <<'EOF'\nimport os\nd = os.path.expandvars('{base}/{node}')\n\
+             def w(n, t):\n    fd = os.open(os.path.join(d, n), os.O_CREAT | os.O_WRONLY | os.O_TRUNC)\n    os.write(fd, t.encode()); os.fsync(fd); os.close(fd)\n{writes}EOF"
+        )
+    };
+    let all = [
+        "content.md",
+        ".relations.json",
+        ".abstract.md",
+        ".overview.md",
+    ];
+    m.ok(0, &py("orphan", &["content.md"]));
+    m.ok(0, &py("complete", &all));
+    m.ok(
+        0,
+        &py("pending_meta", &[&all[..], &[".meta.json"]].concat()),
+    );
+    m.ok(
+        0,
+        &py("partial", &["content.md", ".relations.json", ".meta.json"]),
+    );
+    m.ok(0, &py("nothing", &[".abstract.md"]));
+    m.kill9();
+    let out = ctxfs(&["repair", "--data", m.data.to_str().unwrap()]);
+    assert!(out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("rep/orphan: orphan content.md, .meta.json recreated"),
+        "{report}"
+    );
+    assert!(report.contains("rep/orphan: PENDING with missing .relations.json, .abstract.md, .overview.md; marked BROKEN"), "{report}");
+    assert!(
+        report.contains("rep/complete: PENDING with all files, activated as version 1"),
+        "{report}"
+    );
+    assert!(
+        report.contains("rep/pending_meta: PENDING with all files, activated"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "rep/partial: PENDING with missing .abstract.md, .overview.md; marked BROKEN"
+        ),
+        "{report}"
+    );
+    assert!(!report.contains("rep/nothing"), "{report}");
+    m.fsck();
+    m.mount();
+    // Activated nodes are ACTIVE; BROKEN ones are shown to writers only.
+    assert_eq!(
+        m.ok(0, &format!("ls {base}")),
+        "complete\norphan\npartial\npending_meta\n"
+    );
+    assert!(m
+        .ok(0, &format!("cat {base}/partial/.meta.json"))
+        .contains("\"BROKEN\""));
+    assert!(m
+        .ok(0, &format!("cat {base}/partial/.meta.json"))
+        .contains("broken_reason"));
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["ACTIVE"], 2);
+    assert_eq!(s["nodes"]["BROKEN"], 2);
+    // A BROKEN node is fixed by rewriting it.
+    m.ok(0, &format!("echo a > {base}/partial/.abstract.md; echo o > {base}/partial/.overview.md; /bin/echo '{ACTIVE}' > {base}/partial/.meta.json"));
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["BROKEN"], 1);
+    // A second repair has nothing to do.
+    m.umount();
+    let out = ctxfs(&["repair", "--data", m.data.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("repair: 0 action(s)"));
+}
+
+#[test]
+fn umount_refuses_a_busy_mount_unless_lazy() {
+    let mut m = Mount::new();
+    m.ok(0, &four_steps(N1, "still here", ACTIVE));
+    // A process with its working directory inside the mount.
+    let mut busy = std::process::Command::new("/bin/sh")
+        .args(["-c", "cd \"$M/accounts/acme\" && exec sleep 30"])
+        .env("M", &m.mnt)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = ctxfs(&["umount", m.mnt.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is busy"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing was disturbed.
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
+        "still here"
+    );
+    // --lazy detaches now; the daemon finishes when the last user leaves.
+    let pid = m.daemon_pid();
+    let out = ctxfs(&["umount", "--lazy", m.mnt.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = busy.kill();
+    let _ = busy.wait();
+    m.wait_gone(pid);
+    m.fsck();
+    m.mount();
+    assert_eq!(
+        m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
+        "still here"
+    );
+}
