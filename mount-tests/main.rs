@@ -11,4 +11,5 @@ mod lifecycle;
 mod ops;
 mod search;
 mod tenancy;
+mod tenants;
 mod tree;

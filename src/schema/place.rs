@@ -159,9 +159,26 @@ pub fn uri_of(node: &str) -> String {
     format!("ctx://{node}")
 }
 
-/// The node path of a `ctx://` URI, when it is one.
+/// The node path of a `ctx://` URI, when it is one (not checked: for URIs
+/// the daemon wrote itself).
 pub fn node_of_uri(uri: &str) -> Option<&str> {
     uri.strip_prefix("ctx://")
+}
+
+/// The node path of a client's `ctx://` URI, parsed as a node place with the
+/// name rules of paths: no empty, `.` or `..` segments, URL-safe names only
+/// (so no spaces, `?`, `#` or `%`), and the shape of a node directory.
+pub fn node_of_client_uri(uri: &str) -> Result<&str> {
+    let node = node_of_uri(uri)
+        .ok_or_else(|| Error::Invalid(format!("{uri:?} is not a ctx:// URI")))?;
+    let comps: Vec<&str> = node.split('/').collect();
+    for c in &comps {
+        check_name(c)?;
+    }
+    match classify_dir(&comps)? {
+        DirPlace::Node => Ok(node),
+        _ => Err(Error::Invalid(format!("{uri:?} does not name a node"))),
+    }
 }
 
 /// `user:{id}` or `agent:{id}` (seed 000/002 owner_space format).

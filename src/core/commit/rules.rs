@@ -94,8 +94,10 @@ pub fn check_relations(bytes: &[u8], node: &str) -> Result<Vec<Value>, String> {
             .get("to_uri")
             .and_then(Value::as_str)
             .ok_or(format!("edge {i}: to_uri must be a string"))?;
-        let to_node =
-            place::node_of_uri(to).ok_or(format!("edge {i}: to_uri {to:?} is not a ctx:// URI"))?;
+        let to_node = place::node_of_client_uri(to).map_err(|e| match e {
+            crate::error::Error::Invalid(why) => format!("edge {i}: to_uri: {why}"),
+            other => format!("edge {i}: to_uri {to:?}: {other}"),
+        })?;
         if to_node.split('/').next() != Some(account) {
             return Err(format!("edge {i}: to_uri {to:?} is in another account"));
         }
@@ -236,6 +238,25 @@ mod tests {
         assert!(check_relations(ok.replace("0.5", "7").as_bytes(), N).is_err());
         assert!(check_relations(b"{}", N).is_err());
         assert!(check_relations(b"[1]", N).is_err());
+        // A to_uri is a node place of this account, by the rules of paths.
+        let e2 = "ctx://acme/users/alice/memories/events/e2";
+        for bad in [
+            "ctx://acme/../globex/users/bob/memories/work/w1",
+            "ctx://acme/users/alice/memories/events/../../../../../globex/users/b/memories/c/s",
+            "ctx://acme//globex/users/b/memories/c/s",
+            "ctx://acme/users/alice/memories/events/e 2",
+            "ctx://acme/users/alice/memories/events/e2#frag?k=1",
+            "ctx://acme/users/alice/memories/events/./e2",
+            "ctx://acme/users/alice/memories/events",
+            "ctx://acme/users/alice/memories/events/e2/",
+        ] {
+            let r = check_relations(ok.replace(e2, bad).as_bytes(), N);
+            assert!(r.is_err(), "{bad} was accepted");
+        }
+        let profile = ok.replace(e2, "ctx://acme/users/alice/memories/profile");
+        assert!(check_relations(profile.as_bytes(), N).is_ok());
+        let skill = ok.replace(e2, "ctx://acme/agents/bot/skills/deploy");
+        assert!(check_relations(skill.as_bytes(), N).is_ok());
         let moved = rebase_relations(ok.as_bytes(), "acme/users/bob/memories/x/y").unwrap();
         assert!(check_relations(&moved, "acme/users/bob/memories/x/y").is_ok());
     }
