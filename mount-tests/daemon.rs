@@ -2,7 +2,7 @@
 //! commits, SIGTERM, the Repair Job at mount, and umount of a busy mount.
 
 use crate::harness::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const N1: &str = "acme/users/alice/memories/events/e1";
 
@@ -305,4 +305,55 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
         m.ok(0, &format!("cat $M/accounts/{N1}/content.md")),
         "still here"
     );
+}
+
+/// A clean stop does not wait for the indexing backlog: the indexer stops at
+/// its next text batch and the outbox keeps the rest for the next mount.
+/// Measured before the fix: 17 s for 2,991 MiniLM events not yet indexed.
+#[test]
+fn umount_and_sigterm_do_not_wait_for_the_index_backlog() {
+    let config = format!(
+        "[index]\nembedder = \"minilm\"\nmodel_dir = \"{}\"\n",
+        model_dir().display()
+    );
+    let mut m = Mount::with_args(Some(&config), &[]);
+    let uid = unsafe { libc::getuid() };
+    // 2,000 nodes of ~40 words: tens of seconds of MiniLM work here.
+    let py = r#"
+import os, sys
+root = os.path.join(sys.argv[1], "accounts/acme/users/alice/memories/bulk")
+words = "the quick brown fox jumps over a lazy dog while agents keep memory".split()
+for i in range(2000):
+    n = os.path.join(root, f"n{i}")
+    os.makedirs(n)
+    text = " ".join(words[(i + k) % len(words)] for k in range(40)) + f" item {i}"
+    for f, b in (("content.md", text), (".relations.json", "[]"), (".abstract.md", f"note {i}"),
+                 (".overview.md", text[:80]), (".meta.json", '{"status":"ACTIVE"}')):
+        with open(os.path.join(n, f), "w") as fh:
+            fh.write(b)
+"#;
+    let script = m.shared_file("bulk.py");
+    std::fs::write(&script, py).unwrap();
+    m.ok(uid, &format!("/usr/bin/python3 {} $M", script.display()));
+    let backlog = |m: &Mount| -> i64 {
+        m.json(uid, "cat $M/.ctxfs/status")["outbox_depth"]
+            .as_i64()
+            .unwrap()
+    };
+    assert!(backlog(&m) > 300, "the backlog is too small to test: {}", backlog(&m));
+    let t = Instant::now();
+    m.umount();
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(10), "umount took {took:?}");
+    // Nothing is lost: the events wait in the outbox, and a remount indexes them.
+    m.mount();
+    let left = backlog(&m);
+    assert!(left > 0, "the whole backlog was indexed before the stop");
+    // SIGTERM stops as quickly.
+    let pid = m.daemon_pid();
+    let t = Instant::now();
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    m.wait_gone(pid);
+    assert!(t.elapsed() < Duration::from_secs(10), "SIGTERM took {:?}", t.elapsed());
+    m.fsck();
 }

@@ -183,7 +183,13 @@ impl Index {
         let mut todo: Vec<(u128, String)> = need.into_iter().collect();
         todo.sort_by_key(|(_, t)| t.len());
         let texts: Vec<&str> = todo.iter().map(|(_, t)| t.as_str()).collect();
-        let results = embed::embed_batches(&*self.embedder, &texts, EMBED_BATCH);
+        let results = embed::embed_batches(&*self.embedder, &texts, EMBED_BATCH, &self.stop);
+        if self.stop.load(Ordering::SeqCst) {
+            // Stopping: apply nothing; the events stay in the outbox and are
+            // indexed after the next mount.
+            tracing::info!(events = batch.len(), "indexer stopped inside a batch; its events wait for the next mount");
+            return Ok(());
+        }
         for (part, r) in todo.chunks(EMBED_BATCH).zip(results) {
             match r {
                 Ok(vs) => {

@@ -20,19 +20,31 @@ pub trait Embedder: Send + Sync {
     }
 }
 
+/// What a batch not embedded because of a stop says.
+pub const STOPPED: &str = "the indexer is stopping";
+
 /// Embed `texts` in batches of `batch`, up to `e.lanes()` batches at a time,
-/// each on its own thread. One result per batch, in order.
+/// each on its own thread. One result per batch, in order. Once `stop` is
+/// set, the batches not started yet are not embedded ([`STOPPED`]).
 pub fn embed_batches(
     e: &dyn Embedder,
     texts: &[&str],
     batch: usize,
+    stop: &std::sync::atomic::AtomicBool,
 ) -> Vec<Result<Vec<Vec<f32>>, String>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
     let parts: Vec<&[&str]> = texts.chunks(batch.max(1)).collect();
     let lanes = e.lanes().min(parts.len());
+    let one = |p: &[&str]| {
+        if stop.load(Ordering::Relaxed) {
+            Err(STOPPED.to_string())
+        } else {
+            e.embed(p)
+        }
+    };
     if lanes <= 1 {
-        return parts.iter().map(|p| e.embed(p)).collect();
+        return parts.iter().map(|p| one(p)).collect();
     }
     type Slot = Mutex<Option<Result<Vec<Vec<f32>>, String>>>;
     let slots: Vec<Slot> = parts.iter().map(|_| Mutex::new(None)).collect();
@@ -42,7 +54,7 @@ pub fn embed_batches(
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(p) = parts.get(i) else { break };
-                let r = e.embed(p);
+                let r = one(p);
                 *crate::locks::lock(&slots[i]) = Some(r);
             });
         }
@@ -276,7 +288,7 @@ mod tests {
             .map(|i| if i == 21 { "bad".into() } else { i.to_string() })
             .collect();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let out = embed_batches(&Numbers, &refs, 4);
+        let out = embed_batches(&Numbers, &refs, 4, &Default::default());
         assert_eq!(out.len(), 13);
         for (b, r) in out.iter().enumerate() {
             match r {
@@ -290,7 +302,7 @@ mod tests {
             }
         }
         assert!(out[5].is_err());
-        assert!(embed_batches(&Numbers, &[], 4).is_empty());
+        assert!(embed_batches(&Numbers, &[], 4, &Default::default()).is_empty());
     }
 
     #[test]

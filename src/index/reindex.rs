@@ -116,6 +116,9 @@ impl Index {
         let total = paths.len();
         let mut done = 0;
         for part in paths.chunks(BATCH) {
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
             let mut batch = Vec::new();
             for path in part {
                 // Work that is not an outbox event: sequence number 0.

@@ -15,12 +15,16 @@ impl Index {
         Ok(())
     }
 
-    /// Stop the indexer and write the graph dumps.
+    /// Stop the indexer at its next text batch (the events of the batch
+    /// under way stay in the outbox, for the next mount), then write the
+    /// graph dumps.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         self.notify();
         if let Some(h) = lock(&self.thread).take() {
+            let t = Instant::now();
             let _ = h.join();
+            tracing::info!(waited_ms = t.elapsed().as_millis() as u64, "indexer stopped");
         }
         self.dump_all();
     }
@@ -37,6 +41,9 @@ impl Index {
         match self.stored_accounts() {
             Ok(accts) => {
                 for a in accts {
+                    if self.stop.load(Ordering::SeqCst) {
+                        break;
+                    }
                     if let Err(e) = self.account(&a) {
                         tracing::error!(account = %a, "cannot load index: {e}");
                     }
