@@ -340,7 +340,11 @@ for i in range(2000):
             .as_i64()
             .unwrap()
     };
-    assert!(backlog(&m) > 300, "the backlog is too small to test: {}", backlog(&m));
+    assert!(
+        backlog(&m) > 300,
+        "the backlog is too small to test: {}",
+        backlog(&m)
+    );
     let t = Instant::now();
     m.umount();
     let took = t.elapsed();
@@ -354,6 +358,10 @@ for i in range(2000):
     let t = Instant::now();
     unsafe { libc::kill(pid, libc::SIGTERM) };
     m.wait_gone(pid);
-    assert!(t.elapsed() < Duration::from_secs(10), "SIGTERM took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "SIGTERM took {:?}",
+        t.elapsed()
+    );
     m.fsck();
 }

@@ -45,6 +45,8 @@ writers = [1003]
 pub const WRITER: u32 = 1001;
 pub const READER: u32 = 1002;
 pub const STRANGER: u32 = 1003;
+/// A uid listed in no account.
+pub const NOBODY: u32 = 3101;
 
 impl Mount {
     pub fn new() -> Mount {

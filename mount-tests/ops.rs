@@ -80,11 +80,9 @@ fn metrics_parse_as_prometheus_text_and_count_what_happened() {
     m.ok(0, "cat $M/.ctxfs/sync");
     m.ok(READER, "cat \"$M/accounts/acme/.search/green tea\"");
 
+    // The operator's view: root through the mount, and the HTTP endpoint.
     let file = m.shared_file("metrics.txt");
-    m.ok(
-        WRITER,
-        &format!("cat $M/.ctxfs/metrics > {}", file.display()),
-    );
+    m.ok(0, &format!("cat $M/.ctxfs/metrics > {}", file.display()));
     for samples in [
         parse(&m, file.to_str().unwrap()),
         parse(&m, &format!("http://{addr}/metrics")),
@@ -126,10 +124,58 @@ fn metrics_parse_as_prometheus_text_and_count_what_happened() {
         assert_eq!(v("ctxfs_embedding_jobs_queued", &[]), 0.0);
         v("ctxfs_index_lag_seconds", &[]);
     }
-    // A stranger's metrics name no account it cannot read.
+    // A tenant's view holds its accounts' series only: no daemon-wide
+    // activity (requests, errors, commits, the indexer's counters).
+    let mine = m.shared_file("writer-metrics.txt");
+    m.ok(
+        WRITER,
+        &format!("cat $M/.ctxfs/metrics > {}", mine.display()),
+    );
+    let samples = parse(&m, mine.to_str().unwrap());
+    assert_eq!(
+        value(
+            &samples,
+            "ctxfs_nodes",
+            &[("account", "acme"), ("status", "ACTIVE")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "ctxfs_nodes",
+            &[("account", "acme"), ("status", "BROKEN")]
+        ),
+        Some(0.0)
+    );
+    for daemon_wide in [
+        "ctxfs_requests_total",
+        "ctxfs_errors_total",
+        "ctxfs_commits_total",
+        "ctxfs_commit_failures_total",
+        "ctxfs_embeddings_total",
+        "ctxfs_searches_total",
+    ] {
+        assert_eq!(value(&samples, daemon_wide, &[]), None, "{daemon_wide}");
+    }
+    // A reader sees no BROKEN count (BROKEN nodes are for writers).
+    let text = m.ok(READER, "cat $M/.ctxfs/metrics");
+    assert!(text.contains("status=\"ACTIVE\""), "{text}");
+    assert!(!text.contains("status=\"BROKEN\""), "{text}");
+    // Another account's writer: nothing of acme.
     let text = m.ok(STRANGER, "cat $M/.ctxfs/metrics");
     assert!(!text.contains("\"acme\""), "{text}");
     assert!(text.contains("account=\"other\""));
+    // A uid in no account: no account, no daemon-wide figure.
+    let text = m.ok(NOBODY, "cat $M/.ctxfs/metrics");
+    for leak in [
+        "account=",
+        "ctxfs_requests_total",
+        "ctxfs_commits_total",
+        "ctxfs_index_lag",
+    ] {
+        assert!(!text.contains(leak), "{leak} in {text}");
+    }
     // The endpoint serves only /metrics.
     let code = m.ok(
         0,

@@ -12,7 +12,10 @@ const N: &str = "acme/users/alice/memories/work/w1";
 fn relations_cannot_point_out_of_the_account() {
     let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
     m.ok(WRITER, &four_steps(N, "v1", ACTIVE));
-    let before = m.ok(READER, &format!("cat $M/accounts/{N}/.relations.json $M/accounts/{N}/.meta.json"));
+    let before = m.ok(
+        READER,
+        &format!("cat $M/accounts/{N}/.relations.json $M/accounts/{N}/.meta.json"),
+    );
     let from = format!("ctx://{N}");
     for (i, to) in [
         "ctx://acme/../globex/users/bob/memories/work/w1",
@@ -44,7 +47,10 @@ fn relations_cannot_point_out_of_the_account() {
     }
     // The committed version is untouched, and a good edge still commits.
     assert_eq!(
-        m.ok(READER, &format!("cat $M/accounts/{N}/.relations.json $M/accounts/{N}/.meta.json")),
+        m.ok(
+            READER,
+            &format!("cat $M/accounts/{N}/.relations.json $M/accounts/{N}/.meta.json")
+        ),
         before
     );
     let good = m.shared_file("good.json");
@@ -64,4 +70,96 @@ fn relations_cannot_point_out_of_the_account() {
         .ok(READER, &format!("cat $M/accounts/{N}/.relations.json"))
         .contains("memories/work/w2"));
     m.umount_and_fsck();
+}
+
+/// `.ctxfs/status` and `.ctxfs/metrics` show each caller only what it may
+/// see: readers no drafts (PENDING, uncommitted edits) and no BROKEN count;
+/// a uid in no account nothing of anyone; daemon-wide activity only root.
+#[test]
+fn status_shows_each_caller_only_what_it_may_see() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    m.ok(WRITER, &four_steps(N, "v1", ACTIVE));
+    // A PENDING node and an uncommitted edit of the committed one.
+    m.ok(
+        WRITER,
+        "mkdir -p $M/accounts/acme/users/alice/memories/work/wip && echo x > $M/accounts/acme/users/alice/memories/work/wip/content.md",
+    );
+    m.ok(WRITER, &format!("echo v2 > $M/accounts/{N}/content.md"));
+    let status = |uid: u32| m.json(uid, "cat $M/.ctxfs/status");
+    let w = status(WRITER);
+    assert_eq!(
+        (
+            w["nodes"]["ACTIVE"].as_i64(),
+            w["nodes"]["PENDING"].as_i64()
+        ),
+        (Some(1), Some(1)),
+        "{w}"
+    );
+    assert_eq!(w["uncommitted_edits"], 1, "{w}");
+    let r = status(READER);
+    assert_eq!(r["nodes"]["ACTIVE"], 1, "{r}");
+    assert_eq!(r["nodes"]["PENDING"], 0, "{r}");
+    assert_eq!(r["nodes"]["BROKEN"], 0, "{r}");
+    assert_eq!(r["uncommitted_edits"], 0, "{r}");
+    let nobody = status(NOBODY);
+    assert_eq!(nobody["nodes"]["ACTIVE"], 0, "{nobody}");
+    assert!(nobody["index_lag_ms"].is_null(), "{nobody}");
+    for s in [&w, &r, &nobody] {
+        for daemon_wide in ["commits", "commit_failures", "inodes"] {
+            assert!(s.get(daemon_wide).is_none(), "{daemon_wide} in {s}");
+        }
+    }
+    let root = status(0);
+    assert!(root["commits"].as_u64().unwrap() >= 1, "{root}");
+    assert_eq!(root["nodes"]["PENDING"], 1, "{root}");
+}
+
+/// A read of `.ctxfs/sync` holds a FUSE worker while it waits, so a uid in
+/// no account gets EACCES at once, and at most a few reads wait at a time
+/// (2 per uid, 4 in the daemon); the others get EAGAIN at once. Before: 20
+/// reads by a stranger held every worker, and other tenants' `stat` took
+/// seconds.
+#[test]
+fn sync_readers_cannot_hold_the_workers() {
+    // An embedder that refuses every connection: the event stays pending
+    // (retried a minute later), so a sync waits for its whole timeout.
+    let config = format!(
+        "{CONFIG}\n[index]\nembedder = \"http\"\nhttp_url = \"http://127.0.0.1:9/v1/embeddings\"\n\
+         http_model = \"m\"\nhttp_dim = 16\nmax_retries = 100\nretry_backoff_ms = 60000\nsync_timeout_s = 4\n"
+    );
+    let m = Mount::with_args(Some(&config), &[]);
+    m.ok(WRITER, &four_steps(N, "pending forever", ACTIVE));
+    m.fails(NOBODY, "cat $M/.ctxfs/sync", "Permission denied");
+    let strangers: Vec<_> = (0..20)
+        .map(|_| m.spawn_piped(NOBODY, "cat $M/.ctxfs/sync 2>&1; echo rc=$?"))
+        .collect();
+    let writers: Vec<_> = (0..6)
+        .map(|_| m.spawn_piped(WRITER, "cat $M/.ctxfs/sync 2>&1; echo rc=$?"))
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Another account's writer is served at once while syncs wait.
+    let t = std::time::Instant::now();
+    m.ok(
+        STRANGER,
+        "ls $M/accounts/other >/dev/null; stat $M/accounts >/dev/null",
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "stat took {:?}",
+        t.elapsed()
+    );
+    for c in strangers {
+        let out = String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).into_owned();
+        assert!(out.contains("Permission denied"), "{out}");
+    }
+    let outs: Vec<String> = writers
+        .into_iter()
+        .map(|c| String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).into_owned())
+        .collect();
+    let waited = outs.iter().filter(|o| o.contains("timed out")).count();
+    let refused = outs
+        .iter()
+        .filter(|o| o.contains("Resource temporarily unavailable"))
+        .count();
+    assert_eq!((waited, refused), (2, 4), "{outs:?}");
 }

@@ -183,6 +183,17 @@ impl Tenancy {
         Ok(Settings::parse(text)?.tenancy)
     }
 
+    /// Does `uid` have any access at all (an account, the mount's owner, root)?
+    pub fn knows(&self, uid: u32) -> bool {
+        uid == 0
+            || match self {
+                Tenancy::Owner(owner) => *owner == uid,
+                Tenancy::Accounts(map) => map
+                    .values()
+                    .any(|(w, r)| w.contains(&uid) || r.contains(&uid)),
+            }
+    }
+
     pub fn access(&self, uid: u32, account: &str) -> Access {
         if uid == 0 {
             return Access::Write;
@@ -223,6 +234,7 @@ mod tests {
         assert_eq!(t.access(1003, "acme"), Access::None);
         assert_eq!(t.access(0, "acme"), Access::Write);
         assert_eq!(t.access(1001, "nobody"), Access::None);
+        assert!(t.knows(1002) && t.knows(0) && !t.knows(4242));
         assert_eq!(
             t.configured(),
             vec!["acme".to_string(), "other".to_string()]

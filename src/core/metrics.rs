@@ -230,16 +230,27 @@ pub fn escape(s: &str) -> String {
 }
 
 impl super::Fs {
-    /// `.ctxfs/metrics` for `caller` (its accounts), or with `None` for the
-    /// operator's HTTP endpoint (every account).
+    /// `.ctxfs/metrics` for `caller`, or with `None` for the operator's HTTP
+    /// endpoint. Every figure is scoped to what the caller may see: the
+    /// series of its accounts (BROKEN counts only where it may write), and
+    /// daemon-wide figures (requests, errors, commits, the indexer's
+    /// counters) only for uid 0 and the endpoint.
     pub fn metrics_text(&self, caller: Option<super::Caller>) -> crate::error::Result<String> {
         let accounts = match caller {
             Some(c) => self.accounts_visible(c)?,
             None => self.all_accounts()?,
         };
+        let admin = caller.is_none_or(|c| c.uid == 0);
+        let known = caller.is_none_or(|c| self.tenancy.knows(c.uid));
+        let shown = |a: &str, st: crate::store::Status| match caller {
+            Some(c) => Self::shows(st, self.access_of(c, a)),
+            None => true,
+        };
         let mut out = String::new();
-        self.metrics
-            .render(&mut out, caller.is_some().then_some(&accounts[..]));
+        if admin {
+            self.metrics
+                .render(&mut out, caller.is_some().then_some(&accounts[..]));
+        }
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(
                 out,
@@ -267,7 +278,9 @@ impl super::Fs {
                 &s.expired,
             ),
         ] {
-            counter(&mut out, name, help, v.load(Ordering::Relaxed));
+            if admin {
+                counter(&mut out, name, help, v.load(Ordering::Relaxed));
+            }
         }
         out.push_str(
             "# HELP ctxfs_nodes Committed nodes by account and status.\n# TYPE ctxfs_nodes gauge\n",
@@ -275,6 +288,9 @@ impl super::Fs {
         let mut depth = 0;
         for a in &accounts {
             for st in crate::store::Status::all() {
+                if !shown(a, st) {
+                    continue;
+                }
                 let n = self
                     .store
                     .counter(&crate::schema::counters::nodes_key(a, st))?;
@@ -304,39 +320,41 @@ impl super::Fs {
             "# HELP ctxfs_embedding_jobs_queued Index events (embedding jobs) waiting.\n\
              # TYPE ctxfs_embedding_jobs_queued gauge\nctxfs_embedding_jobs_queued {depth}"
         );
-        if let Some(ix) = self.index() {
-            let st = &ix.stats;
-            out.push_str("# HELP ctxfs_embeddings_total Texts embedded (computed), served from the vector store (cached), or failed.\n# TYPE ctxfs_embeddings_total counter\n");
-            for (result, v) in [
-                ("computed", &st.embedded),
-                ("cached", &st.embed_cache_hits),
-                ("failed", &st.embed_failures),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "ctxfs_embeddings_total{{result=\"{result}\"}} {}",
-                    v.load(Ordering::Relaxed)
+        if let Some(ix) = self.index().filter(|_| known) {
+            if admin {
+                let st = &ix.stats;
+                out.push_str("# HELP ctxfs_embeddings_total Texts embedded (computed), served from the vector store (cached), or failed.\n# TYPE ctxfs_embeddings_total counter\n");
+                for (result, v) in [
+                    ("computed", &st.embedded),
+                    ("cached", &st.embed_cache_hits),
+                    ("failed", &st.embed_failures),
+                ] {
+                    let _ = writeln!(
+                        out,
+                        "ctxfs_embeddings_total{{result=\"{result}\"}} {}",
+                        v.load(Ordering::Relaxed)
+                    );
+                }
+                counter(
+                    &mut out,
+                    "ctxfs_index_events_total",
+                    "Index events applied.",
+                    st.events_done.load(Ordering::Relaxed),
+                );
+                counter(
+                    &mut out,
+                    "ctxfs_index_dead_lettered_total",
+                    "Index events moved to the dead-letter queue.",
+                    st.dead_lettered.load(Ordering::Relaxed),
+                );
+                counter(
+                    &mut out,
+                    "ctxfs_searches_total",
+                    "Search files answered.",
+                    st.searches.load(Ordering::Relaxed),
                 );
             }
-            counter(
-                &mut out,
-                "ctxfs_index_events_total",
-                "Index events applied.",
-                st.events_done.load(Ordering::Relaxed),
-            );
-            counter(
-                &mut out,
-                "ctxfs_index_dead_lettered_total",
-                "Index events moved to the dead-letter queue.",
-                st.dead_lettered.load(Ordering::Relaxed),
-            );
-            counter(
-                &mut out,
-                "ctxfs_searches_total",
-                "Search files answered.",
-                st.searches.load(Ordering::Relaxed),
-            );
-            let status = ix.status(&accounts);
+            let status = ix.status(&accounts, false);
             let secs = |v: &serde_json::Value| v.as_u64().map(|ms| ms as f64 / 1000.0);
             let _ = writeln!(
                 out,

@@ -162,6 +162,8 @@ pub struct Fs {
     expiry: ttl::Expiry,
     /// Quotas by account and the searches they count.
     quotas: quota::Quotas,
+    /// Reads of `.ctxfs/sync` waiting now.
+    sync_waiters: search::SyncWaiters,
 }
 
 impl Fs {
@@ -190,6 +192,7 @@ impl Fs {
             redaction: std::sync::OnceLock::new(),
             expiry: ttl::Expiry::default(),
             quotas: quota::Quotas::default(),
+            sync_waiters: search::SyncWaiters::default(),
         };
         fs.count_bytes_once()?;
         fs.expiry.load(fs.store.expiries()?);
@@ -348,16 +351,28 @@ impl Fs {
     // ---- status ----------------------------------------------------------
 
     /// `.ctxfs/status`: what the caller's accounts hold.
+    ///
+    /// Every figure is scoped to what the caller may see: committed nodes of
+    /// its accounts; BROKEN nodes, drafts (PENDING) and uncommitted edits
+    /// only of the accounts it may write; daemon-wide activity (commits,
+    /// refusals, inodes, the indexer's counters) only for uid 0.
     pub fn status_json(&self, caller: Caller) -> Result<Vec<u8>> {
         let accounts = self.accounts_visible(caller)?;
+        let writable: Vec<&String> = accounts
+            .iter()
+            .filter(|a| self.access_of(caller, a) == Access::Write)
+            .collect();
+        let admin = caller.uid == 0;
         let mut counts = serde_json::Map::new();
         let mut outbox = 0i64;
         for st in Status::all() {
             let mut n = 0;
             for a in &accounts {
-                n += self
-                    .store
-                    .counter(&crate::schema::counters::nodes_key(a, st))?;
+                if Self::shows(st, self.access_of(caller, a)) {
+                    n += self
+                        .store
+                        .counter(&crate::schema::counters::nodes_key(a, st))?;
+                }
             }
             counts.insert(st.as_str().into(), n.into());
         }
@@ -368,7 +383,7 @@ impl Fs {
         }
         let (mut pending, mut edits) = (0, 0);
         for (path, d) in self.drafts.snapshot().iter() {
-            if accounts.iter().any(|a| a == Self::account_of(path)) {
+            if writable.iter().any(|a| *a == Self::account_of(path)) {
                 if lock(d).base.is_none() {
                     pending += 1;
                 } else {
@@ -377,20 +392,27 @@ impl Fs {
             }
         }
         counts.insert("PENDING".into(), pending.into());
-        let (dead, indexer) = self.index_status(&accounts)?;
-        let v = serde_json::json!({
+        let (dead, indexer) = self.index_status(&accounts, admin)?;
+        let mut v = serde_json::json!({
             "nodes": counts,
             "uncommitted_edits": edits,
             "outbox_depth": outbox,
             "dead_letters": dead,
             "index_lag_ms": indexer["index_lag_ms"].clone(),
             "indexer": indexer,
-            "commits": self.stats.commits.load(Ordering::Relaxed),
-            "commit_failures": self.stats.commit_failures.load(Ordering::Relaxed),
-            "inodes": self.inode_count(),
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
             "version": env!("CARGO_PKG_VERSION"),
         });
+        if !self.tenancy.knows(caller.uid) {
+            // A uid in no account learns nothing of the others' activity.
+            v["index_lag_ms"] = serde_json::Value::Null;
+            v["indexer"] = serde_json::json!({});
+        }
+        if admin {
+            v["commits"] = self.stats.commits.load(Ordering::Relaxed).into();
+            v["commit_failures"] = self.stats.commit_failures.load(Ordering::Relaxed).into();
+            v["inodes"] = self.inode_count().into();
+        }
         let mut out =
             serde_json::to_vec_pretty(&v).map_err(|e| Error::store_from("rendering status", e))?;
         out.push(b'\n');

@@ -117,6 +117,51 @@ pub(super) fn event_file(events: Vec<crate::store::StoredEvent>, seq: u64) -> Re
 
 pub use crate::schema::event::event_seq;
 
+/// Reads of `.ctxfs/sync` waiting at once, in the whole daemon and per uid:
+/// each holds a FUSE worker (16 by default) for up to `sync_timeout_s`.
+pub const MAX_SYNC_WAITERS: usize = 4;
+pub const MAX_SYNC_WAITERS_PER_UID: usize = 2;
+
+/// The `.ctxfs/sync` reads under way, by uid.
+#[derive(Default)]
+pub(super) struct SyncWaiters {
+    by_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+}
+
+/// A place among the sync waiters, given back when dropped.
+pub(super) struct SyncSlot<'a> {
+    waiters: &'a SyncWaiters,
+    uid: u32,
+}
+
+impl SyncWaiters {
+    fn enter(&self, uid: u32) -> Result<SyncSlot<'_>> {
+        let mut m = crate::locks::lock(&self.by_uid);
+        let total: usize = m.values().sum();
+        let mine = m.get(&uid).copied().unwrap_or(0);
+        if total >= MAX_SYNC_WAITERS || mine >= MAX_SYNC_WAITERS_PER_UID {
+            return Err(Error::RateLimited(format!(
+                "{total} reads of .ctxfs/sync already wait ({mine} of uid {uid}); at most \
+                 {MAX_SYNC_WAITERS} may wait at once, {MAX_SYNC_WAITERS_PER_UID} per uid: retry later"
+            )));
+        }
+        *m.entry(uid).or_default() += 1;
+        Ok(SyncSlot { waiters: self, uid })
+    }
+}
+
+impl Drop for SyncSlot<'_> {
+    fn drop(&mut self) {
+        let mut m = crate::locks::lock(&self.waiters.by_uid);
+        if let Some(n) = m.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.uid);
+            }
+        }
+    }
+}
+
 impl Fs {
     pub fn set_index(&self, index: Arc<Index>) {
         let _ = self.index.set(index);
@@ -221,9 +266,17 @@ impl Fs {
         Ok(out.into_bytes())
     }
 
-    pub(super) fn sync_file(&self) -> Result<Vec<u8>> {
+    /// `.ctxfs/sync`: wait until everything committed before is searchable.
+    /// A wait holds a FUSE worker, so only callers with an account may wait,
+    /// and only a few at once (see [`SyncWaiters`]).
+    pub(super) fn sync_file(&self, c: Caller) -> Result<Vec<u8>> {
+        if !self.tenancy.knows(c.uid) {
+            return Err(Error::AccessDenied);
+        }
+        let ix = self.indexer()?;
+        let _slot = self.sync_waiters.enter(c.uid)?;
         let target = self.next_event.load(Ordering::SeqCst).saturating_sub(1);
-        self.indexer()?.sync(target)?;
+        ix.sync(target)?;
         Ok(b"ok\n".to_vec())
     }
 
@@ -297,13 +350,13 @@ impl Fs {
     }
 
     /// The indexer's part of `.ctxfs/status`, and the dead letters of `accounts`.
-    pub(super) fn index_status(&self, accounts: &[String]) -> Result<(i64, Value)> {
+    pub(super) fn index_status(&self, accounts: &[String], full: bool) -> Result<(i64, Value)> {
         let mut dead = 0;
         for a in accounts {
             dead += self.store.counter(&crate::schema::counters::dlq_key(a))?;
         }
         let v = match self.index.get() {
-            Some(ix) => ix.status(accounts),
+            Some(ix) => ix.status(accounts, full),
             None => json!({"running": false, "note": "no indexer in this process"}),
         };
         Ok((dead, v))

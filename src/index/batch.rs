@@ -187,7 +187,10 @@ impl Index {
         if self.stop.load(Ordering::SeqCst) {
             // Stopping: apply nothing; the events stay in the outbox and are
             // indexed after the next mount.
-            tracing::info!(events = batch.len(), "indexer stopped inside a batch; its events wait for the next mount");
+            tracing::info!(
+                events = batch.len(),
+                "indexer stopped inside a batch; its events wait for the next mount"
+            );
             return Ok(());
         }
         for (part, r) in todo.chunks(EMBED_BATCH).zip(results) {

@@ -299,7 +299,9 @@ impl Index {
         }
     }
 
-    pub fn status(&self, accounts: &[String]) -> Value {
+    /// The indexer's part of `.ctxfs/status` for `accounts`; with `full`
+    /// (an operator), the daemon-wide counters too.
+    pub fn status(&self, accounts: &[String], full: bool) -> Value {
         let mut lags: Vec<u64> = lock(&self.lags).iter().copied().collect();
         lags.sort_unstable();
         let pct = |q: f64| -> Value {
@@ -334,7 +336,7 @@ impl Index {
             }
         }
         let s = &self.stats;
-        json!({
+        let mut v = json!({
             "running": self.running.load(Ordering::SeqCst),
             "embedder": {"kind": self.embedder.kind(), "model": self.embedder.id(),
                          "dim": self.embedder.dim(), "note": self.embedder_note},
@@ -344,15 +346,22 @@ impl Index {
             "vectors": vectors,
             "accounts_loading_vectors": loading,
             "tombstones": tomb,
-            "events_done": s.events_done.load(Ordering::Relaxed),
-            "embedded": s.embedded.load(Ordering::Relaxed),
-            "embed_cache_hits": s.embed_cache_hits.load(Ordering::Relaxed),
-            "embed_failures": s.embed_failures.load(Ordering::Relaxed),
-            "embed_deferred": s.deferred.load(Ordering::Relaxed),
-            "dead_lettered": s.dead_lettered.load(Ordering::Relaxed),
-            "searches": s.searches.load(Ordering::Relaxed),
-            "graph_dumps": s.dumps.load(Ordering::Relaxed),
-        })
+        });
+        if full {
+            for (k, n) in [
+                ("events_done", &s.events_done),
+                ("embedded", &s.embedded),
+                ("embed_cache_hits", &s.embed_cache_hits),
+                ("embed_failures", &s.embed_failures),
+                ("embed_deferred", &s.deferred),
+                ("dead_lettered", &s.dead_lettered),
+                ("searches", &s.searches),
+                ("graph_dumps", &s.dumps),
+            ] {
+                v[k] = n.load(Ordering::Relaxed).into();
+            }
+        }
+        v
     }
 }
 

@@ -24,7 +24,10 @@ impl Index {
         if let Some(h) = lock(&self.thread).take() {
             let t = Instant::now();
             let _ = h.join();
-            tracing::info!(waited_ms = t.elapsed().as_millis() as u64, "indexer stopped");
+            tracing::info!(
+                waited_ms = t.elapsed().as_millis() as u64,
+                "indexer stopped"
+            );
         }
         self.dump_all();
     }

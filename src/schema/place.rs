@@ -169,8 +169,8 @@ pub fn node_of_uri(uri: &str) -> Option<&str> {
 /// name rules of paths: no empty, `.` or `..` segments, URL-safe names only
 /// (so no spaces, `?`, `#` or `%`), and the shape of a node directory.
 pub fn node_of_client_uri(uri: &str) -> Result<&str> {
-    let node = node_of_uri(uri)
-        .ok_or_else(|| Error::Invalid(format!("{uri:?} is not a ctx:// URI")))?;
+    let node =
+        node_of_uri(uri).ok_or_else(|| Error::Invalid(format!("{uri:?} is not a ctx:// URI")))?;
     let comps: Vec<&str> = node.split('/').collect();
     for c in &comps {
         check_name(c)?;

@@ -99,7 +99,7 @@ impl Fs {
         };
         match &key {
             Key::CtxfsFile(names::STATUS_FILE) => data(self.status_json(c)?),
-            Key::CtxfsFile(names::SYNC_FILE) => data(self.sync_file()?),
+            Key::CtxfsFile(names::SYNC_FILE) => data(self.sync_file(c)?),
             Key::Scratch(path) => self.scratch_open(c, path, flags),
             Key::VersionFile { .. } | Key::Restore(_) => self.versions_open(c, &key, write),
             Key::Usage(account) => data(self.usage_json(c, account)?),
