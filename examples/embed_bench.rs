@@ -61,7 +61,7 @@ fn main() {
     }
     let one = refs.len() as f64 / t.elapsed().as_secs_f64();
     let t = Instant::now();
-    for r in embed_batches(&m, &refs, 32) {
+    for r in embed_batches(&m, &refs, 32, &Default::default()) {
         r.unwrap();
     }
     println!(
