@@ -20,6 +20,8 @@ pub struct Mount {
     pub config: Option<PathBuf>,
     /// Extra `ctxfs mount` arguments.
     pub args: Vec<String>,
+    /// Environment of `ctxfs mount` (and so of the daemon).
+    pub env: Vec<(String, String)>,
     mounted: bool,
 }
 
@@ -63,6 +65,10 @@ impl Mount {
     }
 
     pub fn with_args(config: Option<&str>, args: &[&str]) -> Mount {
+        Self::with_env(config, args, &[])
+    }
+
+    pub fn with_env(config: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("ctxfs-test-")
             .tempdir_in("/tmp")
@@ -83,6 +89,10 @@ impl Mount {
             data,
             config,
             args: args.iter().map(|a| a.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             mounted: false,
         };
         m.mount();
@@ -99,6 +109,7 @@ impl Mount {
             cmd.arg("--config").arg(c);
         }
         cmd.args(&self.args);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let out = cmd.output().expect("run ctxfs mount");
         assert!(
             out.status.success(),

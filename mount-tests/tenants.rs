@@ -163,3 +163,79 @@ fn sync_readers_cannot_hold_the_workers() {
         .count();
     assert_eq!((waited, refused), (2, 4), "{outs:?}");
 }
+
+/// A writer cannot fill the disk through the daemon's log: client text in a
+/// refusal is cut to a short escaped excerpt (in the log and in
+/// `.commit-error`), refusals are logged at most 10 a minute per account,
+/// and the log file has a size limit past which it rotates. Before: 3 s of
+/// refused commits with a 65,000-byte status grew the log by ~464 MB.
+#[test]
+fn refused_commits_cannot_flood_the_log() {
+    let m = Mount::with_env(
+        Some(CONFIG),
+        &["--no-index"],
+        &[("CTXFS_LOG_MAX_BYTES", "100000"), ("RUST_LOG", "info")],
+    );
+    m.ok(WRITER, &four_steps(N, "v1", ACTIVE));
+    let log = m.data.join("ctxfs.log");
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let before = size(&log);
+    let py = r#"
+import errno, json, sys
+meta = sys.argv[1]
+status = "B" * 60000 + "\u001b[2J\n"
+refused = 0
+for i in range(300):
+    try:
+        with open(meta, "w") as f:
+            f.write(json.dumps({"status": status}))
+    except OSError as e:
+        assert e.errno == errno.EINVAL, e
+        refused += 1
+print(refused)
+"#;
+    let script = m.shared_file("flood.py");
+    std::fs::write(&script, py).unwrap();
+    let out = m.ok(
+        WRITER,
+        &format!(
+            "/usr/bin/python3 {} $M/accounts/{N}/.meta.json",
+            script.display()
+        ),
+    );
+    assert_eq!(out.trim(), "300");
+    let why = m.ok(WRITER, &format!("cat $M/accounts/{N}/.commit-error"));
+    assert!(why.len() < 300, "{} bytes: {why}", why.len());
+    assert!(why.contains("bytes)") && !why.contains('\u{1b}'), "{why}");
+    let grown = size(&log) + size(&m.data.join("ctxfs.log.1")) - before;
+    assert!(grown < 20_000, "the log grew by {grown} bytes");
+    // Every refusal is still counted.
+    let metrics = m.ok(0, "cat $M/.ctxfs/metrics");
+    let failures: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ctxfs_commit_failures_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(failures >= 300.0, "{failures}");
+    // The committed version is untouched.
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "v1"
+    );
+    // The size limit: a debug-level daemon logs every request; its log
+    // rotates and stays within the limit.
+    let mut m = m;
+    m.umount();
+    m.env = vec![
+        ("CTXFS_LOG_MAX_BYTES".into(), "100000".into()),
+        ("RUST_LOG".into(), "debug".into()),
+    ];
+    m.mount();
+    m.ok(WRITER, "for i in $(seq 1 300); do ls $M/accounts/acme/users/alice/memories/work/nope 2>/dev/null; done; true");
+    assert!(size(&log) <= 100_000, "{}", size(&log));
+    assert!(
+        size(&m.data.join("ctxfs.log.1")) > 0,
+        "the log never rotated"
+    );
+}

@@ -167,12 +167,14 @@ pub fn default_data_dir() -> PathBuf {
 
 pub fn run() -> i32 {
     let cli = Cli::parse();
+    let (writer, to_file) = crate::daemon::log_writer();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hnsw_rs=warn")),
         )
-        .with_writer(std::io::stderr)
+        .with_ansi(!to_file)
+        .with_writer(writer)
         .init();
     let result = match cli.cmd {
         Cmd::Mount {

@@ -2,7 +2,7 @@
 //! text format (`MOUNT/.ctxfs/metrics`, and `--metrics-addr` over HTTP).
 //! Lock-free on the request path: fixed arrays of atomics per operation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -219,6 +219,39 @@ fn labelled(out: &mut String, name: &str, m: &ByAccount, accounts: Option<&[Stri
             "{name}{{account=\"{}\",kind=\"{kind}\"}} {n}",
             escape(account)
         );
+    }
+}
+
+/// Log lines a client can cause at will (refused commits, quota denials)
+/// per account per minute; the rest are counted and said with the next line
+/// logged. Metrics still count every refusal.
+pub const LOG_LINES_PER_MINUTE: u32 = 10;
+
+/// The per-account budget of [`LOG_LINES_PER_MINUTE`].
+#[derive(Default)]
+pub struct LogBudget {
+    /// By account: start of the minute, lines logged in it, lines suppressed
+    /// since the last one logged.
+    by_account: Mutex<HashMap<String, (Instant, u32, u64)>>,
+}
+
+impl LogBudget {
+    /// May a line of `account` be logged now? `Some(n)`: yes, and `n` lines
+    /// were suppressed since the last one logged.
+    pub fn take(&self, account: &str) -> Option<u64> {
+        let now = Instant::now();
+        let mut m = crate::locks::lock(&self.by_account);
+        let e = m.entry(account.to_string()).or_insert((now, 0, 0));
+        if now.duration_since(e.0) >= Duration::from_secs(60) {
+            e.0 = now;
+            e.1 = 0;
+        }
+        if e.1 >= LOG_LINES_PER_MINUTE {
+            e.2 += 1;
+            return None;
+        }
+        e.1 += 1;
+        Some(std::mem::take(&mut e.2))
     }
 }
 

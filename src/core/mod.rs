@@ -164,6 +164,8 @@ pub struct Fs {
     quotas: quota::Quotas,
     /// Reads of `.ctxfs/sync` waiting now.
     sync_waiters: search::SyncWaiters,
+    /// Log lines per account for refusals a client causes at will.
+    log_budget: metrics::LogBudget,
 }
 
 impl Fs {
@@ -193,6 +195,7 @@ impl Fs {
             expiry: ttl::Expiry::default(),
             quotas: quota::Quotas::default(),
             sync_waiters: search::SyncWaiters::default(),
+            log_budget: metrics::LogBudget::default(),
         };
         fs.count_bytes_once()?;
         fs.expiry.load(fs.store.expiries()?);

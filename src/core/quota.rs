@@ -40,7 +40,9 @@ impl Fs {
     /// Count and log a refusal by quota; returns `err`.
     fn deny(&self, account: &str, kind: &'static str, err: Error) -> Error {
         self.metrics.quota_denial(account, kind);
-        tracing::info!(account, kind, %err, "quota denial");
+        if let Some(suppressed) = self.log_budget.take(account) {
+            tracing::info!(account, kind, %err, suppressed, "quota denial");
+        }
         err
     }
 

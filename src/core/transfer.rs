@@ -90,7 +90,12 @@ pub fn check_import(node: &str, files: Vec<(String, Vec<u8>)>) -> Result<ImportN
             }
             Some(Value::String(s)) => humantime::parse_rfc3339_weak(s)
                 .map(|t| (super::rfc3339(ns_of(t)), ns_of(t)))
-                .map_err(|e| format!("{k} {s:?} is not an RFC 3339 time: {e}")),
+                .map_err(|e| {
+                    format!(
+                        "{k} {} is not an RFC 3339 time: {e}",
+                        crate::schema::excerpt(s)
+                    )
+                }),
             Some(v) => Err(format!("{k} must be a string, not {v}")),
         }
     };

@@ -26,7 +26,8 @@ pub fn expiry_of(obj: &mut Map<String, Value>, now: i128) -> Result<Option<u64>,
             .filter(|s| (1..=100 * 365 * 86_400).contains(s))
             .ok_or_else(|| {
                 format!(
-                    "ttl_seconds must be a whole number of seconds from 1 to 100 years, not {ttl}"
+                    "ttl_seconds must be a whole number of seconds from 1 to 100 years, not {}",
+                    crate::schema::excerpt_json(&ttl)
                 )
             })?;
         let at = now as u64 + secs * 1_000_000_000;
@@ -43,16 +44,23 @@ pub fn expiry_of(obj: &mut Map<String, Value>, now: i128) -> Result<Option<u64>,
         }
         Some(Value::String(s)) => {
             let t = humantime::parse_rfc3339_weak(s).map_err(|e| {
-                format!("expires_at {s:?} is not an RFC 3339 time (e.g. 2027-01-31T12:00:00Z): {e}")
+                format!(
+                    "expires_at {} is not an RFC 3339 time (e.g. 2027-01-31T12:00:00Z): {e}",
+                    crate::schema::excerpt(s)
+                )
             })?;
             let at = super::ns_of(t);
             if at <= now {
-                return Err(format!("expires_at {s:?} is in the past"));
+                return Err(format!(
+                    "expires_at {} is in the past",
+                    crate::schema::excerpt(s)
+                ));
             }
             Ok(Some(at as u64))
         }
         Some(other) => Err(format!(
-            "expires_at must be an RFC 3339 string, not {other}"
+            "expires_at must be an RFC 3339 string, not {}",
+            crate::schema::excerpt_json(other)
         )),
     }
 }

@@ -2,6 +2,9 @@
 //! the data dir lock, serve until unmounted or signalled, then make every
 //! draft durable and close the store.
 
+mod log;
+
+pub use self::log::{log_writer, LOG_MAX_ENV};
 use crate::config::Settings;
 use crate::core::Fs;
 use crate::data::{lock_data_dir, open_index, settings, DB_FILE, LOG_FILE};
@@ -108,6 +111,7 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
         cmd.arg("--metrics-addr").arg(a.to_string());
     }
     cmd.env(READY_FD, wfd.to_string())
+        .env(log::LOG_ENV, o.data.join(LOG_FILE))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);

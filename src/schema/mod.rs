@@ -13,6 +13,31 @@ pub mod time;
 
 use serde::{Deserialize, Serialize};
 
+/// Client text quoted in a refusal's reason (and so in `.commit-error` and
+/// the log): at most this many characters of it.
+pub const EXCERPT_CHARS: usize = 64;
+
+/// `s` as quoted in a reason: escaped as a Rust string literal (quotes,
+/// control characters and newlines shown, never written raw), cut to
+/// [`EXCERPT_CHARS`] characters with the full length said when cut.
+pub fn excerpt(s: &str) -> String {
+    if s.chars().count() <= EXCERPT_CHARS {
+        return format!("{s:?}");
+    }
+    let head: String = s.chars().take(EXCERPT_CHARS).collect();
+    format!("{head:?}… ({} bytes)", s.len())
+}
+
+/// A JSON value as quoted in a reason: its JSON text, cut as [`excerpt`] does.
+pub fn excerpt_json(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    if text.chars().count() <= EXCERPT_CHARS {
+        return text;
+    }
+    let head: String = text.chars().take(EXCERPT_CHARS).collect();
+    format!("{head}… ({} bytes)", text.len())
+}
+
 /// The status of a committed node version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub enum Status {
@@ -31,5 +56,21 @@ impl Status {
     }
     pub fn all() -> [Status; 3] {
         [Status::Active, Status::Archived, Status::Broken]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpts_are_short_and_escaped() {
+        assert_eq!(excerpt("ACTIVE"), "\"ACTIVE\"");
+        assert_eq!(excerpt("a\nb\u{1b}[2J"), "\"a\\nb\\u{1b}[2J\"");
+        let long = "B".repeat(65_000);
+        let e = excerpt(&long);
+        assert!(e.len() < 100 && e.ends_with("(65000 bytes)"), "{e}");
+        let e = excerpt_json(&serde_json::Value::String(long));
+        assert!(e.len() < 100 && e.ends_with("(65002 bytes)"), "{e}");
     }
 }

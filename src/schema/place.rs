@@ -58,7 +58,8 @@ pub fn check_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "{name:?} is not a URL-safe name (ASCII letters, digits, _ - ., not starting with ., at most {MAX_NAME} bytes)"
+            "{} is not a URL-safe name (ASCII letters, digits, _ - ., not starting with ., at most {MAX_NAME} bytes)",
+            super::excerpt(name)
         )))
     }
 }
@@ -86,7 +87,8 @@ pub fn classify_dir(c: &[&str]) -> Result<DirPlace> {
             Ok(())
         } else {
             Err(Error::Invalid(format!(
-                "{n:?} is not a directory of this tree here"
+                "{} is not a directory of this tree here",
+                super::excerpt(n)
             )))
         }
     };
@@ -101,7 +103,8 @@ pub fn classify_dir(c: &[&str]) -> Result<DirPlace> {
             "agents" => Ok(Fixed(self::Fixed::Agents)),
             "projects" => Ok(Fixed(self::Fixed::Projects)),
             other => Err(Error::Invalid(format!(
-                "{other:?}: an account holds only users/, agents/ and projects/"
+                "{}: an account holds only users/, agents/ and projects/",
+                super::excerpt(other)
             ))),
         },
         3 => {
@@ -114,7 +117,8 @@ pub fn classify_dir(c: &[&str]) -> Result<DirPlace> {
                 "memories" => Ok(Fixed(self::Fixed::Memories)),
                 "skills" => Ok(Fixed(self::Fixed::Skills)),
                 other => Err(Error::Invalid(format!(
-                    "{other:?}: an agent holds only memories/ and skills/"
+                    "{}: an agent holds only memories/ and skills/",
+                    super::excerpt(other)
                 ))),
             },
             _ => Err(Error::Invalid(
@@ -169,15 +173,18 @@ pub fn node_of_uri(uri: &str) -> Option<&str> {
 /// name rules of paths: no empty, `.` or `..` segments, URL-safe names only
 /// (so no spaces, `?`, `#` or `%`), and the shape of a node directory.
 pub fn node_of_client_uri(uri: &str) -> Result<&str> {
-    let node =
-        node_of_uri(uri).ok_or_else(|| Error::Invalid(format!("{uri:?} is not a ctx:// URI")))?;
+    let node = node_of_uri(uri)
+        .ok_or_else(|| Error::Invalid(format!("{} is not a ctx:// URI", super::excerpt(uri))))?;
     let comps: Vec<&str> = node.split('/').collect();
     for c in &comps {
         check_name(c)?;
     }
     match classify_dir(&comps)? {
         DirPlace::Node => Ok(node),
-        _ => Err(Error::Invalid(format!("{uri:?} does not name a node"))),
+        _ => Err(Error::Invalid(format!(
+            "{} does not name a node",
+            super::excerpt(uri)
+        ))),
     }
 }
 

@@ -71,7 +71,9 @@ impl Fs {
             Outcome::StillPending => return Ok(Committed::StillPending),
             Outcome::Refused(r) => {
                 self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(node, reason = %r.reason(), "commit refused");
+                if let Some(suppressed) = self.log_budget.take(Self::account_of(node)) {
+                    tracing::info!(node, reason = %r.reason(), suppressed, "commit refused");
+                }
                 d.error = Some(r.reason().to_string());
                 return Err(match r {
                     Refusal::Invalid(r) => Error::BadCommit(r),

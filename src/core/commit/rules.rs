@@ -1,6 +1,7 @@
 //! What a commit must satisfy (CONTRACT §4), as pure functions over bytes.
 
 use crate::schema::place;
+use crate::schema::{excerpt, excerpt_json};
 use crate::store::Status;
 use serde_json::{Map, Value};
 
@@ -37,10 +38,14 @@ pub fn parse_meta(bytes: &[u8]) -> Result<MetaIntent, String> {
             "ACTIVE" => Ok(MetaIntent::Commit(Status::Active, obj)),
             "ARCHIVED" => Ok(MetaIntent::Commit(Status::Archived, obj)),
             other => Err(format!(
-                "status {other:?} may not be set by a client (use ACTIVE, ARCHIVED or PENDING)"
+                "status {} may not be set by a client (use ACTIVE, ARCHIVED or PENDING)",
+                excerpt(other)
             )),
         },
-        Some(other) => Err(format!("status must be a string, not {other}")),
+        Some(other) => Err(format!(
+            "status must be a string, not {}",
+            excerpt_json(other)
+        )),
     }
 }
 
@@ -85,7 +90,8 @@ pub fn check_relations(bytes: &[u8], node: &str) -> Result<Vec<Value>, String> {
             Some(Value::String(f)) if *f == uri => {}
             Some(other) => {
                 return Err(format!(
-                    "edge {i}: from_uri {other} is not this node ({uri})"
+                    "edge {i}: from_uri {} is not this node ({uri})",
+                    excerpt_json(other)
                 ))
             }
             None => return Err(format!("edge {i}: from_uri missing")),
@@ -96,10 +102,13 @@ pub fn check_relations(bytes: &[u8], node: &str) -> Result<Vec<Value>, String> {
             .ok_or(format!("edge {i}: to_uri must be a string"))?;
         let to_node = place::node_of_client_uri(to).map_err(|e| match e {
             crate::error::Error::Invalid(why) => format!("edge {i}: to_uri: {why}"),
-            other => format!("edge {i}: to_uri {to:?}: {other}"),
+            other => format!("edge {i}: to_uri {}: {other}", excerpt(to)),
         })?;
         if to_node.split('/').next() != Some(account) {
-            return Err(format!("edge {i}: to_uri {to:?} is in another account"));
+            return Err(format!(
+                "edge {i}: to_uri {} is in another account",
+                excerpt(to)
+            ));
         }
         match o.get("relation_type") {
             Some(Value::String(t)) if !t.is_empty() => {}
