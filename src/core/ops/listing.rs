@@ -165,6 +165,9 @@ impl Fs {
             }
             _ => return Err(Error::NotDir),
         }
+        let mut entries: Vec<(u64, DirEntry)> =
+            entries.into_iter().map(|e| (cookie(&e.name), e)).collect();
+        entries.sort_by_key(|(c, _)| *c);
         Ok(Listing { entries, shared })
     }
 
@@ -217,11 +220,13 @@ impl Fs {
         Ok(out)
     }
 
-    /// Entries of directory `ino` from `offset` on (an empty batch is the
+    /// Entries of directory `ino` after `offset` (an empty batch is the
     /// end), with `shared` as in [`Fs::listing`]. There is no open handle:
     /// the kernel opens directories without asking (`no_opendir`), so the
     /// listing is taken at offset 0 and kept per (directory, uid) until its
-    /// end is read; a continuation without one rebuilds it.
+    /// end is read; a continuation without one rebuilds it. Offsets are
+    /// cookies of names ([`cookie`]), so a snapshot replaced by another
+    /// lister of the same uid, or rebuilt, continues where this one was.
     pub fn readdir(&self, c: Caller, ino: u64, offset: u64) -> Result<DirBatch> {
         let key = (ino, c.uid);
         let kept = if offset == 0 {
@@ -243,14 +248,14 @@ impl Fs {
                 s
             }
         };
-        // One reply holds a few hundred entries; never copy the whole rest.
-        let entries: Vec<(u64, DirEntry)> = snap
-            .entries
+        // Resume after the entry whose cookie is `offset`, in whichever
+        // snapshot this is. One reply holds a few hundred entries; never
+        // copy the whole rest.
+        let from = snap.entries.partition_point(|(c, _)| *c <= offset);
+        let entries: Vec<(u64, DirEntry)> = snap.entries[from..]
             .iter()
-            .enumerate()
-            .skip(offset as usize)
             .take(READDIR_BATCH)
-            .map(|(i, e)| (i as u64 + 1, e.clone()))
+            .cloned()
             .collect();
         if entries.is_empty() {
             lock(&self.listings).remove(&key);
