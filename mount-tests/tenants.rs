@@ -308,3 +308,65 @@ for i in range(0, 3000, 2):
     let left = m.ok(READER, &format!("ls $M/accounts/{dir} | wc -l"));
     assert_eq!(left.trim(), "1500");
 }
+
+/// The daemon's resident memory of the `ctxfs` daemon, in bytes.
+fn rss(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// Uncommitted bytes are bounded: an account's drafts count against its byte
+/// quota (EDQUOT), and every draft and open scratchpad file against the
+/// daemon's draft memory (ENOSPC), quota or not. Before: with `bytes =
+/// 10000000` one writer held 11 × 9 MB draft files; without a quota, 8 × 64
+/// MiB temp files took the daemon's RSS from 564 MB to 1.18 GB.
+#[test]
+fn drafts_cannot_grow_daemon_memory_without_bound() {
+    let config = "[[account]]\nid = \"acme\"\nwriters = [1001]\nreaders = [1002]\n\
+                  [account.quota]\nbytes = 10000000\n\
+                  [[account]]\nid = \"other\"\nwriters = [1003]\n";
+    let m = Mount::with_args(Some(config), &["--no-index", "--draft-memory-mb", "64"]);
+    m.ok(WRITER, &four_steps(N, "v1", ACTIVE));
+    let n = format!("$M/accounts/{N}");
+    m.ok(WRITER, &format!("head -c 6000000 /dev/zero > {n}/tmp1"));
+    m.fails(
+        WRITER,
+        &format!("head -c 6000000 /dev/zero > {n}/tmp2"),
+        "Disk quota exceeded",
+    );
+    // Removing a draft file gives its bytes back.
+    m.ok(
+        WRITER,
+        &format!("rm {n}/tmp1 {n}/tmp2 && head -c 6000000 /dev/zero > {n}/tmp3"),
+    );
+    // No quota: the daemon's draft memory (64 MiB here) still holds.
+    let pid = m.daemon_pid();
+    let before = rss(pid);
+    let o = "$M/accounts/other/users/bob/memories/work/big";
+    let out = m.ok(
+        STRANGER,
+        &format!(
+            "mkdir -p {o}; for i in 1 2 3 4 5 6 7 8; do head -c 67108864 /dev/zero 2>&1 > {o}/t$i || true; done"
+        ),
+    );
+    let refused = out.matches("No space left on device").count();
+    assert!(refused >= 7, "{out}");
+    let grown = rss(pid).saturating_sub(before);
+    assert!(grown < 200 << 20, "RSS grew by {} MiB", grown >> 20);
+    // The space comes back when the drafts go.
+    m.ok(STRANGER, &format!("rm -r {o}"));
+    m.ok(
+        STRANGER,
+        &format!("mkdir -p {o} && head -c 30000000 /dev/zero > {o}/again"),
+    );
+    eprintln!(
+        "RSS {} MiB before the attack, +{} MiB after",
+        before >> 20,
+        grown >> 20
+    );
+}

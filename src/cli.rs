@@ -46,6 +46,9 @@ pub enum Cmd {
         /// Also serve MOUNT/.ctxfs/metrics over HTTP at this address (e.g. 127.0.0.1:9464), path /metrics.
         #[arg(long)]
         metrics_addr: Option<std::net::SocketAddr>,
+        /// Uncommitted bytes (drafts, open scratchpad files) the daemon holds in memory at most; writes past it fail with ENOSPC.
+        #[arg(long, default_value_t = 1024)]
+        draft_memory_mb: u64,
     },
     /// Rebuild the search indexes of an unmounted data dir from its committed nodes.
     Reindex {
@@ -189,6 +192,7 @@ pub fn run() -> i32 {
             model_dir,
             no_index,
             metrics_addr,
+            draft_memory_mb,
         } => {
             let opts = crate::daemon::MountOpts {
                 mountpoint,
@@ -201,6 +205,7 @@ pub fn run() -> i32 {
                 model_dir,
                 no_index,
                 metrics_addr,
+                draft_memory: draft_memory_mb.saturating_mul(1 << 20),
             };
             if foreground {
                 crate::daemon::run_foreground(opts)

@@ -72,6 +72,9 @@ pub enum Error {
     /// An account's rate limit (searches per minute) is exhausted for now.
     #[error("rate limited: {0}")]
     RateLimited(String),
+    /// The daemon's memory for uncommitted files is full.
+    #[error("no space for uncommitted data: {0}")]
+    NoSpace(String),
 }
 
 /// The error under a storage failure: shared, so `Error` stays `Clone`.
@@ -168,6 +171,7 @@ impl Error {
             Error::Busy(_) => libc::EBUSY,
             Error::Quota(_) => libc::EDQUOT,
             Error::RateLimited(_) => libc::EAGAIN,
+            Error::NoSpace(_) => libc::ENOSPC,
         }
     }
 
@@ -206,6 +210,7 @@ mod tests {
             (Error::Busy("x"), libc::EBUSY, "EBUSY"),
             (Error::Quota("x".into()), libc::EDQUOT, "EDQUOT"),
             (Error::RateLimited("x".into()), libc::EAGAIN, "EAGAIN"),
+            (Error::NoSpace("x".into()), libc::ENOSPC, "ENOSPC"),
         ];
         let e = Error::store_from("reading blob 7", std::io::Error::other("disk on fire"));
         assert_eq!(e.to_string(), "storage error: reading blob 7");

@@ -5,7 +5,7 @@
 use super::{now_ns, ns_of, time_of};
 use crate::store::{DraftFileRec, DraftRec};
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
@@ -23,6 +23,57 @@ pub struct DFile {
     /// Open writable handles: such a file stays in the draft after a commit,
     /// so bytes written through them later are not lost.
     pub writers: AtomicUsize,
+    /// The counters of draft memory this file's bytes are charged to, and
+    /// how many are charged now (given back when the file is dropped).
+    charge: Option<Charge>,
+    charged: u64,
+}
+
+/// Bytes of uncommitted files held in the daemon's memory (drafts and open
+/// scratchpad files): in all, and per account.
+#[derive(Default)]
+pub(crate) struct DraftMemory {
+    total: Arc<AtomicU64>,
+    by_account: std::sync::Mutex<std::collections::HashMap<String, Arc<AtomicU64>>>,
+}
+
+/// Where a file's bytes are counted.
+#[derive(Clone)]
+pub(crate) struct Charge {
+    account: Arc<AtomicU64>,
+    total: Arc<AtomicU64>,
+}
+
+impl DraftMemory {
+    pub(crate) fn charge_for(&self, account: &str) -> Charge {
+        let account = crate::locks::lock(&self.by_account)
+            .entry(account.to_string())
+            .or_default()
+            .clone();
+        Charge {
+            account,
+            total: self.total.clone(),
+        }
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn of_account(&self, account: &str) -> u64 {
+        crate::locks::lock(&self.by_account)
+            .get(account)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for DFile {
+    fn drop(&mut self) {
+        if let Some(c) = &self.charge {
+            c.account.fetch_sub(self.charged, Ordering::Relaxed);
+            c.total.fetch_sub(self.charged, Ordering::Relaxed);
+        }
+    }
 }
 
 impl DFile {
@@ -39,7 +90,31 @@ impl DFile {
         }
         self.data[start..end].copy_from_slice(data);
         self.mtime = SystemTime::now();
+        self.recharge();
         Ok(data.len() as u32)
+    }
+
+    /// Count this file's bytes in `c` from now on (once).
+    pub(crate) fn attach(&mut self, c: Charge) {
+        if self.charge.is_none() {
+            self.charge = Some(c);
+            self.charged = 0;
+            self.recharge();
+        }
+    }
+
+    /// Bring the charged count to the file's size (after it changed).
+    pub fn recharge(&mut self) {
+        let Some(c) = &self.charge else { return };
+        let now = self.data.len() as u64;
+        if now >= self.charged {
+            c.account.fetch_add(now - self.charged, Ordering::Relaxed);
+            c.total.fetch_add(now - self.charged, Ordering::Relaxed);
+        } else {
+            c.account.fetch_sub(self.charged - now, Ordering::Relaxed);
+            c.total.fetch_sub(self.charged - now, Ordering::Relaxed);
+        }
+        self.charged = now;
     }
 
     /// Apply `setattr`'s size, mode and mtime (size checked against the file limit).
@@ -50,6 +125,7 @@ impl DFile {
             }
             self.data.resize(size as usize, 0);
             self.mtime = SystemTime::now();
+            self.recharge();
         }
         if let Some(m) = sa.mode {
             self.mode = (m & 0o7777) as u16;
@@ -71,6 +147,8 @@ impl DFile {
             mtime: SystemTime::now(),
             mode,
             writers: AtomicUsize::new(0),
+            charge: None,
+            charged: 0,
         }))
     }
 }

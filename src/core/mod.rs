@@ -41,6 +41,9 @@ use std::time::SystemTime;
 
 /// Largest file a node may hold (a write past it fails with EFBIG).
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Uncommitted bytes the daemon holds in memory at most, unless set
+/// (`ctxfs mount --draft-memory-mb`): writes past it fail with ENOSPC.
+pub const DEFAULT_DRAFT_MEMORY: u64 = 1 << 30;
 const STRIPES: usize = 256;
 
 /// Who is asking: taken from each FUSE request.
@@ -191,6 +194,9 @@ pub struct Fs {
     sync_waiters: search::SyncWaiters,
     /// Log lines per account for refusals a client causes at will.
     log_budget: metrics::LogBudget,
+    /// Bytes of uncommitted files in memory, and their limit.
+    draft_mem: draft::DraftMemory,
+    draft_limit: AtomicU64,
 }
 
 impl Fs {
@@ -221,13 +227,22 @@ impl Fs {
             quotas: quota::Quotas::default(),
             sync_waiters: search::SyncWaiters::default(),
             log_budget: metrics::LogBudget::default(),
+            draft_mem: draft::DraftMemory::default(),
+            draft_limit: AtomicU64::new(DEFAULT_DRAFT_MEMORY),
         };
         fs.count_bytes_once()?;
         fs.expiry.load(fs.store.expiries()?);
         for (path, bytes) in fs.store.drafts()? {
             match crate::store::DraftRec::decode(&bytes) {
                 Ok(rec) => {
-                    fs.drafts.insert(path, Draft::from_rec(rec));
+                    let d = Draft::from_rec(rec);
+                    let charge = fs.draft_mem.charge_for(Self::account_of(&path));
+                    for slot in d.files.values() {
+                        if let Slot::File(f) = slot {
+                            crate::locks::write(f).attach(charge.clone());
+                        }
+                    }
+                    fs.drafts.insert(path, d);
                 }
                 Err(e) => tracing::error!(%path, error = %e, "persisted draft ignored"),
             }
@@ -263,6 +278,16 @@ impl Fs {
             value: 1,
         });
         self.store.apply(ops, true)
+    }
+
+    /// The most uncommitted bytes held in memory (0: the default).
+    pub fn set_draft_memory_limit(&self, bytes: u64) {
+        let bytes = if bytes == 0 {
+            DEFAULT_DRAFT_MEMORY
+        } else {
+            bytes
+        };
+        self.draft_limit.store(bytes, Ordering::Relaxed);
     }
 
     pub fn set_redaction(&self, policy: crate::config::RedactionPolicy) {

@@ -68,6 +68,46 @@ impl Fs {
     }
 
     /// Would `new_bytes` more go over the account's stored-bytes quota?
+    /// A file of `account` held in memory grows from `now` to `to` bytes:
+    /// refused when the daemon's memory for uncommitted files is full
+    /// (ENOSPC), or when the account's stored bytes, its uncommitted bytes
+    /// and the growth pass its byte quota (EDQUOT).
+    pub(super) fn check_growth(&self, account: &str, now: u64, to: u64) -> Result<()> {
+        let growth = to.saturating_sub(now);
+        if growth == 0 {
+            return Ok(());
+        }
+        let limit = self.draft_limit.load(std::sync::atomic::Ordering::Relaxed);
+        let held = self.draft_mem.total();
+        if held.saturating_add(growth) > limit {
+            return Err(self.deny(
+                account,
+                "draft_memory",
+                Error::NoSpace(format!(
+                    "uncommitted files hold {held} of the daemon's {limit} bytes; {growth} more do \
+                     not fit (commit or remove drafts; the limit is ctxfs mount --draft-memory-mb)"
+                )),
+            ));
+        }
+        let Some(max) = self.quota(account).and_then(|q| q.bytes) else {
+            return Ok(());
+        };
+        let used = self.store.counter(&bytes_key(account))?.max(0) as u64;
+        let drafts = self.draft_mem.of_account(account);
+        if used.saturating_add(drafts).saturating_add(growth) > max {
+            return Err(self.deny(
+                account,
+                "bytes",
+                Error::Quota(format!(
+                    "account {account} stores {used} and holds {drafts} uncommitted of its {max} \
+                     bytes; {growth} more do not fit (commit or remove drafts, delete nodes or \
+                     raise the quota)"
+                )),
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn check_bytes(&self, account: &str, new_bytes: u64) -> Result<()> {
         let Some(max) = self.quota(account).and_then(|q| q.bytes) else {
             return Ok(());

@@ -100,6 +100,7 @@ impl Fs {
             };
             obj.insert("status".into(), serde_json::Value::String(status.into()));
             f.data = serde_json::to_vec(&obj).unwrap_or_default();
+            f.recharge();
         }
     }
 }

@@ -240,6 +240,7 @@ impl Fs {
             (None, Some(Area::Log)) => DFile::new(Vec::new(), 0o644),
             (None, _) => return Err(Error::NotFound),
         };
+        crate::locks::write(&f).attach(self.draft_mem.charge_for(Self::account_of(path)));
         open.insert(path.to_string(), f.clone());
         Ok(f)
     }
@@ -258,6 +259,7 @@ impl Fs {
                 return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }
             f.data.clear();
+            f.recharge();
             f.mtime = SystemTime::now();
         }
         let h = ScratchHandle {
@@ -276,7 +278,7 @@ impl Fs {
         })
     }
 
-    pub(super) fn scratch_write(h: &ScratchHandle, offset: u64, data: &[u8]) -> Result<u32> {
+    pub(super) fn scratch_write(&self, h: &ScratchHandle, offset: u64, data: &[u8]) -> Result<u32> {
         if !h.writable {
             return Err(Error::BadHandle);
         }
@@ -287,6 +289,8 @@ impl Fs {
         if h.log && start != len {
             return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
         }
+        let end = start.saturating_add(data.len() as u64);
+        self.check_growth(Self::account_of(&h.path), len, end)?;
         let n = f.write_at(start, data)?;
         h.dirty.store(true, Ordering::Relaxed);
         Ok(n)
@@ -358,6 +362,9 @@ impl Fs {
             let mut f = crate::locks::write(&file);
             if a == Some(Area::Log) && sa.size.is_some_and(|n| n != f.data.len() as u64) {
                 return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+            }
+            if let Some(size) = sa.size {
+                self.check_growth(Self::account_of(path), f.data.len() as u64, size)?;
             }
             f.set_attr(sa)?;
             rec_of(&f)

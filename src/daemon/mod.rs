@@ -35,6 +35,8 @@ pub struct MountOpts {
     pub no_index: bool,
     /// Serve the metrics over HTTP here.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Uncommitted bytes held in memory at most.
+    pub draft_memory: u64,
 }
 
 /// Checks that need no daemon: fail early with a one-line reason.
@@ -107,6 +109,8 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
     if o.no_index {
         cmd.arg("--no-index");
     }
+    cmd.arg("--draft-memory-mb")
+        .arg((o.draft_memory >> 20).to_string());
     if let Some(a) = &o.metrics_addr {
         cmd.arg("--metrics-addr").arg(a.to_string());
     }
@@ -189,6 +193,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let fs = Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy.clone())?;
     fs.set_redaction(settings.redaction.clone());
     fs.set_quotas(settings.quotas.clone());
+    fs.set_draft_memory_limit(o.draft_memory);
     let t = Instant::now();
     let actions = fs
         .repair(o.repair_grace)

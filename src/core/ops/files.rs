@@ -31,6 +31,8 @@ impl Fs {
             .filter(|_| !whiteout)
         {
             Some(fr) => {
+                // A copy of the committed file in memory: it counts.
+                self.check_growth(Self::account_of(node), 0, fr.size)?;
                 let f = DFile::new(self.store.read_blob(fr.blob, fr.size)?, fr.mode);
                 write_lock(&f).mtime = time_of(fr.mtime_ns);
                 f
@@ -40,6 +42,7 @@ impl Fs {
                 None => return Err(Error::NotFound),
             },
         };
+        write_lock(&file).attach(self.draft_mem.charge_for(Self::account_of(node)));
         d.files.insert(name.to_string(), Slot::File(file.clone()));
         d.touch();
         if rec.as_ref().and_then(|r| r.file(name)).is_some() {
@@ -64,6 +67,7 @@ impl Fs {
         if trunc {
             let mut f = write_lock(&file);
             f.data.clear();
+            f.recharge();
             f.mtime = SystemTime::now();
         }
         let fh = self.new_handle(Handle::Draft(DraftHandle {
@@ -256,7 +260,7 @@ impl Fs {
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
         if let Handle::Scratch(s) = &*h {
-            return Self::scratch_write(s, offset, data);
+            return self.scratch_write(s, offset, data);
         }
         if let Handle::Restore(node) = &*h {
             return self.restore_write(node, data);
@@ -273,12 +277,10 @@ impl Fs {
         } else {
             offset
         };
-        // A file that could not be committed under the account's byte quota
-        // is refused at the write, before anything of it is stored.
+        // Uncommitted bytes count against the account's byte quota and the
+        // daemon's draft memory: refused at the write, before they are held.
         let grown = start.saturating_add(data.len() as u64);
-        if grown > f.data.len() as u64 {
-            self.check_bytes(Self::account_of(&d.node), grown)?;
-        }
+        self.check_growth(Self::account_of(&d.node), f.data.len() as u64, grown)?;
         let n = f.write_at(start, data)?;
         d.dirty.store(true, Ordering::Relaxed);
         Ok(n)
@@ -376,7 +378,13 @@ impl Fs {
                 self.cow(&node, &name, None)?
             }
         };
-        write_lock(&file).set_attr(&sa)?;
+        {
+            let mut f = write_lock(&file);
+            if let Some(size) = sa.size {
+                self.check_growth(Self::account_of(&node), f.data.len() as u64, size)?;
+            }
+            f.set_attr(&sa)?;
+        }
         let f = read_lock(&file);
         Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
     }
