@@ -370,3 +370,82 @@ fn drafts_cannot_grow_daemon_memory_without_bound() {
         grown >> 20
     );
 }
+
+/// Where the code and SEMANTICS disagreed, both now say the same: a
+/// configured account is never removed (EPERM, empty or not); reserved names
+/// are refused; a restore written in two writes is applied once; a search
+/// option given twice is refused; and uid 0 can remove a project whose
+/// activity log only grows.
+#[test]
+fn refusals_match_the_docs() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    m.ok(WRITER, &four_steps(N, "first", ACTIVE));
+    m.ok(
+        WRITER,
+        &format!("printf second > $M/accounts/{N}/content.md && /bin/echo '{ACTIVE}' > $M/accounts/{N}/.meta.json"),
+    );
+    m.fails(0, "rmdir $M/accounts/acme", "Operation not permitted");
+    m.fails(0, "rmdir $M/accounts/other", "Operation not permitted");
+    m.fails(
+        WRITER,
+        &format!("echo x > $M/accounts/{N}/.commit-error"),
+        "Operation not permitted",
+    );
+    m.fails(
+        WRITER,
+        &format!("echo x > $M/accounts/{N}/.outbox"),
+        "Is a directory",
+    );
+    // A restore in two writes: applied once, at the end of the line.
+    let py = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+os.write(fd, b"1")
+os.write(fd, b"\n")
+os.close(fd)
+"#;
+    let script = m.shared_file("restore.py");
+    std::fs::write(&script, py).unwrap();
+    m.ok(
+        WRITER,
+        &format!(
+            "/usr/bin/python3 {} $M/accounts/{N}/.versions/restore",
+            script.display()
+        ),
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "first"
+    );
+    let meta = m.json(READER, &format!("cat $M/accounts/{N}/.meta.json"));
+    assert_eq!(
+        (meta["version"].as_u64(), meta["restored_from"].as_u64()),
+        (Some(3), Some(1))
+    );
+    // Without a newline, the restore happens at close.
+    m.ok(
+        WRITER,
+        &format!("printf 2 > $M/accounts/{N}/.versions/restore"),
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "second"
+    );
+    m.fails(
+        READER,
+        "cat \"$M/accounts/acme/.search/first?k=1&k=2\"",
+        "Invalid argument",
+    );
+    // The activity log only grows, but root can remove a whole project.
+    let p = "$M/accounts/acme/projects/launch";
+    m.ok(WRITER, &format!("mkdir -p {p} && echo '{{\"e\":1}}' >> {p}/activity_log.jsonl && echo plan > {p}/scratchpad/plan.md"));
+    m.fails(
+        WRITER,
+        &format!("rm {p}/activity_log.jsonl"),
+        "Operation not permitted",
+    );
+    m.fails(WRITER, &format!("rmdir {p}"), "Directory not empty");
+    m.ok(0, &format!("rm -r {p}"));
+    assert_eq!(m.ok(READER, "ls $M/accounts/acme/projects"), "");
+    m.umount_and_fsck();
+}

@@ -15,7 +15,7 @@ pub(crate) enum Handle {
     /// A file of a project's shared area.
     Scratch(scratch::ScratchHandle),
     /// `NODE/.versions/restore` opened for writing.
-    Restore(Arc<str>),
+    Restore(RestoreHandle),
 }
 
 pub(crate) struct DraftHandle {
@@ -33,6 +33,25 @@ impl Drop for DraftHandle {
             if let Ok(f) = self.file.read() {
                 f.writers.fetch_sub(1, Ordering::Relaxed);
             }
+        }
+    }
+}
+
+/// `NODE/.versions/restore` opened for writing: the version number may come
+/// in several writes; it is applied once, when a write completes a line or
+/// at close.
+pub(crate) struct RestoreHandle {
+    pub(super) node: Arc<str>,
+    pub(super) buf: Mutex<Vec<u8>>,
+    pub(super) applied: AtomicBool,
+}
+
+impl RestoreHandle {
+    pub(super) fn new(node: Arc<str>) -> RestoreHandle {
+        RestoreHandle {
+            node,
+            buf: Mutex::new(Vec::new()),
+            applied: AtomicBool::new(false),
         }
     }
 }

@@ -488,6 +488,22 @@ impl Fs {
         Ok(())
     }
 
+    /// Remove the activity log of project `project` (uid 0 only).
+    pub(super) fn scratch_drop_log(&self, project: &str) -> Result<()> {
+        let path = format!("{project}/{ACTIVITY_LOG}");
+        let _g = lock(&self.scratch_lock);
+        if self.scratch_rec(&path)?.is_none() {
+            // Never written: the log is implicit, like an empty structural
+            // directory; removing it changes nothing.
+            return Ok(());
+        }
+        self.store
+            .apply(vec![Op::DelScratch { path: path.clone() }], true)?;
+        lock(&self.scratch_open).remove(&path);
+        tracing::info!(project, "activity log removed by uid 0");
+        Ok(())
+    }
+
     /// Does the project at `path` hold anything in its shared area?
     pub(super) fn project_busy(&self, path: &str) -> Result<bool> {
         Ok(!self

@@ -39,9 +39,17 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
         let opts = &name[i + 1..];
         if !opts.is_empty() && opts.split('&').all(|p| p.contains('=')) {
             q.text = name[..i].to_string();
+            let mut seen: Vec<&str> = Vec::new();
             for p in opts.split('&') {
                 let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                let bad = || Error::Invalid(format!("search option {p:?}"));
+                let bad = || Error::Invalid(format!("search option {}", crate::schema::excerpt(p)));
+                if seen.contains(&k) {
+                    return Err(Error::Invalid(format!(
+                        "search option {} given twice",
+                        crate::schema::excerpt(k)
+                    )));
+                }
+                seen.push(k);
                 match k {
                     "k" => {
                         q.k = v.parse().map_err(|_| bad())?;
@@ -379,6 +387,8 @@ mod tests {
         assert!(parse_query_name("x?k=abc").is_err());
         assert!(parse_query_name("x?color=red").is_err());
         assert!(parse_query_name("?k=3").is_err());
+        assert!(parse_query_name("x?k=1&k=2").is_err());
+        assert!(parse_query_name("x?mode=vector&format=json&mode=lexical").is_err());
         assert!(parse_query_name("  ").is_err());
         let q = parse_query_name("x?mode=lexical&expand=1").unwrap();
         assert_eq!((q.mode, q.expand), (Mode::Lexical, true));

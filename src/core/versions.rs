@@ -10,6 +10,7 @@
 use super::commit::{Committed, Intent};
 use super::draft::{DFile, Draft, Slot};
 use super::inodes::Key;
+use super::RestoreHandle;
 use super::{lock, time_of, Attr, Caller, Fs, Handle, Kind, Opened};
 use crate::config::Access;
 use crate::error::{Error, Result};
@@ -17,6 +18,7 @@ use crate::schema::names::RESTORE;
 use crate::schema::place::{META, NODE_FILES};
 use crate::store::{NodeRec, Status};
 use serde_json::Value;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 const RESTORE_HELP: &str = "Write a version number here to commit that version's files again \
@@ -178,12 +180,12 @@ impl Fs {
                 self.versions_of(c, node)?;
                 if write {
                     self.gate(c, Self::account_of(node), true)?;
-                    let fh = self.new_handle(Handle::Restore(node.clone()));
+                    let fh = self.new_handle(Handle::Restore(RestoreHandle::new(node.clone())));
                     return Ok(Opened {
                         fh,
                         direct_io: true,
                         keep_cache: false,
-                        no_flush: true,
+                        no_flush: false,
                     });
                 }
                 RESTORE_HELP.as_bytes().to_vec()
@@ -200,9 +202,52 @@ impl Fs {
         })
     }
 
-    /// `echo N > NODE/.versions/restore`: commit version N's files as the next
-    /// version. Refused with EBUSY while the node has uncommitted changes.
-    pub(super) fn restore_write(&self, node: &str, data: &[u8]) -> Result<u32> {
+    /// A write to `NODE/.versions/restore`: kept until a line is complete
+    /// (then applied, its errors reported by this write), else applied at
+    /// close. One restore per open: later writes may only add whitespace.
+    pub(super) fn restore_write(&self, h: &RestoreHandle, data: &[u8]) -> Result<u32> {
+        let line_done = {
+            let mut buf = lock(&h.buf);
+            if h.applied.load(Ordering::Acquire) {
+                if data.iter().all(u8::is_ascii_whitespace) {
+                    return Ok(data.len() as u32);
+                }
+                return Err(Error::Invalid(
+                    "one restore per open: the version was already restored".into(),
+                ));
+            }
+            buf.extend_from_slice(data);
+            if buf.len() > 64 {
+                return Err(Error::Invalid(
+                    "write one version number (e.g. `echo 3 > .versions/restore`)".into(),
+                ));
+            }
+            buf.contains(&b'\n')
+        };
+        if line_done {
+            self.restore_apply(h)?;
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// Close of `NODE/.versions/restore`: apply what was written, if not yet.
+    pub(super) fn restore_flush(&self, h: &RestoreHandle) -> Result<()> {
+        if h.applied.load(Ordering::Acquire) || lock(&h.buf).is_empty() {
+            return Ok(());
+        }
+        self.restore_apply(h)
+    }
+
+    fn restore_apply(&self, h: &RestoreHandle) -> Result<()> {
+        let data = std::mem::take(&mut *lock(&h.buf));
+        h.applied.store(true, Ordering::Release);
+        self.restore(&h.node, &data)
+    }
+
+    /// Restore the version named by `data` of `node`: commit its files as
+    /// the next version. Refused with EBUSY while the node has uncommitted
+    /// changes.
+    fn restore(&self, node: &str, data: &[u8]) -> Result<()> {
         let text = String::from_utf8_lossy(data);
         let want = text.trim().trim_start_matches('v');
         let v: u32 = want.parse().map_err(|_| {
@@ -260,7 +305,7 @@ impl Fs {
             self.invalidate_commit(node, true);
         }
         tracing::info!(node, version = v, "version restored");
-        Ok(data.len() as u32)
+        Ok(())
     }
 }
 

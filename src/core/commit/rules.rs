@@ -7,7 +7,8 @@ use serde_json::{Map, Value};
 
 pub const MAX_ABSTRACT_CHARS: usize = 100;
 pub const MAX_META_BYTES: usize = 64 * 1024;
-pub const MAX_RELATIONS_BYTES: usize = 1024 * 1024;
+/// A `.relations.json` larger than the node budget could never commit.
+pub const MAX_RELATIONS_BYTES: usize = crate::schema::derive::NODE_BUDGET_BYTES as usize;
 pub const MAX_RELATIONS: usize = 10_000;
 
 /// What `.meta.json` asks for.
@@ -68,7 +69,7 @@ pub fn check_abstract(bytes: &[u8]) -> Result<(), String> {
 pub fn check_relations(bytes: &[u8], node: &str) -> Result<Vec<Value>, String> {
     if bytes.len() > MAX_RELATIONS_BYTES {
         return Err(format!(
-            ".relations.json is {} bytes; at most {MAX_RELATIONS_BYTES} are accepted",
+            ".relations.json is {} bytes; at most {MAX_RELATIONS_BYTES} are accepted (the node's budget)",
             bytes.len()
         ));
     }

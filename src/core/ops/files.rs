@@ -262,8 +262,8 @@ impl Fs {
         if let Handle::Scratch(s) = &*h {
             return self.scratch_write(s, offset, data);
         }
-        if let Handle::Restore(node) = &*h {
-            return self.restore_write(node, data);
+        if let Handle::Restore(r) = &*h {
+            return self.restore_write(r, data);
         }
         let Handle::Draft(d) = &*h else {
             return Err(Error::BadHandle);
@@ -296,6 +296,9 @@ impl Fs {
         }
         if let Handle::Scratch(s) = &*h {
             self.scratch_persist(s, false)?;
+        }
+        if let Handle::Restore(r) = &*h {
+            self.restore_flush(r)?;
         }
         Ok(())
     }
