@@ -449,3 +449,201 @@ os.close(fd)
     assert_eq!(m.ok(READER, "ls $M/accounts/acme/projects"), "");
     m.umount_and_fsck();
 }
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Deletes really forget: once the indexer has applied a delete and
+/// `ctxfs compact` has run, no file of the data dir holds the deleted
+/// node's text (not redb's freed pages, the log, graph dumps, vectors,
+/// dead letters or the daemon's log), and what was kept is intact.
+#[test]
+fn a_deleted_node_is_forgotten_after_compact() {
+    let mut m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let marker = "zqxjvkwmarker";
+    let gone = "acme/users/alice/memories/work/secret";
+    m.ok(WRITER, &four_steps(N, "kept text about trains", ACTIVE));
+    m.ok(
+        WRITER,
+        &four_steps(gone, &format!("the code is {marker} keep it"), ACTIVE),
+    );
+    // A large version (its blob spans redb pages) that redb has made
+    // durable before the delete: the bytes are on disk.
+    let big = format!("{marker} ").repeat(4000);
+    let big_file = m.shared_file("big.md");
+    std::fs::write(&big_file, &big).unwrap();
+    m.ok(
+        WRITER,
+        &format!(
+            "cp {} $M/accounts/{gone}/content.md && /bin/echo '{ACTIVE}' > $M/accounts/{gone}/.meta.json",
+            big_file.display()
+        ),
+    );
+    // A second version holds it too, and a derived abstract.
+    m.ok(
+        WRITER,
+        &format!(
+            "printf 'second {marker} version' > $M/accounts/{gone}/content.md && rm $M/accounts/{gone}/.abstract.md && /bin/echo '{ACTIVE}' > $M/accounts/{gone}/.meta.json"
+        ),
+    );
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    assert!(m
+        .ok(
+            WRITER,
+            &format!("cat \"$M/accounts/acme/.search/{marker}\"")
+        )
+        .contains("secret"));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    m.ok(WRITER, &format!("rm -r $M/accounts/{gone}"));
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    m.umount();
+    let holds = |f: &std::path::Path| {
+        let b = std::fs::read(f).unwrap();
+        b.windows(marker.len()).any(|w| w == marker.as_bytes())
+    };
+    let before: Vec<_> = files_under(&m.data)
+        .into_iter()
+        .filter(|f| holds(f))
+        .collect();
+    // The premise: without the step, redb's freed pages still hold it.
+    assert!(
+        !before.is_empty(),
+        "the deleted text was not on disk to begin with"
+    );
+    let data = m.data.to_str().unwrap().to_string();
+    let out = ctxfs(&["compact", "--data", &data]);
+    assert!(
+        out.status.success(),
+        "compact: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in files_under(&m.data) {
+        assert!(!holds(&f), "{} still holds the deleted text", f.display());
+    }
+    m.fsck();
+    m.mount();
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "kept text about trains"
+    );
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    assert!(m
+        .ok(READER, "cat \"$M/accounts/acme/.search/trains\"")
+        .contains("work/w1"));
+}
+
+/// An administrator deletes one user's memory, then a whole account, each in
+/// one command and one transaction, with a count of what went; the index
+/// forgets them at the next mount, and `ctxfs compact` leaves no trace.
+#[test]
+fn admin_deletes_a_user_or_an_account_in_one_command() {
+    let mut m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let marker = "wqpzkdeletedmarker";
+    for (node, text) in [
+        (
+            "acme/users/alice/memories/work/a1",
+            format!("alice one {marker}"),
+        ),
+        (
+            "acme/users/alice/memories/prefs/a2",
+            format!("alice two {marker}"),
+        ),
+        (
+            "acme/users/bob/memories/work/b1",
+            "bob keeps this".to_string(),
+        ),
+    ] {
+        m.ok(WRITER, &four_steps(node, &text, ACTIVE));
+    }
+    let p = "$M/accounts/acme/projects/launch";
+    m.ok(WRITER, &format!("mkdir -p {p} && echo plan > {p}/scratchpad/plan.md && echo '{{}}' >> {p}/activity_log.jsonl"));
+    m.ok(WRITER, "mkdir -p $M/accounts/acme/users/alice/memories/work/wip && echo draft > $M/accounts/acme/users/alice/memories/work/wip/content.md");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    m.umount();
+    let data = m.data.to_str().unwrap().to_string();
+    let out = ctxfs(&[
+        "delete",
+        "--data",
+        &data,
+        "--account",
+        "acme",
+        "--user",
+        "alice",
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("2 node(s)") && said.contains("1 draft(s)"),
+        "{said}"
+    );
+    m.fsck();
+    m.mount();
+    assert_eq!(m.ok(READER, "ls $M/accounts/acme/users"), "bob\n");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let hits = m.ok(
+        READER,
+        &format!("cat \"$M/accounts/acme/.search/{marker}\""),
+    );
+    assert!(!hits.contains("alice"), "{hits}");
+    assert_eq!(
+        m.ok(
+            READER,
+            "cat $M/accounts/acme/users/bob/memories/work/b1/content.md"
+        ),
+        "bob keeps this"
+    );
+    m.umount();
+    let out = ctxfs(&["delete", "--data", &data, "--account", "acme"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains("1 node(s)") && said.contains("2 scratchpad"),
+        "{said}"
+    );
+    let out = ctxfs(&[
+        "delete",
+        "--data",
+        &data,
+        "--account",
+        "acme",
+        "--user",
+        "../x",
+    ]);
+    assert!(!out.status.success());
+    m.fsck();
+    m.mount();
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    assert_eq!(
+        m.ok(
+            READER,
+            "ls $M/accounts/acme/users $M/accounts/acme/projects"
+        ),
+        "$M/accounts/acme/projects:\n\n$M/accounts/acme/users:\n"
+            .replace("$M", m.mnt.to_str().unwrap())
+            .as_str()
+    );
+    m.umount();
+    assert!(ctxfs(&["compact", "--data", &data]).status.success());
+    for f in files_under(&m.data) {
+        let b = std::fs::read(&f).unwrap();
+        assert!(
+            !b.windows(marker.len()).any(|w| w == marker.as_bytes()),
+            "{} still holds deleted text",
+            f.display()
+        );
+    }
+}

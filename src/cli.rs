@@ -117,6 +117,28 @@ pub enum Cmd {
         skip_bad: bool,
         input: PathBuf,
     },
+    /// Forget what deleted nodes left behind in an unmounted data dir: rewrite
+    /// the store without freed pages, drop unused vectors and dead letters of
+    /// deleted nodes, empty the log, graph dumps and daemon logs.
+    Compact {
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Delete a whole account, or one user's or agent's memory, from an
+    /// unmounted data dir in one transaction (then mount once and compact to
+    /// forget every trace).
+    Delete {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        account: String,
+        /// Only this user's memory (accounts/A/users/U).
+        #[arg(long)]
+        user: Option<String>,
+        /// Only this agent's memory and skills (accounts/A/agents/G).
+        #[arg(long)]
+        agent: Option<String>,
+    },
     /// Run the Repair Job on an unmounted data dir and print what it did.
     Repair {
         #[arg(long)]
@@ -219,6 +241,13 @@ pub fn run() -> i32 {
             lazy,
         } => crate::daemon::umount(&mountpoint, timeout, lazy),
         Cmd::Fsck { data } => crate::cmd::fsck(&data),
+        Cmd::Compact { data } => crate::cmd::compact(&data),
+        Cmd::Delete {
+            data,
+            account,
+            user,
+            agent,
+        } => crate::cmd::delete(&data, &account, user.as_deref(), agent.as_deref()),
         Cmd::Export { data, out } => crate::cmd::export(&data, &out),
         Cmd::Import {
             data,

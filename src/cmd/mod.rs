@@ -15,6 +15,103 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `ctxfs compact`: forget what deleted nodes left behind in an unmounted
+/// data dir. Dead letters of nodes that no longer exist and vectors no index
+/// document uses are dropped; every live row is written into a new database
+/// file (so no freed page of the old one survives) that replaces the old;
+/// the write-ahead log is emptied; graph dumps are removed (the next mount
+/// rebuilds them from the stored vectors); the daemon's log files are
+/// emptied (they may name deleted nodes). Refused while index events wait:
+/// they may hold the text of deleted versions until the indexer applies them.
+pub fn compact(data: &Path) -> Result<i32> {
+    let t = Instant::now();
+    let db = data.join(crate::data::DB_FILE);
+    let before = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
+    let (lock, store) = open_offline(data)?;
+    let waiting = store.outbox_head(1)?.len();
+    if waiting > 0 {
+        bail!(
+            "index events are still waiting in the outbox (they may hold the text of deleted \
+             versions): mount the data dir, `cat MOUNT/.ctxfs/sync`, unmount, then compact"
+        );
+    }
+    let mut ops = Vec::new();
+    let mut dead = 0;
+    for (node, seq) in store.dead_letters()? {
+        if store.get_node(&node)?.is_none() {
+            let account = node.split('/').next().unwrap_or("").to_string();
+            ops.push(crate::store::Op::DropDead {
+                seq,
+                node_path: node,
+                account,
+            });
+            dead += 1;
+        }
+    }
+    let used = crate::index::referenced_vectors(&*store)?;
+    let mut vectors = 0;
+    for (model, hash) in store.vector_keys()? {
+        if !used.contains(&(model.clone(), hash)) {
+            ops.push(crate::store::Op::DelVec { model, hash });
+            vectors += 1;
+        }
+    }
+    for part in ops.chunks(4096) {
+        store.apply(part.to_vec(), true)?;
+    }
+    // The committer stops and checkpoints: the log is empty from here.
+    store.close();
+    let tmp = data.join(format!("{}.compact", crate::data::DB_FILE));
+    let _ = std::fs::remove_file(&tmp);
+    let rows = store.rewrite_into(&tmp)?;
+    drop(store);
+    std::fs::rename(&tmp, &db)?;
+    let dumps = data.join("index");
+    if dumps.exists() {
+        std::fs::remove_dir_all(&dumps)?;
+    }
+    let log = data.join(crate::data::LOG_FILE);
+    if log.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&log)?
+            .set_len(0)?;
+    }
+    let _ = std::fs::remove_file(data.join(format!("{}.1", crate::data::LOG_FILE)));
+    drop(lock);
+    let after = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "compacted {}: {rows} rows kept, {dead} dead letter(s) of deleted nodes and {vectors} \
+         unused vector(s) dropped, {before} -> {after} bytes, graph dumps and logs cleared, {:.1}s",
+        data.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(0)
+}
+
+/// `ctxfs delete`: an administrator's delete of a whole account, or of one
+/// user's or agent's memory, in one transaction, with a count of what went.
+pub fn delete(data: &Path, account: &str, user: Option<&str>, agent: Option<&str>) -> Result<i32> {
+    let prefix = match (user, agent) {
+        (Some(u), None) => format!("{account}/users/{u}"),
+        (None, Some(g)) => format!("{account}/agents/{g}"),
+        (None, None) => account.to_string(),
+        (Some(_), Some(_)) => bail!("give --user or --agent, not both"),
+    };
+    let (_lock, store) = open_offline(data)?;
+    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
+    let d = fs.delete_subtree(&prefix)?;
+    drop(fs);
+    store.close();
+    println!(
+        "deleted accounts/{prefix}: {} node(s) with their versions, {} draft(s), {} container(s), \
+         {} scratchpad entr(ies); the next mount's indexer forgets them, then `ctxfs compact` \
+         removes every trace from the data dir",
+        d.nodes, d.drafts, d.containers, d.scratch_entries
+    );
+    Ok(0)
+}
+
 /// Options of `ctxfs bench-ann`.
 #[derive(Debug, Clone)]
 pub struct BenchAnnOpts {

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod commit;
 pub(crate) mod draft;
+pub mod forget;
 mod handles;
 pub mod inodes;
 mod kcache;

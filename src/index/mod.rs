@@ -86,6 +86,19 @@ pub struct Edge {
     pub weight: f32,
 }
 
+/// The vectors some index document still uses: (model, text hash).
+pub fn referenced_vectors(store: &dyn Store) -> Result<HashSet<(String, u128)>> {
+    let mut out = HashSet::new();
+    store.scan_ix("", &mut |_, b| {
+        let d = IxDoc::decode(b)?;
+        for r in &d.recs {
+            out.insert((d.model.clone(), r.hash));
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 impl IxDoc {
     fn decode(b: &[u8]) -> Result<Self> {
         postcard::from_bytes(b).map_err(|e| Error::store_from("corrupt index document", e))

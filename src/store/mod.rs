@@ -156,6 +156,11 @@ pub enum Op {
     DelExpiry {
         path: String,
     },
+    /// Forget an embedding (no indexed text has it any more).
+    DelVec {
+        model: String,
+        hash: u128,
+    },
 }
 
 /// A file or directory of `projects/{p}/scratchpad/` (or the activity log).

@@ -1,0 +1,118 @@
+//! An administrator's delete of a whole account, or of one user's or
+//! agent's memory (seed 002 `delete_account_data`, `delete_by_owner_space`),
+//! in one transaction: every node with its history and expiry (each with its
+//! `DELETE_CONTEXT` event, so the index forgets it), every draft, the
+//! containers, and for an account its projects' shared areas.
+
+use super::Fs;
+use crate::error::{Error, Result};
+use crate::schema::place::{self, DirPlace};
+use crate::store::Op;
+
+/// What a delete removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Deleted {
+    pub nodes: usize,
+    pub drafts: usize,
+    pub containers: usize,
+    pub scratch_entries: usize,
+}
+
+impl Fs {
+    /// Delete everything under `prefix` (`acme`, `acme/users/alice` or
+    /// `acme/agents/bot`) in one durable transaction.
+    pub fn delete_subtree(&self, prefix: &str) -> Result<Deleted> {
+        let comps = place::split(prefix);
+        let ok = match comps.len() {
+            1 => place::classify_dir(&comps) == Ok(DirPlace::Account),
+            3 => {
+                matches!(comps[1], "users" | "agents")
+                    && place::classify_dir(&comps) == Ok(DirPlace::Container)
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(Error::Invalid(format!(
+                "{} is not an account, a user or an agent",
+                crate::schema::excerpt(prefix)
+            )));
+        }
+        let under = |p: &str| p == prefix || p.starts_with(&format!("{prefix}/"));
+        let mut done = Deleted::default();
+        let mut ops = Vec::new();
+        let mut recs = Vec::new();
+        self.store.scan_nodes(&mut |r| {
+            if under(&r.path) {
+                recs.push(r);
+            }
+            Ok(())
+        })?;
+        for r in &recs {
+            ops.extend(self.remove_ops(&r.path, r)?);
+            done.nodes += 1;
+        }
+        for (path, _) in self.drafts.snapshot() {
+            if under(&path) {
+                ops.push(Op::DelDraft { path });
+                done.drafts += 1;
+            }
+        }
+        // Containers, deepest first; and the shared areas of projects.
+        let mut dirs = Vec::new();
+        let mut stack = vec![prefix.to_string()];
+        while let Some(d) = stack.pop() {
+            for child in self.store.list_dirs(&d)? {
+                stack.push(format!("{d}/{child}"));
+            }
+            // Fixed directories (users/, memories/...) hold containers too.
+            for f in ["users", "agents", "projects", "memories", "skills"] {
+                let p = format!("{d}/{f}");
+                if !self.store.list_dirs(&p)?.is_empty() {
+                    stack.push(p);
+                }
+            }
+            dirs.push(d);
+        }
+        let mut scratch = Vec::new();
+        let mut sstack: Vec<String> = dirs
+            .iter()
+            .filter(|d| super::scratch::is_project(d))
+            .flat_map(|p| {
+                [
+                    format!("{p}/{}", crate::schema::names::SCRATCHPAD),
+                    format!("{p}/{}", crate::schema::names::ACTIVITY_LOG),
+                ]
+            })
+            .collect();
+        while let Some(s) = sstack.pop() {
+            for (name, _) in self.store.list_scratch(&s)? {
+                sstack.push(format!("{s}/{name}"));
+            }
+            if self.store.get_scratch(&s)?.is_some() {
+                scratch.push(s);
+            }
+        }
+        for path in scratch {
+            ops.push(Op::DelScratch { path });
+            done.scratch_entries += 1;
+        }
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.len()));
+        for path in dirs {
+            if self.store.dir_exists(&path)? {
+                ops.push(Op::DelDir { path });
+                done.containers += 1;
+            }
+        }
+        self.store.apply(ops, true)?;
+        for r in &recs {
+            self.set_expiry(&r.path, None);
+        }
+        for (path, _) in self.drafts.snapshot() {
+            if under(&path) {
+                self.drafts.remove(&path);
+            }
+        }
+        self.notify_index();
+        Ok(done)
+    }
+}
