@@ -647,3 +647,60 @@ fn admin_deletes_a_user_or_an_account_in_one_command() {
         );
     }
 }
+
+/// A writer redacts an earlier version that holds a secret: its files
+/// become a tombstone, the current version stays, and after `ctxfs compact`
+/// no file of the data dir holds the secret.
+#[test]
+fn a_version_can_be_redacted() {
+    let mut m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let secret = "pinzkq4471marker";
+    m.ok(
+        WRITER,
+        &four_steps(N, &format!("my pin is {secret}"), ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &format!("printf 'pin removed' > $M/accounts/{N}/content.md && /bin/echo '{ACTIVE}' > $M/accounts/{N}/.meta.json"),
+    );
+    let v = format!("$M/accounts/{N}/.versions");
+    m.fails(
+        READER,
+        &format!("/bin/echo 1 > {v}/redact"),
+        "Read-only file system",
+    );
+    m.fails(
+        WRITER,
+        &format!("/bin/echo 2 > {v}/redact"),
+        "Invalid argument",
+    );
+    m.ok(WRITER, &format!("/bin/echo 1 > {v}/redact"));
+    assert_eq!(
+        m.ok(READER, &format!("cat {v}/1/content.md")),
+        "[REDACTED]\n"
+    );
+    let meta = m.json(READER, &format!("cat {v}/1/.meta.json"));
+    assert_eq!(meta["redacted_version"], true, "{meta}");
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{N}/content.md")),
+        "pin removed"
+    );
+    // Twice is the same as once.
+    m.ok(WRITER, &format!("/bin/echo 1 > {v}/redact"));
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    m.umount();
+    m.fsck();
+    let data = m.data.to_str().unwrap().to_string();
+    assert!(ctxfs(&["compact", "--data", &data]).status.success());
+    for f in files_under(&m.data) {
+        let b = std::fs::read(&f).unwrap();
+        assert!(
+            !b.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "{} still holds the secret",
+            f.display()
+        );
+    }
+    m.fsck();
+    m.mount();
+    assert_eq!(m.ok(READER, &format!("ls {v}")), "1\n2\nredact\nrestore\n");
+}

@@ -42,14 +42,17 @@ impl Drop for DraftHandle {
 /// at close.
 pub(crate) struct RestoreHandle {
     pub(super) node: Arc<str>,
+    /// `.versions/redact` rather than `.versions/restore`.
+    pub(super) redact: bool,
     pub(super) buf: Mutex<Vec<u8>>,
     pub(super) applied: AtomicBool,
 }
 
 impl RestoreHandle {
-    pub(super) fn new(node: Arc<str>) -> RestoreHandle {
+    pub(super) fn new(node: Arc<str>, redact: bool) -> RestoreHandle {
         RestoreHandle {
             node,
+            redact,
             buf: Mutex::new(Vec::new()),
             applied: AtomicBool::new(false),
         }

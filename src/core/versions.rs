@@ -5,6 +5,7 @@
 //! NODE/.versions/            reached by path, not listed in NODE (grep -r and cp -r skip it)
 //! NODE/.versions/3/          the files of version 3 as committed
 //! NODE/.versions/restore     `echo 3 > .versions/restore` commits version 3's files as version N+1
+//! NODE/.versions/redact      `echo 3 > .versions/redact` replaces version 3's text by a tombstone
 //! ```
 
 use super::commit::{Committed, Intent};
@@ -14,9 +15,9 @@ use super::RestoreHandle;
 use super::{lock, time_of, Attr, Caller, Fs, Handle, Kind, Opened};
 use crate::config::Access;
 use crate::error::{Error, Result};
-use crate::schema::names::RESTORE;
+use crate::schema::names::{REDACT, RESTORE};
 use crate::schema::place::{META, NODE_FILES};
-use crate::store::{NodeRec, Status};
+use crate::store::{NodeRec, Op, Status};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,12 @@ use std::sync::{Arc, Mutex};
 const RESTORE_HELP: &str = "Write a version number here to commit that version's files again \
 as the node's next version:\n  echo 3 > .versions/restore\nThe node must have no uncommitted \
 changes (EBUSY otherwise). Versions are the directories beside this file.\n";
+
+const REDACT_HELP: &str = "Write the number of an earlier version here to redact it: its \
+files are replaced by a tombstone ([REDACTED]) and its text is deleted from the store (run \
+`ctxfs compact` on the unmounted data dir to remove it from the disk too):\n  echo 3 > \
+.versions/redact\nThe current version cannot be redacted: commit a version without the \
+secret first.\n";
 
 fn arc(s: &str) -> Arc<str> {
     Arc::from(s)
@@ -76,6 +83,11 @@ impl Fs {
                 let size = RESTORE_HELP.len() as u64;
                 Ok(self.file_attr(ino, size, 0o644, self.started, false))
             }
+            Key::Redact(node) => {
+                self.versions_of(c, node)?;
+                let size = REDACT_HELP.len() as u64;
+                Ok(self.file_attr(ino, size, 0o644, self.started, false))
+            }
             _ => Err(Error::NotFound),
         }
     }
@@ -87,6 +99,10 @@ impl Fs {
                 if name == RESTORE {
                     self.versions_of(c, node)?;
                     return Ok(Key::Restore(node.clone()));
+                }
+                if name == REDACT {
+                    self.versions_of(c, node)?;
+                    return Ok(Key::Redact(node.clone()));
                 }
                 let v: u32 = name.parse().map_err(|_| Error::NotFound)?;
                 if name != v.to_string() {
@@ -138,6 +154,7 @@ impl Fs {
                     }
                 }
                 out.push((Key::Restore(node.clone()), RESTORE.into(), Kind::File));
+                out.push((Key::Redact(node.clone()), REDACT.into(), Kind::File));
             }
             Key::VersionDir { node, id, version } => {
                 let rec = self.version_for(c, node, *version)?;
@@ -176,11 +193,13 @@ impl Fs {
                 let f = rec.file(name).ok_or(Error::NotFound)?;
                 self.store.read_blob(f.blob, f.size)?
             }
-            Key::Restore(node) => {
+            Key::Restore(node) | Key::Redact(node) => {
+                let redact = matches!(key, Key::Redact(_));
                 self.versions_of(c, node)?;
                 if write {
                     self.gate(c, Self::account_of(node), true)?;
-                    let fh = self.new_handle(Handle::Restore(RestoreHandle::new(node.clone())));
+                    let fh =
+                        self.new_handle(Handle::Restore(RestoreHandle::new(node.clone(), redact)));
                     return Ok(Opened {
                         fh,
                         direct_io: true,
@@ -188,7 +207,11 @@ impl Fs {
                         no_flush: false,
                     });
                 }
-                RESTORE_HELP.as_bytes().to_vec()
+                if redact {
+                    REDACT_HELP.as_bytes().to_vec()
+                } else {
+                    RESTORE_HELP.as_bytes().to_vec()
+                }
             }
             _ => return Err(Error::IsDir),
         };
@@ -241,21 +264,112 @@ impl Fs {
     fn restore_apply(&self, h: &RestoreHandle) -> Result<()> {
         let data = std::mem::take(&mut *lock(&h.buf));
         h.applied.store(true, Ordering::Release);
-        self.restore(&h.node, &data)
+        if h.redact {
+            self.redact_version(&h.node, &data)
+        } else {
+            self.restore(&h.node, &data)
+        }
+    }
+
+    /// Redact version `data` of `node`: its files become a tombstone
+    /// (`[REDACTED]`, and a `.meta.json` saying so), the blobs no other
+    /// version uses are deleted in the same transaction, and the account's
+    /// stored bytes follow. The current version is refused (commit one
+    /// without the secret first); redacting twice changes nothing.
+    fn redact_version(&self, node: &str, data: &[u8]) -> Result<()> {
+        let v = version_number(data, REDACT)?;
+        let _g = self.stripe(node);
+        let cur = self.live_node(node)?.ok_or(Error::NotFound)?;
+        if v == cur.version {
+            return Err(Error::Invalid(format!(
+                "version {v} is the current one: commit a version without the secret first, then redact {v}"
+            )));
+        }
+        let old = self.store.get_version(cur.id, v)?.ok_or_else(|| {
+            Error::Invalid(format!(
+                "the node has no version {v} (its versions are 1 to {})",
+                cur.version
+            ))
+        })?;
+        if old.file(META).is_some_and(|f| {
+            self.store
+                .read_blob(f.blob, f.size)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .is_some_and(|m| m["redacted_version"] == true)
+        }) {
+            return Ok(());
+        }
+        // Blobs another version (or the current record) still uses stay.
+        let mut used = std::collections::HashSet::new();
+        used.extend(cur.files.iter().map(|f| f.blob));
+        for other in 1..cur.version {
+            if other == v {
+                continue;
+            }
+            if let Some(r) = self.store.get_version(cur.id, other)? {
+                used.extend(r.files.iter().map(|f| f.blob));
+            }
+        }
+        let now = crate::schema::time::now_ns();
+        let mut ops = Vec::new();
+        let mut freed: i64 = 0;
+        let mut files = Vec::new();
+        let mut max_blob = 0;
+        for f in &old.files {
+            if !used.contains(&f.blob) {
+                ops.push(Op::DelBlob { id: f.blob });
+                freed += f.size as i64;
+            }
+            let bytes: Vec<u8> = if f.name == META {
+                let mut m = serde_json::to_vec_pretty(&serde_json::json!({
+                    "status": old.status.as_str(),
+                    "version": v,
+                    "redacted_version": true,
+                    "redacted_at": crate::schema::time::rfc3339(now),
+                }))
+                .map_err(|e| Error::store_from("rendering .meta.json", e))?;
+                m.push(b'\n');
+                m
+            } else {
+                format!("{}\n", crate::schema::redact::REDACTED).into_bytes()
+            };
+            let blob = self.blob_id();
+            max_blob = max_blob.max(blob);
+            freed -= bytes.len() as i64;
+            files.push(crate::store::FileRec {
+                name: f.name.clone(),
+                blob,
+                size: bytes.len() as u64,
+                mtime_ns: now,
+                mode: f.mode,
+            });
+            ops.push(Op::PutBlob {
+                id: blob,
+                data: Arc::from(bytes),
+            });
+        }
+        ops.push(Op::PutVersion {
+            rec: NodeRec { files, ..old },
+        });
+        ops.push(Op::Count {
+            key: crate::schema::counters::bytes_key(Self::account_of(node)),
+            delta: -freed,
+        });
+        ops.push(Op::HighWater {
+            key: crate::schema::counters::BLOB_ID.into(),
+            value: max_blob,
+        });
+        self.store.apply(ops, true)?;
+        tracing::info!(node, version = v, "version redacted");
+        Ok(())
     }
 
     /// Restore the version named by `data` of `node`: commit its files as
     /// the next version. Refused with EBUSY while the node has uncommitted
     /// changes.
     fn restore(&self, node: &str, data: &[u8]) -> Result<()> {
-        let text = String::from_utf8_lossy(data);
-        let want = text.trim().trim_start_matches('v');
-        let v: u32 = want.parse().map_err(|_| {
-            Error::Invalid(format!(
-                "{:?} is not a version number (write e.g. `echo 3 > .versions/restore`)",
-                text.trim()
-            ))
-        })?;
+        let v = version_number(data, RESTORE)?;
         let done = {
             let _g = self.stripe(node);
             let cur = self.live_node(node)?.ok_or(Error::NotFound)?;
@@ -307,6 +421,18 @@ impl Fs {
         tracing::info!(node, version = v, "version restored");
         Ok(())
     }
+}
+
+/// The version number written to `.versions/{file}`.
+fn version_number(data: &[u8], file: &str) -> Result<u32> {
+    let text = String::from_utf8_lossy(data);
+    let want = text.trim().trim_start_matches('v');
+    want.parse().map_err(|_| {
+        Error::Invalid(format!(
+            "{} is not a version number (write e.g. `echo 3 > .versions/{file}`)",
+            crate::schema::excerpt(text.trim())
+        ))
+    })
 }
 
 /// An old `.meta.json` made into a commit request: its status again, and

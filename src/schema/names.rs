@@ -21,6 +21,8 @@ pub const COMMIT_ERROR: &str = ".commit-error";
 pub const VERSIONS_DIR: &str = ".versions";
 /// `NODE/.versions/restore`: write a version number to restore it.
 pub const RESTORE: &str = "restore";
+/// `NODE/.versions/redact`: write an earlier version number to redact it.
+pub const REDACT: &str = "redact";
 /// The virtual search directory inside every directory of an account.
 pub const SEARCH_DIR: &str = ".search";
 

@@ -156,6 +156,10 @@ pub enum Op {
     DelExpiry {
         path: String,
     },
+    /// Remove one blob (a redacted version's file no other version uses).
+    DelBlob {
+        id: u64,
+    },
     /// Forget an embedding (no indexed text has it any more).
     DelVec {
         model: String,

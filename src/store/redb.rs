@@ -413,6 +413,16 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                         }
                     }
                 }
+                Op::DelBlob { id } => {
+                    let chunks: Vec<(u64, u32)> = blobs
+                        .range((*id, 0)..=(*id, u32::MAX))
+                        .map_err(se)?
+                        .map(|r| r.map(|(k, _)| k.value()).map_err(se))
+                        .collect::<Result<_>>()?;
+                    for k in chunks {
+                        blobs.remove(k).map_err(se)?;
+                    }
+                }
                 Op::PutBlob { id, data } => {
                     if data.is_empty() {
                         blobs.insert((*id, 0), &[][..]).map_err(se)?;

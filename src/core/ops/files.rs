@@ -105,7 +105,9 @@ impl Fs {
             Key::CtxfsFile(names::STATUS_FILE) => data(self.status_json(c)?),
             Key::CtxfsFile(names::SYNC_FILE) => data(self.sync_file(c)?),
             Key::Scratch(path) => self.scratch_open(c, path, flags),
-            Key::VersionFile { .. } | Key::Restore(_) => self.versions_open(c, &key, write),
+            Key::VersionFile { .. } | Key::Restore(_) | Key::Redact(_) => {
+                self.versions_open(c, &key, write)
+            }
             Key::Usage(account) => data(self.usage_json(c, account)?),
             Key::CtxfsFile(names::HEADER) => data(self.header(c, None)?),
             Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
@@ -357,7 +359,7 @@ impl Fs {
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
-            Key::Restore(_) if sa.mode.is_none() && sa.size == Some(0) => {
+            Key::Restore(_) | Key::Redact(_) if sa.mode.is_none() && sa.size == Some(0) => {
                 return self.attr_of(c, &key, ino)
             }
             _ => return Err(Error::NotPermitted("read-only virtual file")),

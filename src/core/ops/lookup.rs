@@ -143,7 +143,8 @@ impl Fs {
             Key::Versions(_)
             | Key::VersionDir { .. }
             | Key::VersionFile { .. }
-            | Key::Restore(_) => self.versions_attr(c, key, ino),
+            | Key::Restore(_)
+            | Key::Redact(_) => self.versions_attr(c, key, ino),
             Key::Generated { dir, .. } => {
                 self.check_space(c, dir)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
