@@ -18,7 +18,10 @@ fn versions_are_kept_read_only_and_restorable() {
     // Not listed in the node (grep -r and cp -r skip it), reached by path.
     let ls = m.ok(WRITER, &format!("ls -a $M/accounts/{N}"));
     assert!(!ls.contains(".versions"), "{ls}");
-    assert_eq!(m.ok(READER, &format!("ls {v}")), "1\n2\n3\nredact\nrestore\n");
+    assert_eq!(
+        m.ok(READER, &format!("ls {v}")),
+        "1\n2\n3\nredact\nrestore\n"
+    );
     assert_eq!(m.ok(READER, &format!("cat {v}/1/content.md")), "green tea");
     assert_eq!(m.ok(READER, &format!("cat {v}/2/content.md")), "black tea");
     let meta1 = m.json(READER, &format!("cat {v}/1/.meta.json"));
@@ -70,7 +73,10 @@ fn versions_are_kept_read_only_and_restorable() {
     assert_eq!(meta["version"], 4);
     assert_eq!(meta["restored_from"], 1);
     assert_eq!(meta["content_hash"], meta1["content_hash"]);
-    assert_eq!(m.ok(READER, &format!("ls {v}")), "1\n2\n3\n4\nredact\nrestore\n");
+    assert_eq!(
+        m.ok(READER, &format!("ls {v}")),
+        "1\n2\n3\n4\nredact\nrestore\n"
+    );
 
     // With uncommitted changes a restore is refused (EBUSY) and the draft kept.
     m.ok(WRITER, &format!("echo draft > $M/accounts/{N}/content.md"));
