@@ -6,6 +6,9 @@
 //! cost of one sync is shared by N commits. A batch is made durable by the
 //! write-ahead log (`wal.rs`), then applied to redb without a sync; a
 //! checkpoint (`Immediate` commit, log truncated) runs at least every second.
+//!
+//! Just over 800 lines, on purpose: the backend stays one file so that it is
+//! the only one naming redb (ARCHITECTURE's boundary), compaction included.
 
 use super::wal::{Record, Wal};
 use super::{NodeRec, Op, Store, StoredEvent};
