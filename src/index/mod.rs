@@ -31,7 +31,8 @@ use self::ann::Graph;
 use self::batch::{edges_of, Pending, Work};
 use self::change::{record_texts, records, set_lex_path, Change};
 pub use self::config::{
-    ann_params, choose_embedder, default_model_dir, validate_section, IndexConfig,
+    ann_params, choose_embedder, default_model_dir, missing_model_note, validate_section,
+    IndexConfig,
 };
 use self::embed::Embedder;
 pub use self::reindex::node_texts;
