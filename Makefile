@@ -7,13 +7,17 @@
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
 #   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount
 #   make model  fetch the embedding model into models/
+#   make install  the binary, the mount helper (mount -t fuse.ctxfs, fstab), completions, man page, systemd unit
 
 MNT    ?= /tmp/ctxfs
 CARGO  ?= cargo
 BIN    := target/release/ctxfs
 MODEL  ?= models/all-MiniLM-L6-v2
 
-.PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc conformance clean
+PREFIX ?= /usr/local
+DESTDIR ?=
+
+.PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc conformance clean install
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
@@ -76,6 +80,22 @@ tokens: deps build
 # Rewrite the session transcript of docs/AGENTS.md from a real run.
 agents-doc: deps
 	CTXFS_UPDATE_DOCS=1 $(CARGO) test --test mount agents_doc
+
+# Install like a filesystem: `mount -t fuse.ctxfs DATA MNT -o config=FILE`
+# and fstab lines of type fuse.ctxfs find /sbin/mount.fuse.ctxfs (a link to
+# the binary, which takes mount(8)'s argument form).
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/ctxfs
+	mkdir -p $(DESTDIR)/sbin
+	ln -sf $(PREFIX)/bin/ctxfs $(DESTDIR)/sbin/mount.fuse.ctxfs
+	mkdir -p $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+	  $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d $(DESTDIR)$(PREFIX)/share/man/man1
+	$(BIN) completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/ctxfs
+	$(BIN) completions zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_ctxfs
+	$(BIN) completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/ctxfs.fish
+	$(BIN) man > $(DESTDIR)$(PREFIX)/share/man/man1/ctxfs.1
+	install -D -m 0644 contrib/ctxfs@.service $(DESTDIR)/etc/systemd/system/ctxfs@.service
+	@echo "installed; mount with: mount -t fuse.ctxfs DATA MNT -o config=FILE"
 
 clean:
 	$(CARGO) clean

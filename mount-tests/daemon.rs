@@ -389,3 +389,96 @@ fn mount_says_when_no_model_is_installed() {
         assert!(ctxfs(&["umount", mnt_s]).status.success());
     }
 }
+
+/// Installed like a filesystem: `mount -t fuse.ctxfs DATA MNT -o …` and an
+/// fstab line of type `fuse.ctxfs` go through /sbin/mount.fuse.ctxfs (a link
+/// to the binary, as `make install` makes it), `umount` stops the daemon
+/// cleanly; completions and the man page come from the binary.
+#[test]
+fn mounts_through_mount_8_and_fstab() {
+    let helper = std::path::Path::new("/sbin/mount.fuse.ctxfs");
+    let bin = std::fs::canonicalize(BIN).unwrap();
+    let before = std::fs::read_link(helper).ok();
+    let _ = std::fs::remove_file(helper);
+    std::os::unix::fs::symlink(&bin, helper).unwrap();
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    chmod(dir.path(), 0o755);
+    let (mnt, data) = (dir.path().join("mnt"), dir.path().join("data"));
+    std::fs::create_dir(&mnt).unwrap();
+    chmod(&mnt, 0o755);
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let run = |cmd: &str| {
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        )
+    };
+    let (m, d, c) = (mnt.display(), data.display(), config.display());
+    let (ok, out) = run(&format!(
+        "mount -t fuse.ctxfs {d} {m} -o config={c},no_index,_netdev"
+    ));
+    assert!(ok, "{out}");
+    assert!(is_mounted(&mnt));
+    let node = "acme/users/alice/memories/work/w1";
+    let script = dir.path().join("write.sh");
+    std::fs::write(&script, four_steps(node, "through fstab", ACTIVE)).unwrap();
+    chmod(&script, 0o755);
+    let (ok, out) = run(&format!(
+        "M={m} setpriv --reuid={WRITER} --regid={WRITER} --clear-groups sh {}",
+        script.display()
+    ));
+    assert!(ok, "{out}");
+    let pid: i32 = std::fs::read_to_string(mnt.join(".ctxfs/pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (ok, out) = run(&format!("umount {m}"));
+    assert!(ok, "{out}");
+    let t = std::time::Instant::now();
+    while alive(pid) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the daemon did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // An fstab line (in a file of our own, not /etc/fstab).
+    let fstab = dir.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!("{d} {m} fuse.ctxfs config={c},no_index,noauto,nofail 0 0\n"),
+    )
+    .unwrap();
+    let (ok, out) = run(&format!("mount --fstab {} {m}", fstab.display()));
+    assert!(ok, "{out}");
+    assert_eq!(
+        std::fs::read_to_string(mnt.join(format!("accounts/{node}/content.md"))).unwrap(),
+        "through fstab"
+    );
+    let (ok, out) = run(&format!("umount {m}"));
+    assert!(ok, "{out}");
+    let t = std::time::Instant::now();
+    while is_mounted(&mnt) {
+        assert!(t.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(helper);
+    if let Some(b) = before {
+        let _ = std::os::unix::fs::symlink(b, helper);
+    }
+    let bash = ctxfs(&["completions", "bash"]);
+    assert!(String::from_utf8_lossy(&bash.stdout).contains("_ctxfs()"));
+    let man = ctxfs(&["man"]);
+    assert!(String::from_utf8_lossy(&man.stdout).contains(".TH ctxfs 1"));
+}

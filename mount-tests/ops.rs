@@ -233,3 +233,49 @@ fn ioctl_fails_with_enotty_quietly() {
     let log = std::fs::read_to_string(m.data.join("ctxfs.log")).unwrap();
     assert!(!log.contains("Not Implemented"), "{log}");
 }
+
+/// The Grafana dashboard in contrib/ asks only for metrics the daemon
+/// serves: every `ctxfs_*` name in its queries is in `.ctxfs/metrics`.
+#[test]
+fn the_grafana_dashboard_queries_served_metrics() {
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/contrib/grafana-ctxfs.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    m.ok(
+        WRITER,
+        &four_steps("acme/users/alice/memories/prefs/tea", "green tea", ACTIVE),
+    );
+    m.ok(0, "cat $M/.ctxfs/sync");
+    m.ok(READER, "cat \"$M/accounts/acme/.search/green tea\"");
+    let text = m.ok(0, "cat $M/.ctxfs/metrics");
+    let mut names = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(i) = rest.find("ctxfs_") {
+                let name: String = rest[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[i + name.len()..];
+                names.push(name);
+            }
+        }
+    }
+    assert!(names.len() >= 12, "{names:?}");
+    for n in names {
+        // Histograms are served as NAME_bucket/_sum/_count under `# TYPE NAME`.
+        let family = n.trim_end_matches("_bucket");
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "the dashboard queries {n}, which .ctxfs/metrics does not serve"
+        );
+    }
+}

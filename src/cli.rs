@@ -139,6 +139,10 @@ pub enum Cmd {
         #[arg(long)]
         agent: Option<String>,
     },
+    /// Print a shell completion script (bash, zsh, fish) to stdout.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) to stdout.
+    Man,
     /// Run the Repair Job on an unmounted data dir and print what it did.
     Repair {
         #[arg(long)]
@@ -190,8 +194,97 @@ pub fn default_data_dir() -> PathBuf {
     home.join(".local/share/ctxfs")
 }
 
+/// `mount -t fuse.ctxfs SOURCE MOUNTPOINT -o OPTIONS` (and an fstab line
+/// of type `fuse.ctxfs`) runs `ctxfs SOURCE MOUNTPOINT -o OPTIONS` through
+/// mount.fuse3: turn that form into `ctxfs mount …`. SOURCE is the data
+/// directory unless a `data=` option names one (`ctxfs` or `none`: the
+/// default). Options of mount(8) itself are skipped; an unknown one is
+/// refused with its name.
+fn mount_helper_args(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+    let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
+    let is_cmd = <Cli as clap::CommandFactory>::command()
+        .get_subcommands()
+        .any(|c| c.get_name() == first)
+        || first == "help";
+    if args.len() < 3 || first.starts_with('-') || is_cmd {
+        return Ok(args);
+    }
+    let source = args[1].clone();
+    let mut out: Vec<std::ffi::OsString> = vec![args[0].clone(), "mount".into(), args[2].clone()];
+    let mut data = None;
+    let mut rest = args[3..].iter();
+    while let Some(a) = rest.next() {
+        let opts = match a.to_str() {
+            Some("-o") => rest
+                .next()
+                .and_then(|o| o.to_str())
+                .unwrap_or("")
+                .to_string(),
+            Some(o) if o.starts_with("-o") => o[2..].to_string(),
+            // mount.fuse3 may pass -n, -s, -f, -v: nothing for us.
+            _ => continue,
+        };
+        for o in opts.split(',').filter(|o| !o.is_empty()) {
+            let (k, v) = o.split_once('=').unwrap_or((o, ""));
+            let flag = match k {
+                "data" => {
+                    data = Some(v.to_string());
+                    continue;
+                }
+                "config" | "threads" | "embedder" | "model_dir" | "metrics_addr"
+                | "draft_memory_mb" | "sweep_interval" | "repair_grace" => k.replace('_', "-"),
+                "no_index" => {
+                    out.push("--no-index".into());
+                    continue;
+                }
+                // mount(8)'s and the kernel's generic options.
+                "rw"
+                | "defaults"
+                | "auto"
+                | "noauto"
+                | "nofail"
+                | "_netdev"
+                | "user"
+                | "nouser"
+                | "users"
+                | "dev"
+                | "nodev"
+                | "suid"
+                | "nosuid"
+                | "exec"
+                | "noexec"
+                | "atime"
+                | "noatime"
+                | "relatime"
+                | "async"
+                | "x-systemd.automount" => continue,
+                k if k.starts_with("x-") || k.starts_with("comment") => continue,
+                other => return Err(format!("unknown mount option {other:?} for fuse.ctxfs")),
+            };
+            out.push(format!("--{flag}").into());
+            out.push(v.into());
+        }
+    }
+    let data = data.or_else(|| {
+        let s = source.to_string_lossy().into_owned();
+        (s != "ctxfs" && s != "none").then_some(s)
+    });
+    if let Some(d) = data {
+        out.push("--data".into());
+        out.push(d.into());
+    }
+    Ok(out)
+}
+
 pub fn run() -> i32 {
-    let cli = Cli::parse();
+    let args = match mount_helper_args(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("ctxfs: {e}");
+            return 1;
+        }
+    };
+    let cli = Cli::parse_from(args);
     let (writer, to_file) = crate::daemon::log_writer();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -241,6 +334,18 @@ pub fn run() -> i32 {
             lazy,
         } => crate::daemon::umount(&mountpoint, timeout, lazy),
         Cmd::Fsck { data } => crate::cmd::fsck(&data),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "ctxfs", &mut std::io::stdout());
+            Ok(0)
+        }
+        Cmd::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd)
+                .render(&mut std::io::stdout())
+                .map(|_| 0)
+                .map_err(anyhow::Error::from)
+        }
         Cmd::Compact { data } => crate::cmd::compact(&data),
         Cmd::Delete {
             data,
@@ -302,5 +407,53 @@ impl From<BenchAnnOpts> for crate::cmd::BenchAnnOpts {
             m: o.m,
             ef_construction: o.ef_construction,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mount_helper_args;
+    use std::ffi::OsString;
+
+    fn args(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn mount_helper_form_becomes_ctxfs_mount() {
+        let got = mount_helper_args(args(&[
+            "/sbin/mount.fuse.ctxfs",
+            "/var/lib/ctxfs",
+            "/mnt/m",
+            "-o",
+            "rw,config=/etc/c.toml,no_index,_netdev,threads=4",
+        ]))
+        .unwrap();
+        assert_eq!(
+            got,
+            args(&[
+                "/sbin/mount.fuse.ctxfs",
+                "mount",
+                "/mnt/m",
+                "--config",
+                "/etc/c.toml",
+                "--no-index",
+                "--threads",
+                "4",
+                "--data",
+                "/var/lib/ctxfs"
+            ])
+        );
+        let got = mount_helper_args(args(&["ctxfs", "ctxfs", "/mnt/m", "-odata=/d"])).unwrap();
+        assert_eq!(got, args(&["ctxfs", "mount", "/mnt/m", "--data", "/d"]));
+        // Ordinary command lines pass unchanged.
+        for a in [
+            &["ctxfs", "mount", "/mnt/m"][..],
+            &["ctxfs", "--help"],
+            &["ctxfs", "fsck", "--data", "d"],
+        ] {
+            assert_eq!(mount_helper_args(args(a)).unwrap(), args(a));
+        }
+        assert!(mount_helper_args(args(&["ctxfs", "d", "/m", "-o", "bogus=1"])).is_err());
     }
 }
