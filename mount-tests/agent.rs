@@ -418,3 +418,60 @@ fn agents_doc_transcript_matches_a_real_session() {
         "docs/AGENTS.md's transcript differs from a real session (`make agents-doc` updates it)"
     );
 }
+
+/// SQLite in WAL mode in a project's scratchpad, two processes writing at
+/// once: WAL maps its `-shm` file shared, which the scratchpad's direct I/O
+/// refused before ("disk I/O error").
+#[test]
+fn sqlite_wal_works_in_the_scratchpad() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    let p = "$M/accounts/acme/projects/tools";
+    m.ok(WRITER, &format!("mkdir -p {p}"));
+    let py = r#"
+import sqlite3, sys
+db, who = sys.argv[1], sys.argv[2]
+c = sqlite3.connect(db, timeout=30)
+assert c.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+c.execute("CREATE TABLE IF NOT EXISTS t (who TEXT, i INTEGER)")
+c.commit()
+for i in range(100):
+    c.execute("INSERT INTO t VALUES (?, ?)", (who, i))
+    c.commit()
+c.close()
+"#;
+    let script = m.shared_file("wal.py");
+    std::fs::write(&script, py).unwrap();
+    let db = format!("{p}/scratchpad/state.db");
+    m.ok(
+        WRITER,
+        &format!("/usr/bin/python3 {} {db} init", script.display()),
+    );
+    let a = m.spawn_piped(
+        WRITER,
+        &format!("/usr/bin/python3 {} {db} a 2>&1", script.display()),
+    );
+    let b = m.spawn_piped(
+        WRITER,
+        &format!("/usr/bin/python3 {} {db} b 2>&1", script.display()),
+    );
+    for c in [a, b] {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let check = r#"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+print(c.execute("PRAGMA integrity_check").fetchone()[0], c.execute("SELECT count(*) FROM t").fetchone()[0])
+"#;
+    let cs = m.shared_file("check.py");
+    std::fs::write(&cs, check).unwrap();
+    assert_eq!(
+        m.ok(WRITER, &format!("/usr/bin/python3 {} {db}", cs.display()))
+            .trim(),
+        "ok 300"
+    );
+}

@@ -194,6 +194,21 @@ fn time(t: TimeOrNow) -> SystemTime {
 }
 
 impl Filesystem for Adapter {
+    /// Shared `mmap` of files opened with direct I/O (scratchpad files,
+    /// drafts): SQLite's WAL mode maps its `-shm` file shared. Processes on
+    /// this host map the same kernel pages, so they see each other's
+    /// changes; the kernel writes mapped pages back through WRITE requests.
+    /// Kernels before 6.6 lack it: such mounts refuse shared mmap as before.
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            tracing::info!(
+                ?missing,
+                "the kernel cannot mmap direct-I/O files; shared mmap stays refused"
+            );
+        }
+        Ok(())
+    }
+
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _t = self.fs.metrics.start("lookup");
         let name = name_or!(name, reply);
