@@ -72,7 +72,6 @@ fn precheck(o: &MountOpts) -> Result<Settings> {
 /// once it says the mount is ready (or why it is not).
 pub fn start_background(o: MountOpts) -> Result<i32> {
     let settings = precheck(&o)?;
-    warn_if_no_model(&o, &settings);
     let mut fds = [0; 2];
     // SAFETY: `fds` is a writable array of two ints, as pipe(2) requires.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -143,6 +142,8 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
                 child.id(),
                 o.data.display()
             );
+            // Once mounted: a refusal stays a one-line reason.
+            warn_if_no_model(&o, &settings);
             Ok(0)
         }
         "" => bail!(
@@ -189,16 +190,6 @@ fn warn_if_no_model(o: &MountOpts, s: &Settings) {
 }
 
 pub fn run_foreground(o: MountOpts) -> Result<i32> {
-    // Run by hand (not as the background daemon of `ctxfs mount`): warn here.
-    if std::env::var_os(READY_FD).is_none() {
-        if let Ok(s) = settings(
-            o.config.as_deref(),
-            o.embedder.as_ref(),
-            o.model_dir.as_ref(),
-        ) {
-            warn_if_no_model(&o, &s);
-        }
-    }
     let mut ready = Ready::from_env();
     let result = serve(&o, &mut ready);
     if let Err(e) = &result {
@@ -246,6 +237,10 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let session = crate::fuse::spawn(fs.clone(), &o.mountpoint, o.threads)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", o.mountpoint.display()))?;
     tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), "mounted");
+    // Run by hand in the foreground (no parent to tell): warn here, mounted.
+    if ready.0.is_none() {
+        warn_if_no_model(o, &settings);
+    }
     ready.say("ok");
 
     // Its own flag: the sweeper must end (and drop its reference to the
