@@ -450,6 +450,17 @@ os.close(fd)
     m.umount_and_fsck();
 }
 
+/// The files under `dir` (recursively) whose bytes hold `text`.
+fn files_holding(dir: &std::path::Path, text: &str) -> Vec<std::path::PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|f| {
+            let b = std::fs::read(f).unwrap();
+            b.windows(text.len()).any(|w| w == text.as_bytes())
+        })
+        .collect()
+}
+
 /// Every file under `dir`, recursively.
 fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
@@ -508,14 +519,7 @@ fn a_deleted_node_is_forgotten_after_compact() {
     m.ok(WRITER, &format!("rm -r $M/accounts/{gone}"));
     m.ok(WRITER, "cat $M/.ctxfs/sync");
     m.umount();
-    let holds = |f: &std::path::Path| {
-        let b = std::fs::read(f).unwrap();
-        b.windows(marker.len()).any(|w| w == marker.as_bytes())
-    };
-    let before: Vec<_> = files_under(&m.data)
-        .into_iter()
-        .filter(|f| holds(f))
-        .collect();
+    let before = files_holding(&m.data, marker);
     // The premise: without the step, redb's freed pages still hold it.
     assert!(
         !before.is_empty(),
@@ -528,9 +532,11 @@ fn a_deleted_node_is_forgotten_after_compact() {
         "compact: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for f in files_under(&m.data) {
-        assert!(!holds(&f), "{} still holds the deleted text", f.display());
-    }
+    let after = files_holding(&m.data, marker);
+    assert!(
+        after.is_empty(),
+        "still holding the deleted text: {after:?}"
+    );
     m.fsck();
     m.mount();
     assert_eq!(
@@ -638,14 +644,8 @@ fn admin_deletes_a_user_or_an_account_in_one_command() {
     );
     m.umount();
     assert!(ctxfs(&["compact", "--data", &data]).status.success());
-    for f in files_under(&m.data) {
-        let b = std::fs::read(&f).unwrap();
-        assert!(
-            !b.windows(marker.len()).any(|w| w == marker.as_bytes()),
-            "{} still holds deleted text",
-            f.display()
-        );
-    }
+    let left = files_holding(&m.data, marker);
+    assert!(left.is_empty(), "still holding deleted text: {left:?}");
 }
 
 /// A writer redacts an earlier version that holds a secret: its files
@@ -692,14 +692,8 @@ fn a_version_can_be_redacted() {
     m.fsck();
     let data = m.data.to_str().unwrap().to_string();
     assert!(ctxfs(&["compact", "--data", &data]).status.success());
-    for f in files_under(&m.data) {
-        let b = std::fs::read(&f).unwrap();
-        assert!(
-            !b.windows(secret.len()).any(|w| w == secret.as_bytes()),
-            "{} still holds the secret",
-            f.display()
-        );
-    }
+    let left = files_holding(&m.data, secret);
+    assert!(left.is_empty(), "still holding the secret: {left:?}");
     m.fsck();
     m.mount();
     assert_eq!(m.ok(READER, &format!("ls {v}")), "1\n2\nredact\nrestore\n");
