@@ -501,3 +501,96 @@ fn cp_r_of_a_node_commits_a_copy() {
         "original"
     );
 }
+
+/// Many nodes by one write: JSON lines to `accounts/A/.ctxfs/batch`, one
+/// node each, committed at close in one transaction, each whole or not at
+/// all; the result, a line per node, is read back from the same file.
+#[test]
+fn a_batch_commits_many_nodes_at_close() {
+    let m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let py = r#"
+import errno, json, sys
+path, nodes = sys.argv[1], []
+for i in range(3):
+    nodes.append({"node": f"users/alice/memories/batch/n{i}", "content": f"batch note {i} about kayaks",
+                  "meta": {"status": "ACTIVE", "tags": ["b"]}})
+nodes.append({"node": "users/alice/memories/batch/bad", "content": "x", "abstract": "y" * 101,
+              "meta": {"status": "ACTIVE"}})
+nodes.append({"node": "users/alice/nope", "content": "x", "meta": {"status": "ACTIVE"}})
+try:
+    with open(path, "w") as f:
+        f.write("\n".join(json.dumps(n) for n in nodes) + "\n")
+    print("closed")
+except OSError as e:
+    print("refused" if e.errno == errno.EINVAL else e)
+"#;
+    let script = m.shared_file("batch.py");
+    std::fs::write(&script, py).unwrap();
+    let b = "$M/accounts/acme/.ctxfs/batch";
+    assert_eq!(
+        m.ok(
+            WRITER,
+            &format!("/usr/bin/python3 {} {b}", script.display())
+        )
+        .trim(),
+        "refused"
+    );
+    let result: Vec<serde_json::Value> = m
+        .ok(WRITER, &format!("cat {b}"))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(result.len(), 5, "{result:?}");
+    assert_eq!(
+        result.iter().filter(|r| r["version"] == 1).count(),
+        3,
+        "{result:?}"
+    );
+    assert!(
+        result[3]["error"].as_str().unwrap().contains("100"),
+        "{result:?}"
+    );
+    assert!(
+        result[4]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not a node place"),
+        "{result:?}"
+    );
+    // Committed as by the four-step write: derived fields, readers see them.
+    let n0 = "$M/accounts/acme/users/alice/memories/batch/n0";
+    let meta = m.json(READER, &format!("cat {n0}/.meta.json"));
+    assert_eq!(
+        (meta["version"].as_u64(), meta["tags"][0].as_str()),
+        (Some(1), Some("b"))
+    );
+    assert!(m
+        .ok(READER, &format!("cat {n0}/.abstract.md"))
+        .starts_with("batch note 0"));
+    m.fails(
+        READER,
+        "ls $M/accounts/acme/users/alice/memories/batch/bad",
+        "No such file",
+    );
+    // A second batch updates a node: version 2.
+    m.ok(
+        WRITER,
+        &format!("printf '%s\\n' '{{\"node\":\"users/alice/memories/batch/n1\",\"content\":\"edited\",\"meta\":{{\"status\":\"ACTIVE\"}}}}' > {b}"),
+    );
+    let n1 = "$M/accounts/acme/users/alice/memories/batch/n1";
+    assert_eq!(
+        m.json(READER, &format!("cat {n1}/.meta.json"))["version"],
+        2
+    );
+    assert_eq!(m.ok(READER, &format!("cat {n1}/content.md")), "edited");
+    m.fails(
+        READER,
+        &format!("echo '{{}}' > {b}"),
+        "Read-only file system",
+    );
+    m.fails(NOBODY, &format!("cat {b}"), "Permission denied");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    assert!(m
+        .ok(READER, "cat \"$M/accounts/acme/.search/kayaks\"")
+        .contains("batch/n"));
+}

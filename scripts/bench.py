@@ -6,12 +6,15 @@ same run on a plain local directory on the same disk.
          .abstract.md; warm cache and right after mount (local: caches dropped);
          the per-file floor: open+close of one cached file, one isatty
   commit four-step durable commits, 1 and 8 writers (local: one fsync per node)
+  batch  nodes committed by one write to accounts/A/.ctxfs/batch, one writer,
+         against the same local fsync-per-node rate
   big    M nodes in one category: create / lookup / listing cost per entry at
          1k, 10k, ... M; mount time and daemon RSS after a full find
 
-Usage: scripts/bench.py [--nodes N] [--big M] [--only tree,commit,big]
+Usage: scripts/bench.py [--nodes N] [--big M] [--only tree,commit,batch,big]
 """
 import argparse
+import json
 import multiprocessing as mp
 import os
 import random
@@ -209,6 +212,32 @@ def bench_commit(work, n, rounds=5):
     report(rows, f"commit: {rounds} rounds of {n} four-step commits, each durable")
 
 
+def bench_batch(work, n, rounds=5):
+    """One writer: N nodes as one batch file (one close, one transaction)
+    against N local four-file nodes with one fsync each, alternating."""
+    fs = Ctxfs(os.path.join(work, "b"))
+    fs.mount()
+    os.makedirs(os.path.join(fs.base(), "acme"), exist_ok=True)
+    rl, rf = [], []
+    for r in range(rounds):
+        ids = list(range(r * n, (r + 1) * n))
+        rl.append(n / populate(os.path.join(work, "blocal"), ids, 1, True))
+        lines = "".join(
+            json.dumps({"node": node_rel(i).split("/", 1)[1], "content": content(i),
+                        "abstract": f"abstract {i}", "overview": f"# overview {i}",
+                        "relations": [], "meta": {"status": "ACTIVE"}}) + "\n"
+            for i in ids)
+        t = time.perf_counter()
+        with open(os.path.join(fs.base(), "acme/.ctxfs/batch"), "w") as f:
+            f.write(lines)
+        rf.append(n / (time.perf_counter() - t))
+    print(f"  local {[round(x) for x in rl]}, ctxfs batch {[round(x) for x in rf]}")
+    report([(f"nodes/s, batches of {n}, 1 writer, median", statistics.median(rl),
+             statistics.median(rf), "rate")],
+           f"batch: {rounds} rounds of {n} nodes in one durable batch (local: one fsync per node)")
+    fs.umount()
+
+
 def bench_big(work, total):
     fs = Ctxfs(os.path.join(work, "big"))
     local = os.path.join(work, "biglocal")
@@ -256,7 +285,7 @@ def main():
     ap.add_argument("--nodes", type=int, default=10000)
     ap.add_argument("--commits", type=int, default=500)
     ap.add_argument("--big", type=int, default=100000)
-    ap.add_argument("--only", default="tree,commit,big")
+    ap.add_argument("--only", default="tree,commit,batch,big")
     ap.add_argument("--work", default=os.environ.get("BENCH_DIR", "/var/tmp/ctxfs-bench"))
     a = ap.parse_args()
     if not os.path.exists(BIN):
@@ -270,6 +299,8 @@ def main():
             bench_tree(os.path.join(a.work, "tree"), a.nodes)
         if "commit" in only:
             bench_commit(os.path.join(a.work, "commit"), a.commits)
+        if "batch" in only:
+            bench_batch(os.path.join(a.work, "batch"), a.commits)
         if "big" in only:
             bench_big(os.path.join(a.work, "big"), a.big)
     finally:

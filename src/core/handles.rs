@@ -16,6 +16,8 @@ pub(crate) enum Handle {
     Scratch(scratch::ScratchHandle),
     /// `NODE/.versions/restore` opened for writing.
     Restore(RestoreHandle),
+    /// `accounts/{a}/.ctxfs/batch` opened for writing.
+    Batch(super::commit::BatchHandle),
 }
 
 pub(crate) struct DraftHandle {

@@ -67,6 +67,8 @@ pub enum Key {
     },
     /// `NODE/.versions/restore`: a version number written here is restored.
     Restore(Arc<str>),
+    /// `accounts/{a}/.ctxfs/batch`.
+    Batch(Arc<str>),
     /// `NODE/.versions/redact`: write a version number to redact it.
     Redact(Arc<str>),
     /// `DIR/.search/`: reached by path, lists nothing.

@@ -158,6 +158,9 @@ pub struct Stats {
     pub expired: AtomicU64,
 }
 
+/// The last batch result by (account, uid).
+type BatchResults = HashMap<(String, u32), Arc<[u8]>>;
+
 pub struct Fs {
     store: Arc<dyn Store>,
     /// The search index, once the daemon has started it.
@@ -195,6 +198,8 @@ pub struct Fs {
     sync_waiters: search::SyncWaiters,
     /// Log lines per account for refusals a client causes at will.
     log_budget: metrics::LogBudget,
+    /// The last batch result of each (account, uid), for `.ctxfs/batch`.
+    batch_results: Mutex<BatchResults>,
     /// Bytes of uncommitted files in memory, and their limit.
     draft_mem: draft::DraftMemory,
     draft_limit: AtomicU64,
@@ -228,6 +233,7 @@ impl Fs {
             quotas: quota::Quotas::default(),
             sync_waiters: search::SyncWaiters::default(),
             log_budget: metrics::LogBudget::default(),
+            batch_results: Mutex::new(HashMap::new()),
             draft_mem: draft::DraftMemory::default(),
             draft_limit: AtomicU64::new(DEFAULT_DRAFT_MEMORY),
         };
@@ -328,6 +334,11 @@ impl Fs {
 
     fn stripe(&self, node: &str) -> MutexGuard<'_, ()> {
         lock(&self.stripes[stripe_of(node)])
+    }
+
+    /// Stripe number `i` (take several in ascending order only).
+    fn stripe_at(&self, i: usize) -> MutexGuard<'_, ()> {
+        lock(&self.stripes[i])
     }
 
     fn blob_id(&self) -> u64 {
@@ -554,7 +565,7 @@ impl Fs {
     }
 }
 
-fn stripe_of(node: &str) -> usize {
+pub(crate) fn stripe_of(node: &str) -> usize {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     node.hash(&mut h);

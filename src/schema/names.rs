@@ -38,6 +38,8 @@ pub const METRICS_FILE: &str = "metrics";
 pub const CTXFS_FILES: [&str; 6] = [STATUS_FILE, PID_FILE, SYNC_FILE, HEADER, HELP, METRICS_FILE];
 /// `accounts/{a}/.ctxfs/usage`: usage against quota.
 pub const USAGE_FILE: &str = "usage";
+/// `accounts/{a}/.ctxfs/batch`: many nodes committed by one write.
+pub const BATCH_FILE: &str = "batch";
 
 /// Generated in user and agent directories: the memory map.
 pub const MAP_FILE: &str = "README.md";

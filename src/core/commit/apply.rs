@@ -123,7 +123,12 @@ impl Fs {
 
     /// The node as the commit sees it: the committed record overlaid with
     /// the draft, the kept summary texts, and the committed summary marks.
-    fn gather<'a>(&self, node: &'a str, rec: Option<&'a NodeRec>, d: &Draft) -> Result<View<'a>> {
+    pub(super) fn gather<'a>(
+        &self,
+        node: &'a str,
+        rec: Option<&'a NodeRec>,
+        d: &Draft,
+    ) -> Result<View<'a>> {
         let mut files = Vec::new();
         let mut kept_text = Vec::new();
         for name in NODE_FILES {
@@ -167,7 +172,7 @@ impl Fs {
 
     /// The store operations of `plan`: new blobs, the record and its
     /// version, counters, containers, quota, expiry and outbox events.
-    fn commit_ops(
+    pub(super) fn commit_ops(
         &self,
         node: &str,
         id: u64,

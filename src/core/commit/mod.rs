@@ -3,10 +3,13 @@
 //! (`plan.rs`), and carrying it out in one store transaction (`apply.rs`).
 
 mod apply;
+mod batch;
 mod plan;
 pub mod rules;
 
 pub(crate) use self::apply::blob_bytes;
 pub use self::apply::Committed;
+pub(crate) use self::batch::BatchHandle;
+pub use self::batch::MAX_BATCH_NODES;
 pub use self::plan::{Content, Intent, Outcome, Plan, Refusal, View};
 pub use self::rules::{Derived, MetaIntent};

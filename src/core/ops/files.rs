@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// What reading `accounts/{a}/.ctxfs/batch` says before any batch.
+const BATCH_HELP: &str = "Write JSON lines here, one node each, and close: every node is \
+committed as by the four-step write (whole or not at all), all in one transaction.\n  \
+{\"node\": \"users/alice/memories/work/w1\", \"content\": \"...\", \"abstract\": \"...\", \
+\"overview\": \"...\", \"relations\": [], \"meta\": {\"status\": \"ACTIVE\"}}\nabstract, \
+overview and relations are optional. Reading this file then gives your last batch's result, \
+a line per node (its version, or why it was refused).\n";
+
 impl Fs {
     // ---- files --------------------------------------------------------------------
 
@@ -109,6 +117,31 @@ impl Fs {
                 self.versions_open(c, &key, write)
             }
             Key::Usage(account) => data(self.usage_json(c, account)?),
+            Key::Batch(account) => {
+                if write {
+                    self.gate(c, account, true)?;
+                    let fh = self.new_handle(Handle::Batch(commit::BatchHandle {
+                        account: account.clone(),
+                        caller: c,
+                        buf: Mutex::new(Vec::new()),
+                        done: AtomicBool::new(false),
+                    }));
+                    return Ok(Opened {
+                        fh,
+                        direct_io: true,
+                        keep_cache: false,
+                        no_flush: false,
+                    });
+                }
+                self.gate(c, account, false)?;
+                let last = lock(&self.batch_results)
+                    .get(&(account.to_string(), c.uid))
+                    .cloned();
+                match last {
+                    Some(r) => data(r.to_vec()),
+                    None => data(BATCH_HELP.as_bytes().to_vec()),
+                }
+            }
             Key::CtxfsFile(names::HEADER) => data(self.header(c, None)?),
             Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
             Key::CtxfsFile(names::METRICS_FILE) => data(self.metrics_text(Some(c))?.into_bytes()),
@@ -255,7 +288,7 @@ impl Fs {
             Handle::Data(d) => Ok(super::draft::slice_at(d, offset, size)),
             Handle::Draft(d) => Ok(read_lock(&d.file).read_at(offset, size)),
             Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
-            Handle::Restore(_) => Err(Error::BadHandle),
+            Handle::Restore(_) | Handle::Batch(_) => Err(Error::BadHandle),
         }
     }
 
@@ -266,6 +299,14 @@ impl Fs {
         }
         if let Handle::Restore(r) = &*h {
             return self.restore_write(r, data);
+        }
+        if let Handle::Batch(b) = &*h {
+            let mut buf = lock(&b.buf);
+            if buf.len() + data.len() > MAX_FILE_BYTES as usize {
+                return Err(Error::TooBig);
+            }
+            buf.extend_from_slice(data);
+            return Ok(data.len() as u32);
         }
         let Handle::Draft(d) = &*h else {
             return Err(Error::BadHandle);
@@ -301,6 +342,27 @@ impl Fs {
         }
         if let Handle::Restore(r) = &*h {
             self.restore_flush(r)?;
+        }
+        if let Handle::Batch(b) = &*h {
+            let bytes = std::mem::take(&mut *lock(&b.buf));
+            if !bytes.is_empty() && !b.done.swap(true, Ordering::AcqRel) {
+                let (result, refused) = self.commit_batch(b.caller, &b.account, &bytes)?;
+                let lines = result.iter().filter(|b| **b == b'\n').count();
+                {
+                    let mut r = lock(&self.batch_results);
+                    if r.len() >= 4096 {
+                        r.clear();
+                    }
+                    r.insert((b.account.to_string(), b.caller.uid), Arc::from(result));
+                }
+                if refused > 0 {
+                    return Err(Error::BadCommit(format!(
+                        "{refused} of {lines} nodes refused (the others are committed); \
+                         read accounts/{}/.ctxfs/batch for which and why",
+                        b.account
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -359,7 +421,9 @@ impl Fs {
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
-            Key::Restore(_) | Key::Redact(_) if sa.mode.is_none() && sa.size == Some(0) => {
+            Key::Restore(_) | Key::Redact(_) | Key::Batch(_)
+                if sa.mode.is_none() && sa.size == Some(0) =>
+            {
                 return self.attr_of(c, &key, ino)
             }
             _ => return Err(Error::NotPermitted("read-only virtual file")),

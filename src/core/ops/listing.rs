@@ -149,6 +149,8 @@ impl Fs {
                 shared = false;
                 let k = Key::Usage(account.clone());
                 entries.push(d(k, names::USAGE_FILE, Kind::File));
+                let k = Key::Batch(account.clone());
+                entries.push(d(k, names::BATCH_FILE, Kind::File));
             }
             Key::Versions(_) | Key::VersionDir { .. } => {
                 shared = false;

@@ -140,6 +140,10 @@ impl Fs {
                 self.gate(c, account, false)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
             }
+            Key::Batch(account) => {
+                self.gate(c, account, false)?;
+                Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
+            }
             Key::Versions(_)
             | Key::VersionDir { .. }
             | Key::VersionFile { .. }
@@ -312,6 +316,10 @@ impl Fs {
             Key::AccountCtxfs(account) if name == names::USAGE_FILE => {
                 self.gate(c, account, false)?;
                 Ok(Key::Usage(account.clone()))
+            }
+            Key::AccountCtxfs(account) if name == names::BATCH_FILE => {
+                self.gate(c, account, false)?;
+                Ok(Key::Batch(account.clone()))
             }
             Key::Dir(path)
                 if (name == names::MAP_FILE || name == names::HEADER_FILE)

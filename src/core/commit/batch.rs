@@ -1,0 +1,219 @@
+//! Many nodes committed by one request: `accounts/{a}/.ctxfs/batch`.
+//!
+//! A writer writes JSON lines, one node each (`{"node": "users/u/memories/c/s",
+//! "content": …, "abstract"?, "overview"?, "relations"?, "meta": {…}}`), and
+//! closes the file. Each node goes through the same plan as a four-step
+//! commit (checks, redaction, derived summaries, quota, outbox events) and
+//! is committed whole or not at all; the nodes that pass are applied in one
+//! store transaction, so a batch costs one sync. Reading the file gives the
+//! caller's last batch result, a line per node.
+
+use super::plan::{Intent, Outcome, Plan, Refusal};
+use crate::core::draft::{DFile, Draft, Slot};
+use crate::core::{Caller, Fs};
+use crate::error::{Error, Result};
+use crate::locks::lock;
+use crate::schema::names::{ABSTRACT, CONTENT, META, OVERVIEW, RELATIONS};
+use crate::schema::place::{self, DirPlace};
+use crate::schema::time::now_ns;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+
+/// Nodes one batch may hold.
+pub const MAX_BATCH_NODES: usize = 10_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchNode {
+    node: String,
+    content: String,
+    #[serde(rename = "abstract")]
+    abstract_: Option<String>,
+    overview: Option<String>,
+    relations: Option<Value>,
+    meta: Map<String, Value>,
+}
+
+/// The result of one line.
+fn outcome(line: usize, node: &str, r: std::result::Result<u32, String>) -> Value {
+    match r {
+        Ok(v) => json!({"line": line, "node": node, "version": v}),
+        Err(e) => json!({"line": line, "node": node, "error": e}),
+    }
+}
+
+impl Fs {
+    /// Commit the nodes of a batch written by `c` into `account`; the result
+    /// lines, and how many nodes were refused.
+    pub(crate) fn commit_batch(
+        &self,
+        c: Caller,
+        account: &str,
+        bytes: &[u8],
+    ) -> Result<(Vec<u8>, usize)> {
+        self.gate(c, account, true)?;
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| Error::Invalid(format!("a batch is UTF-8 JSON lines: {e}")))?;
+        let lines: Vec<(usize, &str)> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| (i + 1, l))
+            .collect();
+        if lines.len() > MAX_BATCH_NODES {
+            return Err(Error::Invalid(format!(
+                "a batch holds at most {MAX_BATCH_NODES} nodes, not {}",
+                lines.len()
+            )));
+        }
+        // Parse and place every line first.
+        let mut results: Vec<Value> = Vec::new();
+        let mut todo: Vec<(usize, String, BatchNode)> = Vec::new();
+        for (line, l) in lines {
+            let parsed = serde_json::from_str::<BatchNode>(l)
+                .map_err(|e| format!("not a batch node: {e}"))
+                .and_then(|n| {
+                    let path = format!("{account}/{}", n.node);
+                    let comps = place::split(&path);
+                    for c in &comps {
+                        place::check_name(c).map_err(|e| e.to_string())?;
+                    }
+                    match place::classify_dir(&comps) {
+                        Ok(DirPlace::Node) => {}
+                        _ => {
+                            return Err(format!(
+                                "{} is not a node place",
+                                crate::schema::excerpt(&n.node)
+                            ))
+                        }
+                    }
+                    if todo.iter().any(|(_, p, _)| *p == path) {
+                        return Err("the same node twice in one batch".into());
+                    }
+                    Ok((path, n))
+                });
+            match parsed {
+                Ok((path, n)) => todo.push((line, path, n)),
+                Err(e) => results.push(outcome(line, "", Err(e))),
+            }
+        }
+        // The nodes' stripes, in index order (no deadlock with another batch).
+        let mut stripes: Vec<usize> = todo
+            .iter()
+            .map(|(_, p, _)| crate::core::stripe_of(p))
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let guards: Vec<MutexGuard<'_, ()>> = stripes.iter().map(|&s| self.stripe_at(s)).collect();
+        let now = now_ns();
+        let redactor = self.redaction().for_account(account);
+        let mut ops = Vec::new();
+        let mut done: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
+        for (line, path, n) in todo {
+            let r = self.plan_batch_node(&path, n, now, redactor.as_ref(), &mut ops);
+            match r {
+                Ok((v, expires)) => done.push((line, path, v, expires)),
+                Err(e) => {
+                    self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                    let node = path.split_once('/').map_or("", |(_, r)| r).to_string();
+                    results.push(outcome(line, &node, Err(e)));
+                }
+            }
+        }
+        if !ops.is_empty() {
+            self.store.apply(ops, true)?;
+            self.notify_index();
+        }
+        for (_, path, _, expires) in &done {
+            self.set_expiry(path, *expires);
+        }
+        drop(guards);
+        for (line, path, v, _) in &done {
+            self.invalidate_commit(path, false);
+            let node = path.split_once('/').map_or("", |(_, r)| r);
+            results.push(outcome(*line, node, Ok(*v)));
+        }
+        self.stats
+            .commits
+            .fetch_add(done.len() as u64, Ordering::Relaxed);
+        results.sort_by_key(|r| r["line"].as_u64().unwrap_or(0));
+        let refused = results.iter().filter(|r| r.get("error").is_some()).count();
+        let mut out = Vec::new();
+        for r in results {
+            out.extend(serde_json::to_vec(&r).unwrap_or_default());
+            out.push(b'\n');
+        }
+        Ok((out, refused))
+    }
+
+    /// Plan one node of a batch and add its operations to `ops`: its
+    /// version and expiry, or why it is refused.
+    fn plan_batch_node(
+        &self,
+        path: &str,
+        n: BatchNode,
+        now: i128,
+        redactor: Option<&crate::schema::redact::Redactor>,
+        ops: &mut Vec<crate::store::Op>,
+    ) -> std::result::Result<(u32, Option<u64>), String> {
+        if self.draft(path).is_some_and(|d| !lock(&d).files.is_empty()) {
+            return Err("the node has uncommitted changes in a draft".into());
+        }
+        let mut rec = self.store.get_node(path).map_err(|e| e.to_string())?;
+        let stale = match &rec {
+            Some(_) if self.expired(path) => rec.take(),
+            _ => None,
+        };
+        let mut draft = Draft::new(rec.as_ref().map(|r| (r.id, r.version)));
+        let mut put = |name: &str, bytes: Vec<u8>| {
+            draft
+                .files
+                .insert(name.to_string(), Slot::File(DFile::new(bytes, 0o644)));
+        };
+        put(CONTENT, n.content.into_bytes());
+        if let Some(a) = n.abstract_ {
+            put(ABSTRACT, a.into_bytes());
+        }
+        if let Some(o) = n.overview {
+            put(OVERVIEW, o.into_bytes());
+        }
+        if let Some(r) = n.relations {
+            put(RELATIONS, serde_json::to_vec(&r).unwrap_or_default());
+        }
+        put(
+            META,
+            serde_json::to_vec(&Value::Object(n.meta)).unwrap_or_default(),
+        );
+        let view = self
+            .gather(path, rec.as_ref(), &draft)
+            .map_err(|e| e.to_string())?;
+        let plan = match Plan::build(view, Intent::Close, now, redactor) {
+            Outcome::Commit(p) => *p,
+            Outcome::StillPending => {
+                return Err("meta.status must be ACTIVE or ARCHIVED to commit".into())
+            }
+            Outcome::Refused(Refusal::Invalid(r) | Refusal::TooBig(r)) => return Err(r),
+        };
+        let (version, expires) = (plan.version, plan.expires);
+        let id = match &rec {
+            Some(r) => r.id,
+            None => self.next_node.fetch_add(1, Ordering::Relaxed),
+        };
+        let node_ops = self
+            .commit_ops(path, id, rec.as_ref(), stale.as_ref(), plan, &Intent::Close)
+            .map_err(|e| e.to_string())?;
+        ops.extend(node_ops);
+        Ok((version, expires))
+    }
+}
+
+/// `accounts/{a}/.ctxfs/batch` opened for writing: the lines written, and
+/// whether they were committed (at the first close).
+pub(crate) struct BatchHandle {
+    pub(crate) account: Arc<str>,
+    pub(crate) caller: Caller,
+    pub(crate) buf: std::sync::Mutex<Vec<u8>>,
+    pub(crate) done: std::sync::atomic::AtomicBool,
+}
