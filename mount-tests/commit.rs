@@ -527,6 +527,11 @@ except OSError as e:
     let script = m.shared_file("batch.py");
     std::fs::write(&script, py).unwrap();
     let b = "$M/accounts/acme/.ctxfs/batch";
+    // A node directory made before (an empty draft) is committed over.
+    m.ok(
+        WRITER,
+        "mkdir -p $M/accounts/acme/users/alice/memories/batch/n2",
+    );
     assert_eq!(
         m.ok(
             WRITER,
@@ -571,6 +576,10 @@ except OSError as e:
         READER,
         "ls $M/accounts/acme/users/alice/memories/batch/bad",
         "No such file",
+    );
+    assert_eq!(
+        m.json(WRITER, "cat $M/.ctxfs/status")["nodes"]["PENDING"],
+        0
     );
     // A second batch updates a node: version 2.
     m.ok(

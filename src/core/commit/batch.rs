@@ -128,6 +128,10 @@ impl Fs {
         }
         for (_, path, _, expires) in &done {
             self.set_expiry(path, *expires);
+            // An empty draft (a `mkdir` of the node) is committed over.
+            if let Some(d) = self.draft(path) {
+                self.drafts.remove_if_empty(path, &d);
+            }
         }
         drop(guards);
         for (line, path, v, _) in &done {
