@@ -65,10 +65,10 @@ impl Fs {
                 stack.push(format!("{d}/{child}"));
             }
             // Fixed directories (users/, memories/...) hold containers too.
-            for f in ["users", "agents", "projects", "memories", "skills"] {
-                let p = format!("{d}/{f}");
-                if !self.store.list_dirs(&p)?.is_empty() {
-                    stack.push(p);
+            let comps = place::split(&d);
+            if let Ok(placed) = place::classify_dir(&comps) {
+                for f in place::fixed_children(&comps, &placed) {
+                    stack.push(format!("{d}/{}", f.name()));
                 }
             }
             dirs.push(d);

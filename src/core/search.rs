@@ -6,7 +6,7 @@ use super::{Caller, Fs};
 use crate::error::{Error, Result};
 use crate::index::answer::Answer;
 use crate::index::{Index, Mode, Query};
-use crate::schema::event::{EventStatus, OutboxEvent};
+use crate::schema::event::{event_seq, EventStatus, OutboxEvent};
 use crate::store::Op;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -122,8 +122,6 @@ pub(super) fn event_file(events: Vec<crate::store::StoredEvent>, seq: u64) -> Re
     j.push(b'\n');
     Ok(j)
 }
-
-pub use crate::schema::event::event_seq;
 
 /// Reads of `.ctxfs/sync` waiting at once, in the whole daemon and per uid:
 /// each holds a FUSE worker (16 by default) for up to `sync_timeout_s`.

@@ -21,21 +21,24 @@ pub const EXCERPT_CHARS: usize = 64;
 /// control characters and newlines shown, never written raw), cut to
 /// [`EXCERPT_CHARS`] characters with the full length said when cut.
 pub fn excerpt(s: &str) -> String {
-    if s.chars().count() <= EXCERPT_CHARS {
-        return format!("{s:?}");
+    match cut(s) {
+        None => format!("{s:?}"),
+        Some(head) => format!("{head:?}… ({} bytes)", s.len()),
     }
-    let head: String = s.chars().take(EXCERPT_CHARS).collect();
-    format!("{head:?}… ({} bytes)", s.len())
 }
 
 /// A JSON value as quoted in a reason: its JSON text, cut as [`excerpt`] does.
 pub fn excerpt_json(v: &serde_json::Value) -> String {
     let text = v.to_string();
-    if text.chars().count() <= EXCERPT_CHARS {
-        return text;
+    match cut(&text) {
+        None => text,
+        Some(head) => format!("{head}… ({} bytes)", text.len()),
     }
-    let head: String = text.chars().take(EXCERPT_CHARS).collect();
-    format!("{head}… ({} bytes)", text.len())
+}
+
+/// The first [`EXCERPT_CHARS`] characters of `s`, when it has more.
+fn cut(s: &str) -> Option<&str> {
+    s.char_indices().nth(EXCERPT_CHARS).map(|(i, _)| &s[..i])
 }
 
 /// The status of a committed node version.

@@ -1,4 +1,4 @@
-//! Durable state behind one interface. redb (`redb.rs`) is the embedded
+//! Durable state behind one interface. redb (`redb/`) is the embedded
 //! default; a networked backend (PostgreSQL) implements the same trait: every
 //! `apply` is one transaction.
 

@@ -8,10 +8,10 @@ use crate::core::draft::{DFile, Draft, Slot};
 use crate::core::Fs;
 use crate::error::{Error, Result};
 use crate::locks::{lock, read};
+use crate::schema::counters;
 use crate::schema::event::OutboxEvent;
 use crate::schema::names::{ABSTRACT, CONTENT, META, NODE_FILES, OVERVIEW};
 use crate::schema::time::{now_ns, ns_of, rfc3339_ms};
-use crate::schema::{counters, Status};
 use crate::store::{FileRec, NodeRec, Op};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
@@ -255,7 +255,6 @@ impl Fs {
                 json: OutboxEvent::new(seq, node, change, rfc3339_ms(now_ns())).encode(),
             });
         }
-        debug_assert!(new.status != Status::Broken || max_seq == 0);
         ops.extend([
             Op::PutNode {
                 path: node.to_string(),

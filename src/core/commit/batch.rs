@@ -213,11 +213,10 @@ impl Fs {
     }
 }
 
-/// `accounts/{a}/.ctxfs/batch` opened for writing: the lines written, and
-/// whether they were committed (at the first close).
+/// `accounts/{a}/.ctxfs/batch` opened for writing: the lines written since
+/// the last close (each close commits what it finds and empties it).
 pub(crate) struct BatchHandle {
     pub(crate) account: Arc<str>,
     pub(crate) caller: Caller,
     pub(crate) buf: std::sync::Mutex<Vec<u8>>,
-    pub(crate) done: std::sync::atomic::AtomicBool,
 }

@@ -124,7 +124,6 @@ impl Fs {
                         account: account.clone(),
                         caller: c,
                         buf: Mutex::new(Vec::new()),
-                        done: AtomicBool::new(false),
                     }));
                     return Ok(Opened {
                         fh,
@@ -345,7 +344,7 @@ impl Fs {
         }
         if let Handle::Batch(b) = &*h {
             let bytes = std::mem::take(&mut *lock(&b.buf));
-            if !bytes.is_empty() && !b.done.swap(true, Ordering::AcqRel) {
+            if !bytes.is_empty() {
                 let (result, refused) = self.commit_batch(b.caller, &b.account, &bytes)?;
                 let lines = result.iter().filter(|b| **b == b'\n').count();
                 {

@@ -6,9 +6,9 @@
 //! cost of one sync is shared by N commits. A batch is made durable by the
 //! write-ahead log (`wal.rs`), then applied to redb without a sync; a
 //! checkpoint (`Immediate` commit, log truncated) runs at least every second.
-//!
-//! Just over 800 lines, on purpose: the backend stays one file so that it is
-//! the only one naming redb (ARCHITECTURE's boundary), compaction included.
+//! The scans and the rewrite of `ctxfs compact` are in `compact.rs`.
+
+mod compact;
 
 use super::wal::{Record, Wal};
 use super::{NodeRec, Op, Store, StoredEvent};
@@ -59,10 +59,10 @@ pub(super) const EXPIRY: TableDefinition<&str, u64> = TableDefinition::new("expi
 pub(super) const HIGH_WATER: TableDefinition<&str, u64> = TableDefinition::new("high_water");
 
 /// redb's page cache (its default is 1 GiB).
-const CACHE_BYTES: usize = 128 << 20;
+pub(super) const CACHE_BYTES: usize = 128 << 20;
 pub const CHUNK: usize = 64 * 1024 - 256;
 
-fn se<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
+pub(super) fn se<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
     Error::store_from("redb", e)
 }
 
@@ -180,75 +180,7 @@ impl RedbStore {
         &self.db
     }
 
-    /// Every dead letter: (node path, event seq).
-    pub fn dead_letters(&self) -> Result<Vec<(String, u64)>> {
-        let t = self.read()?.open_table(DLQ_BY_NODE).map_err(se)?;
-        let mut out = Vec::new();
-        for item in t.iter().map_err(se)? {
-            let (k, _) = item.map_err(se)?;
-            let (node, seq) = k.value();
-            out.push((node.to_string(), seq));
-        }
-        Ok(out)
-    }
-
-    /// Every stored vector key (model, text hash).
-    pub fn vector_keys(&self) -> Result<Vec<(String, u128)>> {
-        let t = self.read()?.open_table(VECS).map_err(se)?;
-        let mut out = Vec::new();
-        for item in t.iter().map_err(se)? {
-            let (k, _) = item.map_err(se)?;
-            let (m, h) = k.value();
-            out.push((m.to_string(), h));
-        }
-        Ok(out)
-    }
-
-    /// Write every live row into a new database file at `dest` (no freed
-    /// page of this file comes along), for `ctxfs compact`. The store must
-    /// be closed for writes (its committer stopped) and its log empty.
-    pub fn rewrite_into(&self, dest: &Path) -> Result<u64> {
-        let new = Database::builder()
-            .set_cache_size(CACHE_BYTES)
-            .create(dest)
-            .map_err(|e| Error::store_from(format!("cannot create {}", dest.display()), e))?;
-        let src = self.read()?;
-        let mut dst = new.begin_write().map_err(se)?;
-        dst.set_durability(Durability::Immediate).map_err(se)?;
-        let mut rows = 0u64;
-        macro_rules! copy {
-            ($($def:expr),* $(,)?) => {$({
-                let s = src.open_table($def).map_err(se)?;
-                let mut d = dst.open_table($def).map_err(se)?;
-                for item in s.iter().map_err(se)? {
-                    let (k, v) = item.map_err(se)?;
-                    d.insert(k.value(), v.value()).map_err(se)?;
-                    rows += 1;
-                }
-            })*};
-        }
-        copy!(
-            NODES,
-            DIRS,
-            VERSIONS,
-            BLOBS,
-            OUTBOX,
-            OUTBOX_BY_NODE,
-            DRAFTS,
-            COUNTERS,
-            HIGH_WATER,
-            DLQ,
-            DLQ_BY_NODE,
-            IX_DOCS,
-            VECS,
-            SCRATCH,
-            EXPIRY,
-        );
-        dst.commit().map_err(se)?;
-        Ok(rows)
-    }
-
-    fn read(&self) -> Result<::redb::ReadTransaction> {
+    pub(super) fn read(&self) -> Result<::redb::ReadTransaction> {
         self.db.begin_read().map_err(se)
     }
 }
