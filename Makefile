@@ -15,6 +15,8 @@ BIN    := target/release/ctxfs
 MODEL  ?= models/all-MiniLM-L6-v2
 
 PREFIX ?= /usr/local
+MCP_PY ?= /var/tmp/ctxfs-py
+MCP_PY_VERSION := 2.3.0
 DESTDIR ?=
 
 .PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc conformance clean install
@@ -26,6 +28,11 @@ deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 vim util-linux python3-prometheus-client; }
 	@test -e /dev/fuse || { echo "error: /dev/fuse is missing; FUSE is not available here" >&2; exit 1; }
+	@# The MCP client tests run the official Python SDK as other uids: outside /root.
+	@test -e $(MCP_PY)/mcp-$(MCP_PY_VERSION).ok || { \
+	  echo "installing the Python MCP SDK $(MCP_PY_VERSION) into $(MCP_PY)"; \
+	  python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --target $(MCP_PY) 'mcp==$(MCP_PY_VERSION)' \
+	  && chmod -R a+rX $(MCP_PY) && touch $(MCP_PY)/mcp-$(MCP_PY_VERSION).ok; }
 
 build:
 	$(CARGO) build --release

@@ -139,6 +139,29 @@ pub enum Cmd {
         #[arg(long)]
         agent: Option<String>,
     },
+    /// Serve the mount over the Model Context Protocol on stdin/stdout, as
+    /// the calling uid (tools: search, read, remember, update, forget, move,
+    /// list, map, history, restore, memory; resources: the memory map and
+    /// the prompt header).
+    Mcp {
+        /// A mounted ctxfs.
+        #[arg(long)]
+        mount: PathBuf,
+        /// Paths are relative to this directory of the mount, and may not
+        /// leave it (e.g. accounts/acme/users/alice). Default: the mount.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// The memory-tool protocol over a mount: one JSON command per line on
+    /// stdin ({"command":"view","path":"/memories"}…), one JSON answer per
+    /// line on stdout ({"ok":true,"text":…} or {"ok":false,"error":…}).
+    Memtool {
+        #[arg(long)]
+        mount: PathBuf,
+        /// The user or agent directory whose memories/ is /memories.
+        #[arg(long)]
+        scope: String,
+    },
     /// Print a shell completion script (bash, zsh, fish) to stdout.
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff) to stdout.
@@ -347,6 +370,14 @@ pub fn run() -> i32 {
                 .map_err(anyhow::Error::from)
         }
         Cmd::Compact { data } => crate::cmd::compact(&data),
+        Cmd::Mcp { mount, scope } => crate::fronts::Front::new(&mount, scope.as_deref())
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .and_then(crate::fronts::mcp::serve_stdio)
+            .map(|_| 0),
+        Cmd::Memtool { mount, scope } => crate::fronts::Front::new(&mount, Some(&scope))
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .and_then(|f| crate::fronts::memtool::serve_lines(&f))
+            .map(|_| 0),
         Cmd::Delete {
             data,
             account,

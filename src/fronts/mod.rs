@@ -1,0 +1,632 @@
+//! The fronts agents already use besides a shell: an MCP server (`mcp`) and
+//! the memory-tool protocol (`memtool`). Each is a thin layer over the files
+//! of a mount, run by (and as) the calling uid, so the kernel and the daemon
+//! decide who may do what exactly as they do for `cat` and `echo`: a reader's
+//! write fails with `EROFS`, a stranger's read with `EACCES`.
+//!
+//! This module holds what both share: paths resolved inside a scope, the
+//! four-step write with a checked `close`, and errors that carry the errno
+//! and the node's `.commit-error` reason.
+
+pub mod mcp;
+pub mod memtool;
+
+use serde_json::{json, Map, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::schema::names::{
+    ABSTRACT, COMMIT_ERROR, CONTENT, HEADER_FILE, MAP_FILE, META, OVERVIEW, RELATIONS, RESTORE,
+    SEARCH_DIR, VERSIONS_DIR,
+};
+
+/// A refused operation: the errno (when the file system gave one) and a
+/// reason a user can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontError {
+    pub errno: Option<i32>,
+    pub message: String,
+}
+
+impl FrontError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        FrontError {
+            errno: Some(libc::EINVAL),
+            message: message.into(),
+        }
+    }
+
+    /// `what` failed with `e`; `reason` (a `.commit-error`) is appended.
+    fn io(what: &str, e: &std::io::Error, reason: Option<String>) -> Self {
+        let errno = e.raw_os_error();
+        let mut message = format!("{what}: {}", strip_os_error(e));
+        if let Some(r) = reason.filter(|r| !r.trim().is_empty()) {
+            message.push_str(": ");
+            message.push_str(r.trim());
+        }
+        FrontError { errno, message }
+    }
+
+    /// `EINVAL`, `EROFS`… (or `EIO` when no errno came with it).
+    pub fn errno_name(&self) -> &'static str {
+        errno_name(self.errno.unwrap_or(libc::EIO))
+    }
+
+    /// `REASON (ERRNO)`: the text a memory-tool application shows the model.
+    pub fn message_for_tool(&self) -> String {
+        format!("{} ({})", self.message, self.errno_name())
+    }
+
+    /// The error as a JSON object: `{"errno": "EROFS", "code": 30, "message": …}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "errno": self.errno_name(),
+            "code": self.errno.unwrap_or(libc::EIO),
+            "message": self.message,
+        })
+    }
+}
+
+impl std::fmt::Display for FrontError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.errno_name(), self.message)
+    }
+}
+
+pub type FrontResult<T> = std::result::Result<T, FrontError>;
+
+/// "Read-only file system (os error 30)" → "Read-only file system".
+fn strip_os_error(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EIO => "EIO",
+        libc::EAGAIN => "EAGAIN",
+        libc::EACCES => "EACCES",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::EROFS => "EROFS",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::EDQUOT => "EDQUOT",
+        _ => "EIO",
+    }
+}
+
+/// What `remember` and `update` write: the node files given (others kept,
+/// or derived by the daemon when left out of a new node).
+#[derive(Debug, Default, Clone)]
+pub struct NodeWrite {
+    pub content: Option<String>,
+    pub abstract_: Option<String>,
+    pub overview: Option<String>,
+    pub relations: Option<Value>,
+    /// Fields of `.meta.json` (the daemon owns the derived ones); `status`
+    /// defaults to `ACTIVE`.
+    pub meta: Map<String, Value>,
+}
+
+/// A mount seen through a scope: `accounts/A/users/U` (or any directory of
+/// the mount, or the mount itself). Paths given to the fronts are relative
+/// to the scope; `accounts/…` paths and `ctx://` URIs inside it are taken
+/// too. A path may not leave the scope.
+#[derive(Debug, Clone)]
+pub struct Front {
+    pub mount: PathBuf,
+    /// Relative to the mount, no leading or trailing `/` ("" = the mount).
+    pub scope: String,
+}
+
+impl Front {
+    pub fn new(mount: &Path, scope: Option<&str>) -> FrontResult<Self> {
+        let scope = scope.unwrap_or("").trim_matches('/').to_string();
+        check_segments(&scope)?;
+        let f = Front {
+            mount: mount.to_path_buf(),
+            scope,
+        };
+        // A scope the caller may not enter is refused at once; one that does
+        // not exist yet (a new user) is made by the first write in it.
+        match std::fs::metadata(f.mount.join(&f.scope)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FrontError::io(
+                &format!("scope {}", display(&f.scope)),
+                &e,
+                None,
+            )),
+            _ => Ok(f),
+        }
+    }
+
+    /// A path relative to the mount for `path` (relative to the scope, or
+    /// `accounts/…`, or `ctx://ACCOUNT/…`).
+    pub fn rel(&self, path: &str) -> FrontResult<String> {
+        let p = path.trim();
+        let p = if let Some(rest) = p.strip_prefix("ctx://") {
+            format!("accounts/{}", rest.trim_matches('/'))
+        } else {
+            p.trim_matches('/').to_string()
+        };
+        check_segments(&p)?;
+        let under_scope =
+            self.scope.is_empty() || p == self.scope || p.starts_with(&format!("{}/", self.scope));
+        if p.starts_with("accounts/") || p == "accounts" {
+            if !under_scope {
+                return Err(FrontError {
+                    errno: Some(libc::EACCES),
+                    message: format!("{p} is outside the scope {}", display(&self.scope)),
+                });
+            }
+            return Ok(p);
+        }
+        Ok(match (self.scope.is_empty(), p.is_empty()) {
+            (true, _) => p,
+            (false, true) => self.scope.clone(),
+            (false, false) => format!("{}/{p}", self.scope),
+        })
+    }
+
+    pub fn abs(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.mount.clone()
+        } else {
+            self.mount.join(rel)
+        }
+    }
+
+    fn read_text(&self, rel: &str) -> FrontResult<String> {
+        std::fs::read_to_string(self.abs(rel))
+            .map_err(|e| FrontError::io(&format!("reading {rel}"), &e, None))
+    }
+
+    /// Ranked hits for `query` in the scope (or `dir` inside it): the JSON
+    /// of `DIR/.search/QUERY?k=K&format=json`.
+    /// With `sync`, first wait until everything committed is searchable
+    /// (`MOUNT/.ctxfs/sync`).
+    pub fn search(
+        &self,
+        query: &str,
+        k: usize,
+        dir: Option<&str>,
+        sync: bool,
+    ) -> FrontResult<Value> {
+        let dir = self.rel(dir.unwrap_or(""))?;
+        if sync {
+            self.read_text(".ctxfs/sync")?;
+        }
+        // A file name holds no '/' or NUL; '?' starts the options.
+        let q: String = query
+            .chars()
+            .map(|c| {
+                if c == '/' || c == '?' || c == '\0' || c == '\n' {
+                    ' '
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let q = q.trim();
+        if q.is_empty() {
+            return Err(FrontError::invalid("the query is empty"));
+        }
+        let name = format!("{q}?k={}&format=json", k.clamp(1, 100));
+        let rel = format!("{}{SEARCH_DIR}/{name}", slash(&dir));
+        let text = self.read_text(&rel)?;
+        serde_json::from_str(&text)
+            .map_err(|e| FrontError::invalid(format!("search answered with no JSON: {e}")))
+    }
+
+    /// A node's abstract, overview or content (optionally lines FROM..=TO of
+    /// it), or any other file of the mount.
+    pub fn read(
+        &self,
+        path: &str,
+        level: Option<&str>,
+        lines: Option<(usize, usize)>,
+    ) -> FrontResult<Value> {
+        let rel = self.rel(path)?;
+        let abs = self.abs(&rel);
+        let md = std::fs::metadata(&abs)
+            .map_err(|e| FrontError::io(&format!("reading {rel}"), &e, None))?;
+        let file = if md.is_dir() {
+            let name = match level.unwrap_or("content") {
+                "abstract" | "L0" => ABSTRACT,
+                "overview" | "L1" => OVERVIEW,
+                "content" | "L2" => CONTENT,
+                "meta" => META,
+                other => {
+                    return Err(FrontError::invalid(format!(
+                        "level {other:?}: use abstract, overview, content or meta"
+                    )))
+                }
+            };
+            format!("{rel}/{name}")
+        } else {
+            rel.clone()
+        };
+        let text = self.read_text(&file)?;
+        let text = match lines {
+            Some((from, to)) => {
+                if from == 0 || to < from {
+                    return Err(FrontError::invalid(format!(
+                        "lines {from}-{to}: lines count from 1, FROM <= TO"
+                    )));
+                }
+                text.lines()
+                    .skip(from - 1)
+                    .take(to - from + 1)
+                    .map(|l| format!("{l}\n"))
+                    .collect()
+            }
+            None => text,
+        };
+        Ok(json!({ "path": file, "text": text }))
+    }
+
+    /// The node place for `path`, or for `category`/`slug` under the scope's
+    /// `memories/` (`skills/` when `skill`).
+    pub fn node_place(
+        &self,
+        path: Option<&str>,
+        category: Option<&str>,
+        slug: Option<&str>,
+        skill: bool,
+    ) -> FrontResult<String> {
+        match (path, category, slug) {
+            (Some(p), _, _) => self.rel(p),
+            (None, _, Some(s)) if skill => self.rel(&format!("skills/{s}")),
+            (None, Some(c), Some(s)) => self.rel(&format!("memories/{c}/{s}")),
+            _ => Err(FrontError::invalid(
+                "give the node's path, or its category and slug",
+            )),
+        }
+    }
+
+    /// Write a node and commit it (the four-step write): a new node, or a new
+    /// version of an existing one holding what is given (summaries left out
+    /// are derived again; `.meta.json`'s own fields are kept unless given).
+    /// Returns `{path, uri, version, status}`.
+    pub fn remember(&self, node: &str, w: &NodeWrite) -> FrontResult<Value> {
+        let content = w
+            .content
+            .as_deref()
+            .ok_or_else(|| FrontError::invalid("content is required"))?;
+        let dir = self.abs(node);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| FrontError::io(&format!("creating {node}"), &e, None))?;
+        let mut w = w.clone();
+        w.content = Some(content.to_string());
+        // Left out: derived again by the daemon, not kept from an older version.
+        for (given, name) in [
+            (w.abstract_.is_some(), ABSTRACT),
+            (w.overview.is_some(), OVERVIEW),
+        ] {
+            if !given {
+                self.unlink_if_present(node, name)?;
+            }
+        }
+        let committed: Map<String, Value> =
+            std::fs::read_to_string(self.abs(&format!("{node}/{META}")))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+        if w.relations.is_none() && committed.is_empty() {
+            w.relations = Some(json!([]));
+        }
+        self.write_and_commit(node, &w, committed)
+    }
+
+    /// A new version of an existing node: the files given replace the
+    /// committed ones, the others are kept; `.meta.json`'s own fields are
+    /// kept unless given.
+    pub fn update(&self, node: &str, w: &NodeWrite) -> FrontResult<Value> {
+        let meta_text = self.read_text(&format!("{node}/{META}"))?;
+        let committed: Map<String, Value> = serde_json::from_str(&meta_text).unwrap_or_default();
+        self.write_and_commit(node, w, committed)
+    }
+
+    fn write_and_commit(
+        &self,
+        node: &str,
+        w: &NodeWrite,
+        mut meta: Map<String, Value>,
+    ) -> FrontResult<Value> {
+        if let Some(c) = &w.content {
+            self.write(node, CONTENT, c.as_bytes())?;
+        }
+        if let Some(r) = &w.relations {
+            self.write(node, RELATIONS, r.to_string().as_bytes())?;
+        }
+        if let Some(a) = &w.abstract_ {
+            self.write(node, ABSTRACT, a.as_bytes())?;
+        }
+        if let Some(o) = &w.overview {
+            self.write(node, OVERVIEW, o.as_bytes())?;
+        }
+        for (k, v) in &w.meta {
+            meta.insert(k.clone(), v.clone());
+        }
+        if !w.meta.contains_key("status") {
+            meta.insert("status".into(), json!("ACTIVE"));
+        }
+        self.commit(node, &Value::Object(meta))
+    }
+
+    /// Write `.meta.json` (the commit point) and report the committed version.
+    pub fn commit(&self, node: &str, meta: &Value) -> FrontResult<Value> {
+        self.write(node, META, meta.to_string().as_bytes())?;
+        self.node_info(node)
+    }
+
+    /// `{path, uri, version, status}` of a committed node.
+    pub fn node_info(&self, node: &str) -> FrontResult<Value> {
+        let meta: Value = serde_json::from_str(&self.read_text(&format!("{node}/{META}"))?)
+            .map_err(|e| FrontError::invalid(format!("{node}/{META}: {e}")))?;
+        Ok(json!({
+            "path": node,
+            "uri": meta.get("uri").cloned().unwrap_or(Value::Null),
+            "version": meta.get("version").cloned().unwrap_or(Value::Null),
+            "status": meta.get("status").cloned().unwrap_or(Value::Null),
+        }))
+    }
+
+    /// Write one file of a node and close it, reporting a refused close (a
+    /// refused commit) with the node's `.commit-error`.
+    pub fn write(&self, node: &str, name: &str, data: &[u8]) -> FrontResult<()> {
+        let path = self.abs(&format!("{node}/{name}"));
+        write_checked(&path, data).map_err(|e| {
+            let reason = (name == META)
+                .then(|| std::fs::read_to_string(self.abs(&format!("{node}/{COMMIT_ERROR}"))).ok())
+                .flatten();
+            FrontError::io(&format!("writing {node}/{name}"), &e, reason)
+        })
+    }
+
+    fn unlink_if_present(&self, node: &str, name: &str) -> FrontResult<()> {
+        match std::fs::remove_file(self.abs(&format!("{node}/{name}"))) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(FrontError::io(&format!("removing {node}/{name}"), &e, None)),
+        }
+    }
+
+    /// Delete a node (and its history): `rm -r NODE`.
+    pub fn forget(&self, node: &str) -> FrontResult<Value> {
+        let abs = self.abs(node);
+        let md = std::fs::metadata(&abs)
+            .map_err(|e| FrontError::io(&format!("deleting {node}"), &e, None))?;
+        if !md.is_dir() || std::fs::metadata(abs.join(META)).is_err() {
+            return Err(FrontError::invalid(format!(
+                "{node} is not a committed node"
+            )));
+        }
+        std::fs::remove_dir_all(&abs)
+            .map_err(|e| FrontError::io(&format!("deleting {node}"), &e, None))?;
+        Ok(json!({ "path": node, "deleted": true }))
+    }
+
+    /// Move a node to another place of its account (a new version there).
+    pub fn move_node(&self, from: &str, to: &str) -> FrontResult<Value> {
+        if let Some(parent) = Path::new(to).parent() {
+            std::fs::create_dir_all(self.abs(&parent.to_string_lossy()))
+                .map_err(|e| FrontError::io(&format!("creating {}", parent.display()), &e, None))?;
+        }
+        if self.abs(to).exists() {
+            return Err(FrontError {
+                errno: Some(libc::EEXIST),
+                message: format!("{to} already exists"),
+            });
+        }
+        std::fs::rename(self.abs(from), self.abs(to))
+            .map_err(|e| FrontError::io(&format!("moving {from} to {to}"), &e, None))?;
+        self.node_info(to)
+    }
+
+    /// The entries of a directory: nodes with their abstract, containers, files.
+    pub fn list(&self, dir: &str) -> FrontResult<Value> {
+        let abs = self.abs(dir);
+        let rd = std::fs::read_dir(&abs)
+            .map_err(|e| FrontError::io(&format!("listing {dir}"), &e, None))?;
+        let mut out = Vec::new();
+        for e in rd {
+            let e = e.map_err(|e| FrontError::io(&format!("listing {dir}"), &e, None))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = format!("{}{name}", slash(dir));
+            let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            if is_dir && e.path().join(META).exists() {
+                let abstract_ =
+                    std::fs::read_to_string(e.path().join(ABSTRACT)).unwrap_or_default();
+                out.push(json!({"name": name, "path": path, "kind": "node", "abstract": abstract_.trim_end()}));
+            } else {
+                out.push(json!({"name": name, "path": path, "kind": if is_dir { "dir" } else { "file" }}));
+            }
+        }
+        Ok(json!({ "path": dir, "entries": out }))
+    }
+
+    /// The memory map (`README.md`) of a user or agent directory.
+    pub fn map(&self, dir: &str) -> FrontResult<String> {
+        self.read_text(&format!("{}{MAP_FILE}", slash(dir)))
+    }
+
+    /// The prompt header of the scope (`.header.md`), or the mount's.
+    pub fn header(&self) -> FrontResult<String> {
+        match self.read_text(&format!("{}{HEADER_FILE}", slash(&self.scope))) {
+            Ok(t) => Ok(t),
+            Err(_) => self.read_text(".ctxfs/header"),
+        }
+    }
+
+    /// Every version of a node with its status, time and content hash.
+    pub fn history(&self, node: &str) -> FrontResult<Value> {
+        let vdir = format!("{node}/{VERSIONS_DIR}");
+        let rd = std::fs::read_dir(self.abs(&vdir))
+            .map_err(|e| FrontError::io(&format!("listing {vdir}"), &e, None))?;
+        let mut nums: Vec<u64> = rd
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        nums.sort_unstable();
+        let mut out = Vec::new();
+        for n in nums {
+            let meta: Value = self
+                .read_text(&format!("{vdir}/{n}/{META}"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            let mut v = json!({ "version": n });
+            for k in [
+                "status",
+                "updated_at",
+                "content_hash",
+                "restored_from",
+                "redacted_version",
+            ] {
+                if let Some(x) = meta.get(k) {
+                    v[k] = x.clone();
+                }
+            }
+            out.push(v);
+        }
+        Ok(json!({ "path": node, "versions": out }))
+    }
+
+    /// Make version `n` current again, as a new version.
+    pub fn restore(&self, node: &str, n: u64) -> FrontResult<Value> {
+        let rel = format!("{node}/{VERSIONS_DIR}/{RESTORE}");
+        write_checked(&self.abs(&rel), format!("{n}\n").as_bytes())
+            .map_err(|e| FrontError::io(&format!("restoring version {n} of {node}"), &e, None))?;
+        self.node_info(node)
+    }
+}
+
+/// `dir/` or "" for the mount.
+fn slash(dir: &str) -> String {
+    if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{dir}/")
+    }
+}
+
+fn display(scope: &str) -> &str {
+    if scope.is_empty() {
+        "(the mount)"
+    } else {
+        scope
+    }
+}
+
+/// No empty, `.` or `..` segment: a path cannot climb out of the scope.
+fn check_segments(p: &str) -> FrontResult<()> {
+    if p.is_empty() {
+        return Ok(());
+    }
+    for seg in p.split('/') {
+        if seg.is_empty() || seg == "." || seg == ".." || seg.contains('\0') {
+            return Err(FrontError::invalid(format!(
+                "{p:?}: a path has no empty, '.' or '..' segments"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Create or truncate `path`, write `data`, and close it checking the
+/// result: a node's commit (and a refused one) is reported at `close`,
+/// which `File`'s drop would ignore.
+pub fn write_checked(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    f.write_all(data)?;
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` was just released by the `File` that owned it; it is
+    // closed exactly once, here.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn front(scope: &str) -> Front {
+        Front {
+            mount: PathBuf::from("/m"),
+            scope: scope.into(),
+        }
+    }
+
+    #[test]
+    fn paths_stay_inside_the_scope() {
+        let f = front("accounts/acme/users/alice");
+        assert_eq!(
+            f.rel("memories/p/t").unwrap(),
+            "accounts/acme/users/alice/memories/p/t"
+        );
+        assert_eq!(
+            f.rel("/memories/p/t/").unwrap(),
+            "accounts/acme/users/alice/memories/p/t"
+        );
+        assert_eq!(f.rel("").unwrap(), "accounts/acme/users/alice");
+        assert_eq!(
+            f.rel("ctx://acme/users/alice/memories/p/t").unwrap(),
+            "accounts/acme/users/alice/memories/p/t"
+        );
+        assert_eq!(
+            f.rel("accounts/acme/users/alice/memories/p").unwrap(),
+            "accounts/acme/users/alice/memories/p"
+        );
+        assert_eq!(
+            f.rel("accounts/acme/users/bob").unwrap_err().errno,
+            Some(libc::EACCES)
+        );
+        assert_eq!(
+            f.rel("ctx://other/users/x").unwrap_err().errno,
+            Some(libc::EACCES)
+        );
+        assert_eq!(
+            f.rel("accounts/acme/users/alicex").unwrap_err().errno,
+            Some(libc::EACCES)
+        );
+        for bad in ["../bob", "memories/../../x", "a//b", "./a"] {
+            assert_eq!(f.rel(bad).unwrap_err().errno, Some(libc::EINVAL), "{bad}");
+        }
+        let whole = front("");
+        assert_eq!(whole.rel("accounts/x").unwrap(), "accounts/x");
+        assert_eq!(whole.rel("").unwrap(), "");
+    }
+
+    #[test]
+    fn errors_name_their_errno() {
+        let e = FrontError::io(
+            "writing n/.meta.json",
+            &std::io::Error::from_raw_os_error(libc::EINVAL),
+            Some("content.md is missing\n".into()),
+        );
+        assert_eq!(
+            e.to_string(),
+            "EINVAL: writing n/.meta.json: Invalid argument: content.md is missing"
+        );
+        assert_eq!(e.to_json()["code"], libc::EINVAL);
+    }
+}
