@@ -49,6 +49,12 @@ pub enum Cmd {
         /// Uncommitted bytes (drafts, open scratchpad files) the daemon holds in memory at most; writes past it fail with ENOSPC.
         #[arg(long, default_value_t = 1024)]
         draft_memory_mb: u64,
+        /// Serve the namespace held in this PostgreSQL database (with
+        /// pgvector) instead of the data dir's embedded store:
+        /// postgres://USER[:PASSWORD]@HOST:PORT/DB (password also from
+        /// PGPASSWORD). Any number of daemons may serve one database.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// Rebuild the search indexes of an unmounted data dir from its committed nodes.
     Reindex {
@@ -255,7 +261,9 @@ fn mount_helper_args(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsSt
                     continue;
                 }
                 "config" | "threads" | "embedder" | "model_dir" | "metrics_addr"
-                | "draft_memory_mb" | "sweep_interval" | "repair_grace" => k.replace('_', "-"),
+                | "draft_memory_mb" | "sweep_interval" | "repair_grace" | "store" => {
+                    k.replace('_', "-")
+                }
                 "no_index" => {
                     out.push("--no-index".into());
                     continue;
@@ -331,6 +339,7 @@ pub fn run() -> i32 {
             no_index,
             metrics_addr,
             draft_memory_mb,
+            store,
         } => {
             let opts = crate::daemon::MountOpts {
                 mountpoint,
@@ -344,6 +353,7 @@ pub fn run() -> i32 {
                 no_index,
                 metrics_addr,
                 draft_memory: draft_memory_mb.saturating_mul(1 << 20),
+                store,
             };
             if foreground {
                 crate::daemon::run_foreground(opts)

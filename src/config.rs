@@ -14,6 +14,17 @@ pub struct ConfigFile {
     pub index: IndexSection,
     #[serde(default)]
     pub redaction: RedactionSection,
+    #[serde(default)]
+    pub store: StoreSection,
+}
+
+/// The `[store]` table: where the namespace lives. Without `url`, the
+/// embedded redb store in the data dir.
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DB`: several daemons, one namespace.
+    pub url: Option<String>,
 }
 
 /// The `[redaction]` table: secrets replaced at commit (on by default).
@@ -107,6 +118,8 @@ pub struct Settings {
     pub redaction: RedactionPolicy,
     /// Quotas by account (accounts without a `[account.quota]` are unlimited).
     pub quotas: BTreeMap<String, Quota>,
+    /// `[store] url`: a shared PostgreSQL store instead of the embedded one.
+    pub store_url: Option<String>,
 }
 
 impl Settings {
@@ -144,6 +157,7 @@ impl Settings {
                 off,
             },
             quotas,
+            store_url: file.store.url,
         })
     }
 }

@@ -3,7 +3,7 @@
 //! (config file and command-line overrides) and the search index over it.
 
 use crate::config::{IndexSection, Settings, Tenancy};
-use crate::store::{RedbStore, Store};
+use crate::store::RedbStore;
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -29,6 +29,7 @@ pub fn settings(
             index: IndexSection::default(),
             redaction: Default::default(),
             quotas: Default::default(),
+            store_url: None,
         },
     };
     if let Some(e) = embedder {
@@ -43,7 +44,7 @@ pub fn settings(
 
 /// The search index over `store`, with the embedder the settings choose.
 pub fn open_index(
-    store: &Arc<RedbStore>,
+    store: &Arc<dyn crate::store::Store>,
     data: &Path,
     s: &Settings,
 ) -> Result<Arc<crate::index::Index>> {
@@ -57,14 +58,8 @@ pub fn open_index(
     let (emb, note) = crate::index::choose_embedder(sec, data).map_err(|e| anyhow!("{e}"))?;
     tracing::info!(model = emb.id(), "{note}");
     cfg.ann = crate::index::ann_params(sec, emb.kind());
-    crate::index::Index::new(
-        store.clone() as Arc<dyn Store>,
-        &data.join("index"),
-        emb,
-        note,
-        cfg,
-    )
-    .map_err(anyhow::Error::from)
+    crate::index::Index::new(store.clone(), &data.join("index"), emb, note, cfg)
+        .map_err(anyhow::Error::from)
 }
 
 /// Exclusive hold of a data dir, released when the process ends (even by SIGKILL).

@@ -75,6 +75,10 @@ pub enum Error {
     /// The daemon's memory for uncommitted files is full.
     #[error("no space for uncommitted data: {0}")]
     NoSpace(String),
+    /// Another daemon changed the node while this one committed it, again
+    /// and again: try later.
+    #[error("the node kept changing on another daemon: {0}")]
+    Conflict(String),
 }
 
 /// The error under a storage failure: shared, so `Error` stays `Clone`.
@@ -172,6 +176,7 @@ impl Error {
             Error::Quota(_) => libc::EDQUOT,
             Error::RateLimited(_) => libc::EAGAIN,
             Error::NoSpace(_) => libc::ENOSPC,
+            Error::Conflict(_) => libc::EAGAIN,
         }
     }
 
@@ -211,6 +216,7 @@ mod tests {
             (Error::Quota("x".into()), libc::EDQUOT, "EDQUOT"),
             (Error::RateLimited("x".into()), libc::EAGAIN, "EAGAIN"),
             (Error::NoSpace("x".into()), libc::ENOSPC, "ENOSPC"),
+            (Error::Conflict("x".into()), libc::EAGAIN, "EAGAIN"),
         ];
         let e = Error::store_from("reading blob 7", std::io::Error::other("disk on fire"));
         assert_eq!(e.to_string(), "storage error: reading blob 7");

@@ -167,7 +167,7 @@ pub fn reindex(
 ) -> Result<i32> {
     let s = settings(config, embedder, model_dir)?;
     let (_lock, store) = open_offline(data)?;
-    let index = open_index(&store, data, &s)?;
+    let index = open_index(&(store.clone() as Arc<dyn Store>), data, &s)?;
     println!(
         "embedder: {} ({})",
         index.embedder().id(),
@@ -260,7 +260,7 @@ pub fn bench_ann(o: BenchAnnOpts) -> Result<i32> {
             o.model_dir.as_ref(),
         )?;
         let (_lock, store) = open_offline(data)?;
-        let index = open_index(&store, data, &s)?;
+        let index = open_index(&(store.clone() as Arc<dyn Store>), data, &s)?;
         let base = index.live_vectors(account)?;
         let file = o
             .queries_file

@@ -118,6 +118,11 @@ impl Inodes {
         self.by_key.get(key).copied()
     }
 
+    /// Every inode the kernel may hold.
+    pub fn all(&self) -> Vec<u64> {
+        self.by_ino.keys().copied().collect()
+    }
+
     pub fn key(&self, ino: u64) -> Option<Key> {
         self.by_ino.get(&ino).map(|(k, _)| k.clone())
     }

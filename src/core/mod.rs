@@ -15,6 +15,7 @@ mod kcache;
 pub mod metrics;
 pub mod ops;
 pub mod quota;
+mod remote;
 pub mod repair;
 pub mod scratch;
 pub mod search;
@@ -181,6 +182,8 @@ pub struct Fs {
     next_blob: AtomicU64,
     next_node: AtomicU64,
     next_event: AtomicU64,
+    /// On a shared store: blocks of node and blob ids taken from it (next, end).
+    id_blocks: Mutex<HashMap<&'static str, (u64, u64)>>,
     started: SystemTime,
     /// Owner shown on every file: attributes must not depend on the caller.
     owner: (u32, u32),
@@ -211,6 +214,7 @@ impl Fs {
             next_blob: AtomicU64::new(store.high_water(counters::BLOB_ID)? + 1),
             next_node: AtomicU64::new(store.high_water(counters::NODE_ID)? + 1),
             next_event: AtomicU64::new(store.high_water(counters::EVENT_ID)? + 1),
+            id_blocks: Mutex::new(HashMap::new()),
             store,
             tenancy,
             inodes: Mutex::new(Inodes::new()),
@@ -341,8 +345,47 @@ impl Fs {
         lock(&self.stripes[i])
     }
 
-    fn blob_id(&self) -> u64 {
-        self.next_blob.fetch_add(1, Ordering::Relaxed)
+    /// The next id of counter `key`: in memory on one daemon; on a shared
+    /// store, from the store, so no two daemons hand out the same one (node
+    /// and blob ids in blocks; event ids one at a time, since the indexer
+    /// applies a node's events in id order and a commit takes its ids after
+    /// reading the version it builds on).
+    fn next_id(&self, key: &'static str, local: &AtomicU64) -> Result<u64> {
+        if !self.store.shared() {
+            return Ok(local.fetch_add(1, Ordering::Relaxed));
+        }
+        if key == counters::EVENT_ID {
+            return self.store.alloc(key, 1);
+        }
+        const BLOCK: u64 = 256;
+        let mut blocks = lock(&self.id_blocks);
+        let b = blocks.entry(key).or_insert((0, 0));
+        if b.0 >= b.1 {
+            let first = self.store.alloc(key, BLOCK)?;
+            *b = (first, first + BLOCK);
+        }
+        b.0 += 1;
+        Ok(b.0 - 1)
+    }
+
+    fn blob_id(&self) -> Result<u64> {
+        self.next_id(counters::BLOB_ID, &self.next_blob)
+    }
+
+    pub(crate) fn node_id(&self) -> Result<u64> {
+        self.next_id(counters::NODE_ID, &self.next_node)
+    }
+
+    pub(crate) fn event_seq(&self) -> Result<u64> {
+        self.next_id(counters::EVENT_ID, &self.next_event)
+    }
+
+    /// The last event id committed before now (by any daemon).
+    pub(crate) fn last_event(&self) -> Result<u64> {
+        if self.store.shared() {
+            return self.store.high_water(counters::EVENT_ID);
+        }
+        Ok(self.next_event.load(Ordering::SeqCst).saturating_sub(1))
     }
 
     fn new_handle(&self, h: Handle) -> u64 {
@@ -506,6 +549,29 @@ impl Fs {
 
     fn dir_ino(&self, dir: &str) -> Option<u64> {
         lock(&self.inodes).peek(&Key::Dir(Arc::from(dir)))
+    }
+
+    fn scratch_ino(&self, path: &str) -> Option<u64> {
+        lock(&self.inodes).peek(&Key::Scratch(Arc::from(path)))
+    }
+
+    /// Every inode the kernel may cache (after missed remote changes).
+    fn all_inode_targets(&self) -> Vec<Target> {
+        lock(&self.inodes)
+            .all()
+            .into_iter()
+            .map(Target::Inode)
+            .collect()
+    }
+
+    /// Periodic upkeep of a shared store (nothing on one's own).
+    pub fn maintain_store(&self) -> Result<()> {
+        self.store.maintain_shared()
+    }
+
+    /// Does this daemon hold `role` on the store (always, on one's own)?
+    pub fn leads(&self, role: &str) -> bool {
+        self.store.leader(role)
     }
 
     /// Dentries of `names` in directory `dir` (if the kernel knows `dir`).

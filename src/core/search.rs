@@ -281,8 +281,10 @@ impl Fs {
         }
         let ix = self.indexer()?;
         let _slot = self.sync_waiters.enter(c.uid)?;
-        let target = self.next_event.load(Ordering::SeqCst).saturating_sub(1);
+        let target = self.last_event()?;
         ix.sync(target)?;
+        // Several daemons: what the indexer did elsewhere has reached this one.
+        self.store.caught_up()?;
         Ok(b"ok\n".to_vec())
     }
 

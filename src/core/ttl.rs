@@ -77,6 +77,13 @@ impl Expiry {
         write(&self.map).extend(entries);
     }
 
+    /// Take the store's expiry times as they are now (another daemon set some).
+    pub(super) fn replace(&self, entries: impl IntoIterator<Item = (String, u64)>) {
+        let mut map = write(&self.map);
+        map.clear();
+        map.extend(entries);
+    }
+
     /// Has `node` expired at `now`? (False for nodes without an expiry.)
     fn expired(&self, node: &str, now: i128) -> bool {
         let map = read(&self.map);

@@ -334,7 +334,7 @@ impl Fs {
             } else {
                 format!("{}\n", crate::schema::redact::REDACTED).into_bytes()
             };
-            let blob = self.blob_id();
+            let blob = self.blob_id()?;
             max_blob = max_blob.max(blob);
             freed -= bytes.len() as i64;
             files.push(crate::store::FileRec {

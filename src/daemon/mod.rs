@@ -37,6 +37,8 @@ pub struct MountOpts {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Uncommitted bytes held in memory at most.
     pub draft_memory: u64,
+    /// A shared PostgreSQL store (`postgres://…`) instead of the data dir's redb.
+    pub store: Option<String>,
 }
 
 /// Checks that need no daemon: fail early with a one-line reason.
@@ -111,6 +113,9 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
     }
     cmd.arg("--draft-memory-mb")
         .arg((o.draft_memory >> 20).to_string());
+    if let Some(u) = &o.store {
+        cmd.arg("--store").arg(u);
+    }
     if let Some(a) = &o.metrics_addr {
         cmd.arg("--metrics-addr").arg(a.to_string());
     }
@@ -201,8 +206,17 @@ pub fn run_foreground(o: MountOpts) -> Result<i32> {
 fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let settings = precheck(o)?;
     let _lock = lock_data_dir(&o.data)?;
-    let store = RedbStore::open(&o.data.join(DB_FILE))?;
-    let fs = Fs::new(store.clone() as Arc<dyn Store>, settings.tenancy.clone())?;
+    let (store, close_store) = open_store(o, &settings)?;
+    let fs = Fs::new(store.clone(), settings.tenancy.clone())?;
+    if store.shared() {
+        // Other daemons' commits: drop what this one and its kernel cache hold.
+        let weak = Arc::downgrade(&fs);
+        store.clone().watch(Box::new(move |changes| {
+            if let Some(fs) = weak.upgrade() {
+                fs.remote_changes(changes);
+            }
+        }))?;
+    }
     fs.set_redaction(settings.redaction.clone());
     fs.set_quotas(settings.quotas.clone());
     fs.set_draft_memory_limit(o.draft_memory);
@@ -269,7 +283,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     if let Some(ix) = &index {
         ix.shutdown();
     }
-    store.close();
+    close_store();
     tracing::info!(drafts, "unmounted; drafts saved, store closed");
     if let Err(e) = served {
         tracing::warn!(error = %e, "session ended with an error");
@@ -277,8 +291,32 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     Ok(0)
 }
 
+/// Closes the store at unmount.
+type Closer = Box<dyn Fn()>;
+
+/// The store the options name: PostgreSQL for `--store URL` (or `[store]
+/// url`), else the embedded redb file of the data dir; and how to close it.
+fn open_store(o: &MountOpts, s: &Settings) -> Result<(Arc<dyn Store>, Closer)> {
+    match o.store.clone().or_else(|| s.store_url.clone()) {
+        Some(url) => {
+            let pg = crate::store::PgStore::open(&url, &o.data)
+                .map_err(|e| anyhow!("{}", e.report()))?;
+            tracing::info!(url = %pg.url(), "serving a shared PostgreSQL store");
+            let closer = pg.clone();
+            Ok((pg, Box::new(move || closer.close())))
+        }
+        None => {
+            let redb = RedbStore::open(&o.data.join(DB_FILE))?;
+            let closer = redb.clone();
+            Ok((redb, Box::new(move || closer.close())))
+        }
+    }
+}
+
 /// The TTL sweeper: deletes expired nodes every `every` (they are already
-/// invisible; this frees their space and tells the indexer).
+/// invisible; this frees their space and tells the indexer). On a shared
+/// store only the daemon that leads "sweeper" sweeps; every daemon hides
+/// expired nodes at once all the same.
 fn spawn_sweeper(
     fs: Arc<Fs>,
     every: Duration,
@@ -294,6 +332,12 @@ fn spawn_sweeper(
                     continue;
                 }
                 last = Instant::now();
+                if let Err(e) = fs.maintain_store() {
+                    tracing::warn!(error = %e.report(), "store upkeep failed");
+                }
+                if !fs.leads("sweeper") {
+                    continue;
+                }
                 match fs.sweep_expired() {
                     Ok(swept) if !swept.is_empty() => {
                         tracing::info!(nodes = swept.len(), "TTL sweep")

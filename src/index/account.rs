@@ -30,6 +30,20 @@ impl Index {
         Ok(a.clone())
     }
 
+    /// Drop `account`'s index from memory: the next use loads it again from
+    /// the store (another daemon changed its documents). Only an index this
+    /// daemon does not write: the indexer keeps its own current.
+    pub fn evict(&self, account: &str) {
+        if lock(&self.accounts).remove(account).is_some() {
+            tracing::debug!(account, "index evicted: changed on another daemon");
+        }
+    }
+
+    /// Drop every account's index from memory.
+    pub fn evict_all(&self) {
+        lock(&self.accounts).clear();
+    }
+
     pub(super) fn empty_account(&self, account: &str) -> AccountIndex {
         AccountIndex {
             name: account.to_string(),

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The leadership role of the indexer on a shared store.
+const LEADER_ROLE: &str = "indexer";
+
 impl Index {
     pub fn start(self: &Arc<Self>) -> Result<()> {
         let me = self.clone();
@@ -56,11 +59,12 @@ impl Index {
         }
         // Lexical search works from here; then the graphs.
         self.ensure_all_vectors();
-        if let Err(e) = self.reindex_stale_models(None) {
-            tracing::error!("reindex after a model change failed: {e}");
-        }
-        if let Err(e) = self.index_unindexed() {
-            tracing::error!("indexing nodes the index lacks failed: {e}");
+        // On a shared store one daemon at a time indexes (it allocates the
+        // graph labels of every account); the others follow its documents
+        // through the change feed (`Index::evict`).
+        let mut leading = self.store.leader(LEADER_ROLE);
+        if leading {
+            self.catch_up_as_leader();
         }
         let mut last_work = Instant::now();
         let mut last_rebuild_check = Instant::now();
@@ -86,6 +90,21 @@ impl Index {
                 p.published = (scan, head.first().map(|e| e.seq).unwrap_or(u64::MAX));
             }
             self.cv.notify_all();
+            if !leading {
+                if self.store.leader(LEADER_ROLE) {
+                    // Taken over (the leader died): start from the store's
+                    // documents, not what this daemon held of them.
+                    leading = true;
+                    self.evict_all();
+                    self.catch_up_as_leader();
+                    continue;
+                }
+                let p = lock(&self.progress);
+                if !p.wake {
+                    let _ = self.cv.wait_timeout(p, Duration::from_millis(500));
+                }
+                continue;
+            }
             let (ready, next_retry) = self.select(&head);
             if !ready.is_empty() {
                 if let Err(e) = self.process(ready) {
@@ -117,6 +136,17 @@ impl Index {
             }
         }
         self.running.store(false, Ordering::SeqCst);
+    }
+
+    /// What the indexer does when it starts to lead: models changed, nodes
+    /// the index lacks.
+    fn catch_up_as_leader(&self) {
+        if let Err(e) = self.reindex_stale_models(None) {
+            tracing::error!("reindex after a model change failed: {e}");
+        }
+        if let Err(e) = self.index_unindexed() {
+            tracing::error!("indexing nodes the index lacks failed: {e}");
+        }
     }
 
     /// Rebuild graphs with many tombstones; dump changed graphs.

@@ -3,10 +3,12 @@
 //! `apply` is one transaction.
 
 mod fsck;
+mod pg;
 mod redb;
 mod wal;
 
 pub use self::fsck::{fsck, Violation};
+pub use self::pg::{shown_url, PgStore};
 pub use self::redb::RedbStore;
 
 use crate::error::Result;
@@ -165,6 +167,39 @@ pub enum Op {
         model: String,
         hash: u128,
     },
+    /// The node at `path` is at `version` (`None`: no node there), or the
+    /// whole transaction fails with `Error::Conflict`: the compare-and-set
+    /// of a commit planned on that version (another daemon may have
+    /// committed since).
+    Expect {
+        path: String,
+        version: Option<u32>,
+    },
+}
+
+/// What another daemon changed (the change feed of a shared store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// A node's record: committed, moved, deleted, expired.
+    Node,
+    /// A container directory made or removed.
+    Dir,
+    /// A scratchpad file or directory.
+    Scratch,
+    /// A node's index document.
+    Ix,
+    /// A node's expiry time.
+    Expiry,
+    /// Changes were missed (the feed was pruned past this daemon's
+    /// cursor): drop every cache.
+    Reset,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteChange {
+    pub kind: ChangeKind,
+    /// The store path (`ACCOUNT/…`) it concerns.
+    pub path: String,
 }
 
 /// A file or directory of `projects/{p}/scratchpad/` (or the activity log).
@@ -228,6 +263,46 @@ pub trait Store: Send + Sync {
     /// Apply ops atomically; `durable` waits until they are on disk. Concurrent
     /// callers may share one transaction (group commit).
     fn apply(&self, ops: Vec<Op>, durable: bool) -> Result<()>;
+
+    // ---- several daemons on one store (the embedded store has one) -------
+
+    /// Do other daemons share this store?
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Hand out `n` consecutive ids of counter `key` no other daemon gets;
+    /// the first. Only for a shared store (one daemon allocates in memory).
+    fn alloc(&self, key: &str, n: u64) -> Result<u64> {
+        let _ = (key, n);
+        Err(crate::error::Error::store(
+            "ids are allocated in memory on this store",
+        ))
+    }
+
+    /// Deliver other daemons' changes to `f`, in commit order, from now on.
+    fn watch(self: Arc<Self>, f: Box<dyn Fn(Vec<RemoteChange>) + Send + Sync>) -> Result<()> {
+        let _ = f;
+        Ok(())
+    }
+
+    /// Does this daemon hold `role` (the indexer, the sweeper…)? One daemon
+    /// at a time does; always this one on an unshared store.
+    fn leader(&self, role: &str) -> bool {
+        let _ = role;
+        true
+    }
+
+    /// Wait until every change committed (by any daemon) before the call
+    /// has been delivered to `watch`.
+    fn caught_up(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Periodic upkeep of a shared store (pruning its change feed).
+    fn maintain_shared(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A draft as persisted (on fsync and at unmount): the overlay of a node.

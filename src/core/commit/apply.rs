@@ -52,6 +52,29 @@ impl Fs {
         intent: Intent,
         closing: Option<&Arc<RwLock<DFile>>>,
     ) -> Result<Committed> {
+        // On a shared store another daemon may commit the node between our
+        // read and our transaction: the transaction then fails its
+        // compare-and-set and the commit is planned again on what is there
+        // now, as a local commit would have been (SEMANTICS, "Several hosts").
+        let mut attempt = 0;
+        loop {
+            match self.commit_once(node, draft, intent, closing) {
+                Err(Error::Conflict(why)) if attempt < 8 => {
+                    attempt += 1;
+                    tracing::debug!(node, attempt, %why, "commit planned again");
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn commit_once(
+        &self,
+        node: &str,
+        draft: &Arc<Mutex<Draft>>,
+        intent: Intent,
+        closing: Option<&Arc<RwLock<DFile>>>,
+    ) -> Result<Committed> {
         let mut rec = self.store.get_node(node)?;
         // An expired node is gone already: this commit starts a new node
         // there and removes the old one in the same transaction.
@@ -84,7 +107,7 @@ impl Fs {
         let version = plan.version;
         let id = match &rec {
             Some(r) => r.id,
-            None => self.next_node.fetch_add(1, Ordering::Relaxed),
+            None => self.node_id()?,
         };
         let expires = plan.expires;
         let ops = match self.commit_ops(node, id, rec.as_ref(), stale.as_ref(), plan, &intent) {
@@ -183,13 +206,19 @@ impl Fs {
     ) -> Result<Vec<Op>> {
         let account = Self::account_of(node).to_string();
         let mut ops = Vec::new();
+        if self.store.shared() {
+            ops.push(Op::Expect {
+                path: node.to_string(),
+                version: rec.or(stale).map(|r| r.version),
+            });
+        }
         let mut files = Vec::new();
         let mut max_blob = 0;
         for (name, c) in plan.files {
             match c {
                 Content::Keep(fr) => files.push(fr),
                 Content::New(bytes, mtime_ns, mode) => {
-                    let blob = self.blob_id();
+                    let blob = self.blob_id()?;
                     max_blob = max_blob.max(blob);
                     files.push(FileRec {
                         name: name.to_string(),
@@ -246,7 +275,7 @@ impl Fs {
         }
         let mut max_seq = 0;
         for change in plan.events {
-            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+            let seq = self.event_seq()?;
             max_seq = seq;
             ops.push(Op::PutEvent {
                 seq,

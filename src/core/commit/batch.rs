@@ -203,7 +203,7 @@ impl Fs {
         let (version, expires) = (plan.version, plan.expires);
         let id = match &rec {
             Some(r) => r.id,
-            None => self.next_node.fetch_add(1, Ordering::Relaxed),
+            None => self.node_id().map_err(|e| e.to_string())?,
         };
         let node_ops = self
             .commit_ops(path, id, rec.as_ref(), stale.as_ref(), plan, &Intent::Close)

@@ -159,7 +159,7 @@ impl Fs {
     /// a commit over an expired node).
     pub(in crate::core) fn remove_ops(&self, node: &str, rec: &NodeRec) -> Result<Vec<Op>> {
         let account = Self::account_of(node).to_string();
-        let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+        let seq = self.event_seq()?;
         let freed = self.history_bytes(rec)?;
         let mut ops = vec![
             Op::DelNode {
@@ -496,7 +496,7 @@ impl Fs {
                 };
                 match rewritten {
                     Some(bytes) => {
-                        let id = self.blob_id();
+                        let id = self.blob_id()?;
                         files.push(crate::store::FileRec {
                             name: f.name.clone(),
                             blob: id,
@@ -524,7 +524,7 @@ impl Fs {
                 files,
                 ..rec.clone()
             };
-            let seq = self.next_event.fetch_add(1, Ordering::Relaxed);
+            let seq = self.event_seq()?;
             let account = Self::account_of(dst).to_string();
             ops.extend(self.container_ops(dst));
             ops.extend([

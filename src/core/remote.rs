@@ -1,0 +1,72 @@
+//! Changes other daemons made to a shared store (the change feed, see
+//! `store::Store::watch`), applied to what this daemon and its kernel
+//! cache: dentries, attributes and pages of the nodes, directories and
+//! scratchpad entries that changed, the expiry times it checks on every
+//! lookup, and the search index of the accounts whose documents changed.
+//! Runs on the feed's task, never on a FUSE thread: invalidations are queued
+//! to the invalidation thread.
+
+use super::kcache::Target;
+use super::Fs;
+use crate::schema::place;
+use crate::store::{ChangeKind, RemoteChange};
+use std::collections::BTreeSet;
+
+impl Fs {
+    /// Apply a batch of other daemons' changes, in commit order.
+    pub fn remote_changes(&self, changes: Vec<RemoteChange>) {
+        let mut targets = Vec::new();
+        let mut accounts = BTreeSet::new();
+        let mut expiry = false;
+        for c in &changes {
+            match c.kind {
+                ChangeKind::Node => {
+                    let (parent, name) = place::parent_name(&c.path);
+                    targets.extend(self.entry_targets(&c.path, &place::NODE_FILES));
+                    targets.extend(self.entry_targets(parent, &[name]));
+                    targets.extend(self.listing_targets(&[c.path.as_str(), parent]));
+                    if let Some(ino) = self.dir_ino(&c.path) {
+                        targets.push(Target::Inode(ino));
+                    }
+                }
+                ChangeKind::Dir | ChangeKind::Scratch => {
+                    let (parent, name) = place::parent_name(&c.path);
+                    targets.extend(self.entry_targets(parent, &[name]));
+                    targets.extend(self.listing_targets(&[c.path.as_str(), parent]));
+                    if let Some(ino) = self.scratch_ino(&c.path) {
+                        targets.push(Target::Inode(ino));
+                    }
+                }
+                ChangeKind::Ix => {
+                    accounts.insert(Self::account_of(&c.path).to_string());
+                }
+                ChangeKind::Expiry => expiry = true,
+                ChangeKind::Reset => {
+                    tracing::warn!("change feed: changes were missed; dropping every cache");
+                    targets.extend(self.all_inode_targets());
+                    if let Some(ix) = self.index.get() {
+                        ix.evict_all();
+                    }
+                    expiry = true;
+                }
+            }
+        }
+        if expiry {
+            match self.store.expiries() {
+                Ok(all) => self.expiry.replace(all),
+                Err(e) => tracing::warn!("change feed: cannot reload expiry times: {e}"),
+            }
+        }
+        if let Some(ix) = self.index.get() {
+            for a in &accounts {
+                ix.evict(a);
+            }
+        }
+        tracing::debug!(
+            changes = changes.len(),
+            invalidations = targets.len(),
+            "remote changes"
+        );
+        self.send_inval(targets, false);
+    }
+}

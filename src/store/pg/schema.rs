@@ -1,0 +1,136 @@
+//! The PostgreSQL schema and its versioned migrations. The version lives
+//! in `ctxfs_meta`; migrations run in one transaction under an advisory
+//! lock, so daemons starting at once migrate once. A database whose schema
+//! is newer than this binary knows is refused with a one-line reason.
+//!
+//! Every row keyed by a path carries its `account` (seed 001's tenant id),
+//! and the SQL stays within what PostgreSQL-compatible distributed engines
+//! accept (no extensions needed by the store itself; see docs/SCALE.md).
+
+use super::pe;
+use crate::error::{Error, Result};
+
+/// Migrations in order: `MIGRATIONS[n]` takes the schema from version n to n + 1.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the tables of the redb store, the change feed.
+    r#"
+    CREATE TABLE nodes (
+        account text NOT NULL,
+        parent  text COLLATE "C" NOT NULL,
+        name    text COLLATE "C" NOT NULL,
+        rec     bytea NOT NULL,
+        PRIMARY KEY (parent, name)
+    );
+    CREATE INDEX nodes_by_account ON nodes (account);
+    CREATE TABLE dirs (
+        account text NOT NULL,
+        parent  text COLLATE "C" NOT NULL,
+        name    text COLLATE "C" NOT NULL,
+        PRIMARY KEY (parent, name)
+    );
+    CREATE TABLE versions (
+        account text NOT NULL,
+        node_id bigint NOT NULL,
+        version integer NOT NULL,
+        rec     bytea NOT NULL,
+        PRIMARY KEY (node_id, version)
+    );
+    CREATE TABLE blobs (
+        id   bigint PRIMARY KEY,
+        data bytea NOT NULL
+    );
+    CREATE TABLE outbox (
+        seq       bigint PRIMARY KEY,
+        account   text NOT NULL,
+        node_path text COLLATE "C" NOT NULL,
+        json      bytea NOT NULL
+    );
+    CREATE INDEX outbox_by_node ON outbox (node_path, seq);
+    CREATE TABLE dlq (
+        seq       bigint PRIMARY KEY,
+        account   text NOT NULL,
+        node_path text COLLATE "C" NOT NULL,
+        json      bytea NOT NULL
+    );
+    CREATE INDEX dlq_by_node ON dlq (node_path, seq);
+    CREATE TABLE ix_docs (
+        account text NOT NULL,
+        path    text COLLATE "C" PRIMARY KEY,
+        data    bytea NOT NULL
+    );
+    CREATE TABLE vecs (
+        model text NOT NULL,
+        hash  bytea NOT NULL,
+        data  bytea NOT NULL,
+        PRIMARY KEY (model, hash)
+    );
+    CREATE TABLE counters (
+        key   text PRIMARY KEY,
+        value bigint NOT NULL
+    );
+    CREATE TABLE high_water (
+        key   text PRIMARY KEY,
+        value bigint NOT NULL
+    );
+    CREATE TABLE scratch (
+        account text NOT NULL,
+        parent  text COLLATE "C" NOT NULL,
+        name    text COLLATE "C" NOT NULL,
+        data    bytea NOT NULL,
+        PRIMARY KEY (parent, name)
+    );
+    CREATE TABLE expiry (
+        account text NOT NULL,
+        path    text COLLATE "C" PRIMARY KEY,
+        at_ns   bigint NOT NULL
+    );
+    CREATE TABLE changes (
+        seq     bigserial PRIMARY KEY,
+        origin  text NOT NULL,
+        account text NOT NULL,
+        path    text NOT NULL,
+        kind    text NOT NULL,
+        at      timestamptz NOT NULL DEFAULT now()
+    );
+    "#,
+];
+
+/// Create or migrate the schema; refuse one newer than this binary.
+pub async fn migrate(c: &mut deadpool_postgres::Client) -> Result<()> {
+    let t = c.transaction().await.map_err(pe)?;
+    t.batch_execute(
+        "SELECT pg_advisory_xact_lock(7277846410214545000);
+         CREATE TABLE IF NOT EXISTS ctxfs_meta (key text PRIMARY KEY, value text NOT NULL);",
+    )
+    .await
+    .map_err(pe)?;
+    let have: usize = t
+        .query_opt(
+            "SELECT value FROM ctxfs_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .map_err(pe)?
+        .map(|r| r.get::<_, String>(0).parse().unwrap_or(usize::MAX))
+        .unwrap_or(0);
+    let want = MIGRATIONS.len();
+    if have > want {
+        return Err(Error::store(format!(
+            "the database's ctxfs schema is version {have}, newer than this binary's {want}: upgrade ctxfs"
+        )));
+    }
+    for (n, sql) in MIGRATIONS.iter().enumerate().skip(have) {
+        tracing::info!(from = n, to = n + 1, "migrating the PostgreSQL schema");
+        t.batch_execute(sql).await.map_err(pe)?;
+    }
+    if have < want {
+        t.execute(
+            "INSERT INTO ctxfs_meta (key, value) VALUES ('schema_version', $1) \
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            &[&want.to_string()],
+        )
+        .await
+        .map_err(pe)?;
+    }
+    t.commit().await.map_err(pe)
+}
