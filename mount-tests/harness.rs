@@ -322,3 +322,106 @@ pub fn four_steps(node: &str, content: &str, meta: &str) -> String {
 }
 
 pub const ACTIVE: &str = r#"{"status":"ACTIVE"}"#;
+
+/// A fresh database on the test PostgreSQL (PostgreSQL 18 + pgvector from
+/// PyPI, `scripts/pg-setup.sh`, started here if it is not running), dropped
+/// at the end of the test.
+pub struct PgDb {
+    pub url: String,
+    name: String,
+    /// Tests that restart the server hold it alone.
+    _turn: PgTurn,
+}
+
+enum PgTurn {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
+}
+
+static PG_TURN: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// `scripts/pg-setup.sh ARGS` under a lock (tests run in parallel); `-o`:
+/// the server it starts must not inherit the lock.
+fn pg_setup(args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/pg-setup.sh");
+    let out = Command::new("flock")
+        .args(["-o", "/tmp/ctxfs-pg-setup.lock"])
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run scripts/pg-setup.sh");
+    assert!(
+        out.status.success(),
+        "scripts/pg-setup.sh {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl PgDb {
+    pub fn new() -> PgDb {
+        let turn = PgTurn::Shared(PG_TURN.read().unwrap_or_else(|e| e.into_inner()));
+        Self::with_turn(turn)
+    }
+
+    /// A database for a test that restarts the server: no other test uses
+    /// the server meanwhile.
+    pub fn alone() -> PgDb {
+        let turn = PgTurn::Alone(PG_TURN.write().unwrap_or_else(|e| e.into_inner()));
+        Self::with_turn(turn)
+    }
+
+    fn with_turn(turn: PgTurn) -> PgDb {
+        static STARTED: std::sync::Once = std::sync::Once::new();
+        STARTED.call_once(|| {
+            pg_setup(&["start"]);
+        });
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "ctxfs_t{}_{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        );
+        let url = pg_setup(&["createdb", &name]);
+        PgDb {
+            url,
+            name,
+            _turn: turn,
+        }
+    }
+
+    /// A daemon of this database: `Mount` with `--store URL` and its own data dir.
+    pub fn mount(&self, config: Option<&str>, args: &[&str]) -> Mount {
+        let mut a = vec!["--store", self.url.as_str()];
+        a.extend_from_slice(args);
+        Mount::with_args(config, &a)
+    }
+
+    /// Stop and start the server (the database survives).
+    pub fn restart_server(&self) {
+        pg_setup(&["restart"]);
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/pg-setup.sh");
+        let _ = Command::new("flock")
+            .args(["-o", "/tmp/ctxfs-pg-setup.lock"])
+            .arg(script)
+            .args(["dropdb", &self.name])
+            .output();
+    }
+}
+
+/// Poll `check` until it holds or `limit` passes; how long it took.
+pub fn within(limit: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() <= limit {
+        if check() {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}

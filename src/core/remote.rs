@@ -17,7 +17,17 @@ impl Fs {
     pub fn remote_changes(&self, changes: Vec<RemoteChange>) {
         let mut targets = Vec::new();
         let mut accounts = BTreeSet::new();
-        let mut expiry = false;
+        // Expiry times first: a node that expires must never be cached by
+        // the kernel, so the lookups its invalidation causes must know.
+        let expiry = changes
+            .iter()
+            .any(|c| matches!(c.kind, ChangeKind::Expiry | ChangeKind::Reset));
+        if expiry {
+            match self.store.expiries() {
+                Ok(all) => self.expiry.replace(all),
+                Err(e) => tracing::warn!("change feed: cannot reload expiry times: {e}"),
+            }
+        }
         for c in &changes {
             match c.kind {
                 ChangeKind::Node => {
@@ -40,21 +50,14 @@ impl Fs {
                 ChangeKind::Ix => {
                     accounts.insert(Self::account_of(&c.path).to_string());
                 }
-                ChangeKind::Expiry => expiry = true,
+                ChangeKind::Expiry => {}
                 ChangeKind::Reset => {
                     tracing::warn!("change feed: changes were missed; dropping every cache");
                     targets.extend(self.all_inode_targets());
                     if let Some(ix) = self.index.get() {
                         ix.evict_all();
                     }
-                    expiry = true;
                 }
-            }
-        }
-        if expiry {
-            match self.store.expiries() {
-                Ok(all) => self.expiry.replace(all),
-                Err(e) => tracing::warn!("change feed: cannot reload expiry times: {e}"),
             }
         }
         if let Some(ix) = self.index.get() {

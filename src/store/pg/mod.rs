@@ -600,14 +600,28 @@ impl PgStore {
             .unwrap_or(0);
         *lock(&self.feed.cursor) = start;
         self.feed.running.store(true, Ordering::SeqCst);
-        let (pg, origin, feed, stop) = (
-            self.pg.clone(),
-            self.origin.clone(),
-            self.feed.clone(),
-            self.stop.clone(),
-        );
+        // The core's handler calls back into this store (blocking on its
+        // runtime), so it runs on a thread of its own; the feed's cursor
+        // moves once a batch is applied (what `caught_up` waits for).
+        let (tx, rx) = std::sync::mpsc::channel::<(Vec<RemoteChange>, i64)>();
+        let applied = self.feed.clone();
+        std::thread::Builder::new()
+            .name("ctxfs-feed".into())
+            .spawn(move || {
+                for (changes, last) in rx {
+                    if !changes.is_empty() {
+                        f(changes);
+                    }
+                    let mut c = lock(&applied.cursor);
+                    *c = (*c).max(last);
+                    applied.moved.notify_all();
+                }
+            })
+            .map_err(|e| Error::store_from("cannot start the change feed thread", e))?;
+        let (pg, origin, stop) = (self.pg.clone(), self.origin.clone(), self.stop.clone());
         let url = self.url.clone();
         self.rt.spawn(async move {
+            let mut read_to = start;
             let mut first = true;
             while !stop.load(Ordering::SeqCst) {
                 if !first {
@@ -645,7 +659,7 @@ impl PgStore {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    let cursor = *lock(&feed.cursor);
+                    let cursor = read_to;
                     let rows = match client
                         .query(
                             "SELECT seq, origin, path, kind, (SELECT MIN(seq) FROM changes) FROM changes \
@@ -681,13 +695,11 @@ impl PgStore {
                             out.push(RemoteChange { kind, path: r.get::<_, String>(2) });
                         }
                     }
-                    if !out.is_empty() {
-                        let g = f.as_ref();
-                        g(out);
-                    }
                     if last != cursor {
-                        *lock(&feed.cursor) = last;
-                        feed.moved.notify_all();
+                        read_to = last;
+                        if tx.send((out, last)).is_err() {
+                            return;
+                        }
                     }
                     if rows.len() == 2000 {
                         continue;

@@ -1,0 +1,381 @@
+//! Several daemons, one namespace: two mounts of one PostgreSQL database
+//! (a real PostgreSQL 18 with pgvector), each its own daemon with its own
+//! data dir and kernel cache, as two hosts would run them.
+
+use crate::harness::*;
+use std::time::Duration;
+
+const NODE: &str = "acme/users/alice/memories/prefs/tea";
+
+fn pair(db: &PgDb) -> (Mount, Mount) {
+    (
+        db.mount(Some(CONFIG), &["--embedder", "hash"]),
+        db.mount(Some(CONFIG), &["--embedder", "hash"]),
+    )
+}
+
+fn seen(m: &Mount, uid: u32, script: &str, want: &str) -> bool {
+    let o = m.sh(uid, script);
+    o.status.success() && String::from_utf8_lossy(&o.stdout) == want
+}
+
+#[test]
+fn a_commit_on_one_daemon_is_visible_on_the_other_within_a_second_and_never_before() {
+    let db = PgDb::new();
+    let (mut a, mut b) = pair(&db);
+    let n = format!("$M/accounts/{NODE}");
+    // The four-step write on A: nothing of it on B until the commit.
+    a.ok(
+        WRITER,
+        &format!(
+            "mkdir -p {n}; printf 'Sencha.\\n' > {n}/content.md; echo '[]' > {n}/.relations.json"
+        ),
+    );
+    a.ok(
+        WRITER,
+        &format!("echo 'Alice drinks sencha.' > {n}/.abstract.md"),
+    );
+    b.fails(READER, &format!("cat {n}/content.md"), "No such file");
+    b.fails(WRITER, &format!("ls {n}"), "No such file");
+    a.ok(WRITER, &format!("/bin/echo '{ACTIVE}' > {n}/.meta.json"));
+    let t = within(Duration::from_secs(1), || {
+        seen(&b, READER, &format!("cat {n}/content.md"), "Sencha.\n")
+    });
+    assert!(t.is_some(), "the commit did not reach B within 1 s");
+    assert_eq!(
+        b.ok(READER, &format!("cat {n}/.abstract.md")),
+        "Alice drinks sencha.\n"
+    );
+
+    // Updates, after B's kernel cached the node: each within 1 s.
+    for v in 2..=4 {
+        b.ok(
+            READER,
+            &format!("cat {n}/content.md {n}/.meta.json > /dev/null; ls {n}/.. > /dev/null"),
+        );
+        a.ok(
+            WRITER,
+            &format!(
+                "printf 'Version {v}.\\n' > {n}/content.md; /bin/echo '{ACTIVE}' > {n}/.meta.json"
+            ),
+        );
+        let t = within(Duration::from_secs(1), || {
+            seen(
+                &b,
+                READER,
+                &format!("cat {n}/content.md"),
+                &format!("Version {v}.\n"),
+            )
+        });
+        assert!(t.is_some(), "version {v} did not reach B within 1 s");
+        let meta = b.json(READER, &format!("cat {n}/.meta.json"));
+        assert_eq!(meta["version"], v);
+    }
+    // Versions written on A are readable on B.
+    assert_eq!(
+        b.ok(READER, &format!("cat {n}/.versions/1/content.md")),
+        "Sencha.\n"
+    );
+
+    // Tenancy holds on both daemons.
+    for m in [&a, &b] {
+        m.fails(
+            STRANGER,
+            &format!("cat {n}/content.md"),
+            "Permission denied",
+        );
+        m.fails(
+            READER,
+            &format!("echo x > {n}/content.md"),
+            "Read-only file system",
+        );
+    }
+
+    // Search on B finds what A wrote, once B's .ctxfs/sync returns.
+    b.ok(WRITER, "cat $M/.ctxfs/sync");
+    let hits = b.ok(READER, "cat \"$M/accounts/acme/.search/version 4\"");
+    assert!(hits.contains("memories/prefs/tea"), "{hits}");
+
+    // A move on A: B sees the new place, not the old.
+    let moved = "$M/accounts/acme/users/alice/memories/drinks/tea".to_string();
+    a.ok(
+        WRITER,
+        &format!("mkdir -p $M/accounts/acme/users/alice/memories/drinks; mv {n} {moved}"),
+    );
+    assert!(
+        within(Duration::from_secs(1), || seen(
+            &b,
+            READER,
+            &format!("cat {moved}/content.md"),
+            "Version 4.\n"
+        ))
+        .is_some(),
+        "the move did not reach B"
+    );
+    b.fails(READER, &format!("cat {n}/content.md"), "No such file");
+    // A delete on A.
+    a.ok(WRITER, &format!("rm -r {moved}"));
+    assert!(
+        within(Duration::from_secs(1), || !b
+            .sh(READER, &format!("ls {moved}"))
+            .status
+            .success())
+        .is_some(),
+        "the delete did not reach B"
+    );
+    // B writes, A reads: the other way round.
+    b.ok(
+        WRITER,
+        &four_steps("acme/users/bob/memories/p/x", "from B", ACTIVE),
+    );
+    assert!(within(Duration::from_secs(1), || seen(
+        &a,
+        READER,
+        "cat $M/accounts/acme/users/bob/memories/p/x/content.md",
+        "from B"
+    ))
+    .is_some());
+    a.umount();
+    b.umount();
+}
+
+#[test]
+fn expiry_on_one_daemon_hides_the_node_on_the_other() {
+    let db = PgDb::new();
+    let (a, b) = pair(&db);
+    let n = "acme/users/alice/memories/tmp/short";
+    a.ok(
+        WRITER,
+        &four_steps(n, "short-lived", r#"{"status":"ACTIVE","ttl_seconds":2}"#),
+    );
+    assert!(within(Duration::from_secs(1), || seen(
+        &b,
+        READER,
+        &format!("cat $M/accounts/{n}/content.md"),
+        "short-lived"
+    ))
+    .is_some());
+    // Gone on both within a second of its expiry.
+    std::thread::sleep(Duration::from_secs(2));
+    for (name, m) in [("A", &a), ("B", &b)] {
+        assert!(
+            within(Duration::from_secs(1), || !m
+                .sh(READER, &format!("cat $M/accounts/{n}/content.md"))
+                .status
+                .success())
+            .is_some(),
+            "the expired node is still readable on {name}"
+        );
+    }
+}
+
+/// A commits one node in a loop; readers on B read its content, 16 KiB of
+/// lines that all name one version: never a mix of two.
+#[test]
+fn readers_on_one_daemon_never_see_a_torn_node_while_the_other_commits_it() {
+    let db = PgDb::new();
+    let (a, b) = pair(&db);
+    let n = format!("$M/accounts/{NODE}");
+    let writer = a.spawn_as(
+        WRITER,
+        &format!(
+            "set -e; mkdir -p {n}; echo '[]' > {n}/.relations.json; for i in $(seq 1 30); do \
+             yes \"version $i\" | head -c 16384 > {n}/content.md; /bin/echo '{ACTIVE}' > {n}/.meta.json; done"
+        ),
+    );
+    let reader = b.spawn_piped(
+        READER,
+        &format!(
+            "torn=0; reads=0; end=$(( $(date +%s) + 30 )); while [ $(date +%s) -lt $end ]; do \
+               if f=$(cat {n}/content.md 2>/dev/null); then reads=$((reads+1)); \
+                 k=$(printf '%s\\n' \"$f\" | sort -u | wc -l); \
+                 [ \"$k\" -gt 2 ] && torn=$((torn+1)); \
+                 case \"$f\" in *'version 30'*) break;; esac; fi; done; echo \"$reads $torn\""
+        ),
+    );
+    let w = writer.wait_with_output().unwrap();
+    assert!(w.status.success());
+    let out = reader.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Vec<u64> = text
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(v[0] > 0, "B never read the node");
+    assert_eq!(
+        v[1], 0,
+        "{} of {} reads on B mixed two versions",
+        v[1], v[0]
+    );
+    let meta = b.json(READER, &format!("cat {n}/.meta.json"));
+    assert_eq!(meta["version"], 30);
+}
+
+/// Both daemons commit the same node at once: every commit is a version of
+/// its own (the compare-and-set plans a commit again when the other daemon
+/// got there first), none lost.
+#[test]
+fn concurrent_commits_of_one_node_on_two_daemons_are_all_versions() {
+    let db = PgDb::new();
+    let (a, b) = pair(&db);
+    let n = format!("$M/accounts/{NODE}");
+    a.ok(WRITER, &four_steps(NODE, "start", ACTIVE));
+    assert!(within(Duration::from_secs(1), || b
+        .sh(READER, &format!("cat {n}/content.md"))
+        .status
+        .success())
+    .is_some());
+    let script = |tag: &str| {
+        format!(
+            "set -e; for i in $(seq 1 15); do printf '{tag} %s' $i > {n}/content.md; /bin/echo '{ACTIVE}' > {n}/.meta.json; done"
+        )
+    };
+    let ja = a.spawn_as(WRITER, &script("A"));
+    let jb = b.spawn_as(WRITER, &script("B"));
+    assert!(ja.wait_with_output().unwrap().status.success());
+    assert!(jb.wait_with_output().unwrap().status.success());
+    let meta = a.json(READER, &format!("cat {n}/.meta.json"));
+    assert_eq!(meta["version"], 31, "{meta}");
+    // Every version holds one writer's text; all 30 are there.
+    let all = a.ok(
+        READER,
+        &format!("for v in $(seq 2 31); do cat {n}/.versions/$v/content.md; echo; done | sort"),
+    );
+    let mut want: Vec<String> = (1..=15)
+        .flat_map(|i| [format!("A {i}"), format!("B {i}")])
+        .collect();
+    want.sort();
+    let got: Vec<&str> = all.lines().collect();
+    assert_eq!(got, want);
+}
+
+/// `kill -9` of one daemon loses nothing it acknowledged; the other keeps
+/// answering, takes over the indexer, and the killed one comes back.
+#[test]
+fn kill_9_of_one_daemon_loses_nothing_and_the_other_keeps_serving() {
+    let db = PgDb::new();
+    let (mut a, b) = pair(&db);
+    let nodes: Vec<String> = (0..20)
+        .map(|i| format!("acme/users/alice/memories/k/n{i}"))
+        .collect();
+    for (i, n) in nodes.iter().enumerate() {
+        a.ok(WRITER, &four_steps(n, &format!("node {i}"), ACTIVE));
+    }
+    a.kill9();
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(
+            b.ok(READER, &format!("cat $M/accounts/{n}/content.md")),
+            format!("node {i}")
+        );
+    }
+    // B keeps committing and its search catches up (it leads the indexer now).
+    b.ok(
+        WRITER,
+        &four_steps(
+            "acme/users/alice/memories/k/after",
+            "written after the kill",
+            ACTIVE,
+        ),
+    );
+    b.ok(WRITER, "cat $M/.ctxfs/sync");
+    let hits = b.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/written after the kill\"",
+    );
+    assert!(hits.contains("memories/k/after"), "{hits}");
+    // A again: everything is there.
+    a.mount();
+    assert_eq!(
+        a.ok(READER, "ls $M/accounts/acme/users/alice/memories/k | wc -l")
+            .trim(),
+        "21"
+    );
+    assert_eq!(
+        a.ok(
+            READER,
+            "cat $M/accounts/acme/users/alice/memories/k/after/content.md"
+        ),
+        "written after the kill"
+    );
+}
+
+/// PostgreSQL stopped and started while A commits and B reads: every
+/// acknowledged commit survives, no read answers wrongly (a read either
+/// fails with EIO or gives the committed text), both daemons recover.
+#[test]
+fn a_postgresql_restart_under_load_loses_nothing_acknowledged() {
+    let db = PgDb::alone();
+    let (a, b) = pair(&db);
+    let acked = a.shared_file("acked");
+    let wrong = b.shared_file("wrong");
+    let writer = a.spawn_as(
+        WRITER,
+        &format!(
+            "for i in $(seq 1 60); do N=$M/accounts/acme/users/alice/memories/r/n$i; \
+             mkdir -p $N 2>/dev/null && printf 'node %s' $i > $N/content.md 2>/dev/null \
+             && /bin/echo '{ACTIVE}' > $N/.meta.json 2>/dev/null && echo $i >> {acked}; sleep 0.05; done",
+            acked = acked.display()
+        ),
+    );
+    let reader = b.spawn_as(
+        READER,
+        &format!(
+            "end=$(( $(date +%s) + 8 )); while [ $(date +%s) -lt $end ]; do \
+               for f in $M/accounts/acme/users/alice/memories/r/*/content.md; do \
+                 t=$(cat $f 2>/dev/null) || continue; i=${{f%/content.md}}; i=${{i##*/n}}; \
+                 [ \"$t\" = \"node $i\" ] || echo \"$f: $t\" >> {wrong}; done; done",
+            wrong = wrong.display()
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    db.restart_server();
+    writer.wait_with_output().unwrap();
+    reader.wait_with_output().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&wrong).unwrap(),
+        "",
+        "wrong answers on B"
+    );
+    let acked: Vec<String> = std::fs::read_to_string(&acked)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        acked.len() >= 20,
+        "only {} commits acknowledged",
+        acked.len()
+    );
+    // Both daemons answer again, with every acknowledged commit.
+    for (name, m) in [("A", &a), ("B", &b)] {
+        for i in &acked {
+            let f = format!("$M/accounts/acme/users/alice/memories/r/n{i}/content.md");
+            assert!(
+                within(Duration::from_secs(10), || seen(
+                    m,
+                    READER,
+                    &format!("cat {f}"),
+                    &format!("node {i}")
+                ))
+                .is_some(),
+                "{name} lost acknowledged commit n{i}"
+            );
+        }
+    }
+    // And commit again.
+    a.ok(
+        WRITER,
+        &four_steps(
+            "acme/users/alice/memories/r/after",
+            "after the restart",
+            ACTIVE,
+        ),
+    );
+    assert!(within(Duration::from_secs(2), || seen(
+        &b,
+        READER,
+        "cat $M/accounts/acme/users/alice/memories/r/after/content.md",
+        "after the restart"
+    ))
+    .is_some());
+}
