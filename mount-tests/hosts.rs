@@ -379,3 +379,70 @@ fn a_postgresql_restart_under_load_loses_nothing_acknowledged() {
     ))
     .is_some());
 }
+
+/// `ctxfs migrate` copies an embedded store, with its versions, scratchpad
+/// and index, into PostgreSQL; daemons on the database serve all of it.
+#[test]
+fn migrate_copies_an_embedded_store_into_postgresql() {
+    let db = PgDb::new();
+    let mut local = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let n = "acme/users/alice/memories/prefs/tea";
+    local.ok(WRITER, &four_steps(n, "Sencha.", ACTIVE));
+    local.ok(WRITER, &four_steps(n, "Genmaicha.", ACTIVE));
+    local.ok(
+        WRITER,
+        &four_steps("acme/agents/bot/skills/brew", "Boil, wait, pour.", ACTIVE),
+    );
+    local.ok(WRITER, "mkdir -p $M/accounts/acme/projects/p/scratchpad && echo plan > $M/accounts/acme/projects/p/scratchpad/plan.txt");
+    local.ok(0, "cat $M/.ctxfs/sync");
+    local.umount();
+    let data = local.data.to_str().unwrap().to_string();
+    let out = ctxfs(&["migrate", "--data", &data, "--store", &db.url]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("versions: 3") && text.contains("migrated "),
+        "{text}"
+    );
+    // Into a database that holds data already: refused, nothing changed.
+    let again = ctxfs(&["migrate", "--data", &data, "--store", &db.url]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds ctxfs data"));
+
+    let m = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{n}/content.md")),
+        "Genmaicha."
+    );
+    assert_eq!(
+        m.ok(
+            READER,
+            &format!("cat $M/accounts/{n}/.versions/1/content.md")
+        ),
+        "Sencha."
+    );
+    assert_eq!(
+        m.json(READER, &format!("cat $M/accounts/{n}/.meta.json"))["version"],
+        2
+    );
+    assert_eq!(
+        m.ok(
+            WRITER,
+            "cat $M/accounts/acme/projects/p/scratchpad/plan.txt"
+        ),
+        "plan\n"
+    );
+    m.ok(0, "cat $M/.ctxfs/sync");
+    let hits = m.ok(READER, "cat \"$M/accounts/acme/.search/boil wait pour\"");
+    assert!(hits.contains("skills/brew"), "{hits}");
+    // And the next commit continues the ids and versions.
+    m.ok(WRITER, &four_steps(n, "Hojicha.", ACTIVE));
+    assert_eq!(
+        m.json(READER, &format!("cat $M/accounts/{n}/.meta.json"))["version"],
+        3
+    );
+}

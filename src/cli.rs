@@ -168,6 +168,15 @@ pub enum Cmd {
         #[arg(long)]
         scope: String,
     },
+    /// Copy an unmounted data dir's embedded store (nodes with every
+    /// version, index documents, vectors, pending events) into an empty
+    /// PostgreSQL database, for `ctxfs mount --store URL`.
+    Migrate {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, value_name = "URL")]
+        store: String,
+    },
     /// Print a shell completion script (bash, zsh, fish) to stdout.
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff) to stdout.
@@ -380,6 +389,7 @@ pub fn run() -> i32 {
                 .map_err(anyhow::Error::from)
         }
         Cmd::Compact { data } => crate::cmd::compact(&data),
+        Cmd::Migrate { data, store } => crate::cmd::migrate(&data, &store),
         Cmd::Mcp { mount, scope } => crate::fronts::Front::new(&mount, scope.as_deref())
             .map_err(|e| anyhow::anyhow!("{e}"))
             .and_then(crate::fronts::mcp::serve_stdio)

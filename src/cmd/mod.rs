@@ -15,6 +15,61 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `ctxfs migrate`: copy an unmounted data dir's embedded store, with its
+/// versions, index documents, vectors and pending events, into an empty
+/// PostgreSQL database, in transactions of at most 1,000 rows (so a failed
+/// run leaves a database to drop and migrate again, never a half-copied
+/// one that looks complete: the schema records the migration last).
+pub fn migrate(data: &Path, url: &str) -> Result<i32> {
+    let t = Instant::now();
+    let (_lock, src) = open_offline(data)?;
+    let scratch = data.join("migrate.tmp");
+    let dst = crate::store::PgStore::open(url, &scratch).map_err(|e| anyhow!("{}", e.report()))?;
+    if dst.holds_data()? {
+        bail!(
+            "{} already holds ctxfs data: migrate into an empty database",
+            dst.url()
+        );
+    }
+    let mut batch = Vec::new();
+    let mut counts: std::collections::BTreeMap<&'static str, u64> = Default::default();
+    let mut rows = 0u64;
+    let drafts = src.export_ops(&mut |table, op| {
+        *counts.entry(table).or_default() += 1;
+        rows += 1;
+        batch.push(op);
+        if batch.len() >= 1000 {
+            dst.apply(std::mem::take(&mut batch), false)?;
+            if rows % 20_000 < 1000 {
+                eprintln!("migrate: {rows} rows copied ({table})");
+            }
+        }
+        Ok(())
+    })?;
+    dst.apply(std::mem::take(&mut batch), true)?;
+    dst.close();
+    drop(dst);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let mut out = std::io::stdout().lock();
+    for (table, n) in &counts {
+        writeln!(out, "{table}: {n}")?;
+    }
+    writeln!(
+        out,
+        "migrated {rows} rows from {} in {:.1} s",
+        data.display(),
+        t.elapsed().as_secs_f64()
+    )?;
+    if drafts > 0 {
+        writeln!(
+            out,
+            "note: {drafts} saved draft(s) stay in {} (uncommitted work is a daemon's own):              mount it, commit or remove them, and migrate again to carry them",
+            data.display()
+        )?;
+    }
+    Ok(0)
+}
+
 /// `ctxfs compact`: forget what deleted nodes left behind in an unmounted
 /// data dir. Dead letters of nodes that no longer exist and vectors no index
 /// document uses are dropped; every live row is written into a new database

@@ -7,6 +7,7 @@ use super::*;
 impl Index {
     /// The index of `account`, loaded on first use.
     pub fn account(&self, account: &str) -> Result<Arc<AccountIndex>> {
+        lock(&self.used).insert(account.to_string(), Instant::now());
         let cell = lock(&self.accounts)
             .entry(account.to_string())
             .or_default()
@@ -27,7 +28,30 @@ impl Index {
             lock(&self.accounts).remove(account);
             return Err(e);
         }
+        self.evict_least_used(account);
         Ok(a.clone())
+    }
+
+    /// Memory follows the accounts in use, not the size of the store: past
+    /// [`MAX_LOADED_ACCOUNTS`], the least recently used account leaves
+    /// memory (its next use loads it again from the store).
+    fn evict_least_used(&self, keep: &str) {
+        let mut accounts = lock(&self.accounts);
+        if accounts.len() <= MAX_LOADED_ACCOUNTS {
+            return;
+        }
+        let mut used = lock(&self.used);
+        used.retain(|a, _| accounts.contains_key(a));
+        if let Some(victim) = used
+            .iter()
+            .filter(|(a, _)| a.as_str() != keep)
+            .min_by_key(|(_, t)| **t)
+            .map(|(a, _)| a.clone())
+        {
+            accounts.remove(&victim);
+            used.remove(&victim);
+            tracing::info!(account = %victim, "index unloaded (least recently used)");
+        }
     }
 
     /// Drop `account`'s index from memory: the next use loads it again from
@@ -42,6 +66,7 @@ impl Index {
     /// Drop every account's index from memory.
     pub fn evict_all(&self) {
         lock(&self.accounts).clear();
+        lock(&self.used).clear();
     }
 
     pub(super) fn empty_account(&self, account: &str) -> AccountIndex {

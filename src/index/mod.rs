@@ -59,6 +59,8 @@ const EXACT_SCOPE: usize = 20_000;
 const RRF_K: f32 = 60.0;
 /// Most results a query may ask for.
 pub const MAX_K: usize = 1000;
+/// Account indexes held in memory at most (least recently used first out).
+pub const MAX_LOADED_ACCOUNTS: usize = 256;
 
 /// The indexed state of one node, as stored.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -218,6 +220,9 @@ pub struct Index {
     embedder_note: String,
     cfg: IndexConfig,
     accounts: Mutex<HashMap<String, Arc<OnceLock<Arc<AccountIndex>>>>>,
+    /// When each loaded account was last used (the least recently used
+    /// goes first when more than [`MAX_LOADED_ACCOUNTS`] are loaded).
+    used: Mutex<HashMap<String, Instant>>,
     progress: Mutex<Progress>,
     cv: Condvar,
     stop: AtomicBool,
@@ -274,6 +279,7 @@ impl Index {
             embedder_note,
             cfg,
             accounts: Mutex::new(HashMap::new()),
+            used: Mutex::new(HashMap::new()),
             progress: Mutex::new(Progress::default()),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),

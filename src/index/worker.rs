@@ -43,8 +43,15 @@ impl Index {
 
     pub(super) fn run(self: Arc<Self>) {
         self.running.store(true, Ordering::SeqCst);
-        // Load every indexed account up front, so the first search is fast.
-        match self.stored_accounts() {
+        // Load every indexed account up front, so the first search is fast;
+        // not from a shared store, whose accounts are many daemons' (each
+        // loads those its users touch).
+        let up_front = if self.store.shared() {
+            Ok(Vec::new())
+        } else {
+            self.stored_accounts()
+        };
+        match up_front {
             Ok(accts) => {
                 for a in accts {
                     if self.stop.load(Ordering::SeqCst) {

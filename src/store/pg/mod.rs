@@ -232,6 +232,16 @@ impl PgStore {
             .map(|r| r.get::<_, Vec<u8>>(0)))
     }
 
+    /// Does the database hold any ctxfs data yet (a node, a directory)?
+    pub fn holds_data(&self) -> Result<bool> {
+        Ok(!self
+            .query(
+                "SELECT 1 FROM dirs UNION ALL SELECT 1 FROM nodes LIMIT 1",
+                &[],
+            )?
+            .is_empty())
+    }
+
     /// Stop the feed (unmount).
     pub fn close(&self) {
         self.stop.store(true, Ordering::SeqCst);

@@ -9,6 +9,7 @@
 //! The scans and the rewrite of `ctxfs compact` are in `compact.rs`.
 
 mod compact;
+mod migrate;
 
 use super::wal::{Record, Wal};
 use super::{NodeRec, Op, Store, StoredEvent};
