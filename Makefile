@@ -23,10 +23,11 @@ DESTDIR ?=
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
+	  && command -v ip >/dev/null && command -v nsenter >/dev/null && command -v flock >/dev/null \
 	  && /usr/bin/python3 -c 'import prometheus_client' 2>/dev/null || { \
-	  echo "installing fuse3, vim, util-linux, python3-prometheus-client"; \
+	  echo "installing fuse3, vim, util-linux, iproute2, python3-prometheus-client"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 vim util-linux python3-prometheus-client; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 vim util-linux iproute2 python3-prometheus-client; }
 	@test -e /dev/fuse || { echo "error: /dev/fuse is missing; FUSE is not available here" >&2; exit 1; }
 	@# The MCP client tests run the official Python SDK as other uids: outside /root.
 	@test -e $(MCP_PY)/mcp-$(MCP_PY_VERSION).ok || { \

@@ -22,6 +22,9 @@ pub struct Mount {
     pub args: Vec<String>,
     /// Environment of `ctxfs mount` (and so of the daemon).
     pub env: Vec<(String, String)>,
+    /// A command `ctxfs mount` runs under (e.g. `nsenter --net=…`: the
+    /// daemon in another network namespace, as on another host).
+    pub prefix: Vec<String>,
     mounted: bool,
 }
 
@@ -69,6 +72,15 @@ impl Mount {
     }
 
     pub fn with_env(config: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Mount {
+        Self::with_prefix(config, args, env, &[])
+    }
+
+    pub fn with_prefix(
+        config: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        prefix: &[&str],
+    ) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("ctxfs-test-")
             .tempdir_in("/tmp")
@@ -93,6 +105,7 @@ impl Mount {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            prefix: prefix.iter().map(|a| a.to_string()).collect(),
             mounted: false,
         };
         m.mount();
@@ -100,7 +113,14 @@ impl Mount {
     }
 
     pub fn mount(&mut self) {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("mount")
             .arg(&self.mnt)
             .arg("--data")
@@ -400,6 +420,10 @@ impl PgDb {
     /// Stop and start the server (the database survives).
     pub fn restart_server(&self) {
         pg_setup(&["restart"]);
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 }
 

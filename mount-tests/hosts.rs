@@ -446,3 +446,154 @@ fn migrate_copies_an_embedded_store_into_postgresql() {
         3
     );
 }
+
+/// A network namespace joined to this one by a veth pair: another host,
+/// as far as the network goes. Removed on drop.
+struct NetHost {
+    ns: String,
+    veth: String,
+}
+
+fn ip(args: &str) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ip {args}"))
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl NetHost {
+    fn new() -> NetHost {
+        let tag = std::process::id() % 10_000;
+        let (ns, veth) = (format!("ctxfs-h{tag}"), format!("ctxv{tag}"));
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &ns])
+            .output();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &format!("{veth}a")])
+            .output();
+        ip(&format!("netns add {ns}"));
+        ip(&format!("link add {veth}a type veth peer name {veth}b"));
+        ip(&format!("link set {veth}b netns {ns}"));
+        ip(&format!("addr add 10.231.0.1/24 dev {veth}a"));
+        ip(&format!("link set {veth}a up"));
+        ip(&format!("-n {ns} addr add 10.231.0.2/24 dev {veth}b"));
+        ip(&format!("-n {ns} link set {veth}b up"));
+        ip(&format!("-n {ns} link set lo up"));
+        NetHost { ns, veth }
+    }
+
+    /// Cut (or restore) the link between the two hosts.
+    fn link(&self, up: bool) {
+        ip(&format!(
+            "link set {}a {}",
+            self.veth,
+            if up { "up" } else { "down" }
+        ));
+    }
+}
+
+impl Drop for NetHost {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &format!("{}a", self.veth)])
+            .output();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .output();
+    }
+}
+
+/// Two daemons in two network namespaces, the database reachable from the
+/// second over a veth pair: commits cross in both directions within 1 s;
+/// when the link is cut, the cut-off daemon's requests fail with EIO (never
+/// a wrong answer) while the other keeps serving, and once the link is back
+/// it catches up with what it missed and commits again.
+#[test]
+fn two_hosts_in_network_namespaces_and_a_partition_between_them() {
+    let db = PgDb::alone();
+    db.restart_server(); // listen on the veth address too
+    let host = NetHost::new();
+    let remote_url = db.url.replace("127.0.0.1", "10.231.0.1");
+    let net = format!("--net=/run/netns/{}", host.ns);
+    let a = Mount::with_prefix(
+        Some(CONFIG),
+        &["--embedder", "hash", "--store", &remote_url],
+        &[],
+        &["nsenter", &net],
+    );
+    let b = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    // A's daemon really is in the other namespace.
+    let pid = a.daemon_pid();
+    let ns_of = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
+    assert_ne!(ns_of(pid), ns_of(std::process::id() as i32));
+
+    let n1 = "acme/users/alice/memories/net/one";
+    a.ok(WRITER, &four_steps(n1, "from host A", ACTIVE));
+    assert!(within(Duration::from_secs(1), || seen(
+        &b,
+        READER,
+        &format!("cat $M/accounts/{n1}/content.md"),
+        "from host A"
+    ))
+    .is_some());
+    let n2 = "acme/users/alice/memories/net/two";
+    b.ok(WRITER, &four_steps(n2, "from host B", ACTIVE));
+    assert!(within(Duration::from_secs(1), || seen(
+        &a,
+        READER,
+        &format!("cat $M/accounts/{n2}/content.md"),
+        "from host B"
+    ))
+    .is_some());
+    a.fails(
+        STRANGER,
+        &format!("cat $M/accounts/{n2}/content.md"),
+        "Permission denied",
+    );
+
+    // The partition.
+    host.link(false);
+    let n3 = "acme/users/alice/memories/net/three";
+    b.ok(WRITER, &four_steps(n3, "while A was cut off", ACTIVE));
+    assert_eq!(
+        b.ok(READER, &format!("cat $M/accounts/{n3}/content.md")),
+        "while A was cut off"
+    );
+    // A cannot know of it: an error, not "no such file".
+    let o = a.sh(READER, &format!("cat $M/accounts/{n3}/content.md"));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("Input/output error"), "{err}");
+    // A commit on A fails (EIO) and is not half-made anywhere.
+    let n4 = "acme/users/alice/memories/net/four";
+    let o = a.sh(WRITER, &four_steps(n4, "cut off", ACTIVE));
+    assert!(!o.status.success());
+    b.fails(READER, &format!("ls $M/accounts/{n4}"), "No such file");
+
+    // Healed: A catches up and commits again.
+    host.link(true);
+    assert!(
+        within(Duration::from_secs(15), || seen(
+            &a,
+            READER,
+            &format!("cat $M/accounts/{n3}/content.md"),
+            "while A was cut off"
+        ))
+        .is_some(),
+        "A did not catch up after the partition"
+    );
+    a.ok(WRITER, &four_steps(n4, "after the partition", ACTIVE));
+    assert!(within(Duration::from_secs(1), || seen(
+        &b,
+        READER,
+        &format!("cat $M/accounts/{n4}/content.md"),
+        "after the partition"
+    ))
+    .is_some());
+}

@@ -74,9 +74,13 @@ start() {
     [ "$(id -u)" = 0 ] && chown "$PGUSER_OS:$PGUSER_OS" "$DATA"
     as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust --encoding=UTF8 --no-locale >/dev/null
   fi
+  # The two-host test reaches the server over a veth pair (10.231.0.0/24);
+  # pg_hba.conf lets loopback and that subnet in, nothing else.
+  grep -q '10.231.0.0/24' "$DATA/pg_hba.conf" \
+    || echo "host all all 10.231.0.0/24 trust" >> "$DATA/pg_hba.conf"
   if ! as_pg "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
     as_pg "$BIN/pg_ctl" -D "$DATA" -l "$DATA/server.log" -w -t 60 \
-      -o "-p $PORT -k /tmp -c listen_addresses=127.0.0.1 -c fsync=on" start >/dev/null
+      -o "-p $PORT -k /tmp -c listen_addresses=0.0.0.0 -c fsync=on" start >/dev/null
   fi
   as_pg "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt \
     -c "CREATE EXTENSION IF NOT EXISTS vector" \
