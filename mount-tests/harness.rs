@@ -422,9 +422,6 @@ impl PgDb {
         pg_setup(&["restart"]);
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
 }
 
 impl Drop for PgDb {
