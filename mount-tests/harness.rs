@@ -421,7 +421,6 @@ impl PgDb {
     pub fn restart_server(&self) {
         pg_setup(&["restart"]);
     }
-
 }
 
 impl Drop for PgDb {

@@ -597,3 +597,39 @@ fn two_hosts_in_network_namespaces_and_a_partition_between_them() {
     ))
     .is_some());
 }
+
+/// Appends to a project's activity log from two daemons at once: every
+/// line lands (each daemon adds its own bytes to the log as stored).
+#[test]
+fn activity_log_appends_from_two_daemons_lose_no_line() {
+    let db = PgDb::new();
+    let (a, b) = pair(&db);
+    a.ok(WRITER, "mkdir -p $M/accounts/acme/projects/p/scratchpad");
+    assert!(within(Duration::from_secs(1), || b
+        .sh(WRITER, "ls $M/accounts/acme/projects/p/scratchpad")
+        .status
+        .success())
+    .is_some());
+    let log = "$M/accounts/acme/projects/p/activity_log.jsonl";
+    let script = |tag: &str| {
+        format!("for i in $(seq 1 100); do echo \"{{\\\"from\\\":\\\"{tag}\\\",\\\"i\\\":$i}}\" >> {log}; done")
+    };
+    let ja = a.spawn_as(WRITER, &script("A"));
+    let jb = b.spawn_as(WRITER, &script("B"));
+    assert!(ja.wait_with_output().unwrap().status.success());
+    assert!(jb.wait_with_output().unwrap().status.success());
+    for m in [&a, &b] {
+        let ok = within(Duration::from_secs(2), || {
+            let text = m.ok(READER, &format!("cat {log}"));
+            text.lines().count() == 200
+        });
+        let text = m.ok(READER, &format!("cat {log}"));
+        assert!(ok.is_some(), "{} lines:\n{text}", text.lines().count());
+        for tag in ["A", "B"] {
+            for i in 1..=100 {
+                let line = format!("{{\"from\":\"{tag}\",\"i\":{i}}}");
+                assert!(text.lines().any(|l| l == line), "missing {line}");
+            }
+        }
+    }
+}

@@ -179,6 +179,9 @@ pub struct Fs {
     scratch_open: Mutex<HashMap<String, Arc<RwLock<DFile>>>>,
     /// Serialises structural changes of scratchpads.
     scratch_lock: Mutex<()>,
+    /// Activity logs open here: how many bytes of the shared buffer are in
+    /// the store (the rest are appended at the next close or fsync).
+    log_synced: Mutex<HashMap<String, usize>>,
     next_blob: AtomicU64,
     next_node: AtomicU64,
     next_event: AtomicU64,
@@ -224,6 +227,7 @@ impl Fs {
             listings: Mutex::new(HashMap::new()),
             scratch_open: Mutex::new(HashMap::new()),
             scratch_lock: Mutex::new(()),
+            log_synced: Mutex::new(HashMap::new()),
             started: SystemTime::now(),
             // SAFETY: geteuid(2) and getegid(2) have no preconditions and cannot fail.
             owner: unsafe { (libc::geteuid(), libc::getegid()) },

@@ -240,6 +240,10 @@ impl Fs {
             (None, Some(Area::Log)) => DFile::new(Vec::new(), 0o644),
             (None, _) => return Err(Error::NotFound),
         };
+        if area(path) == Some(Area::Log) {
+            let len = crate::locks::read(&f).data.len();
+            lock(&self.log_synced).insert(path.to_string(), len);
+        }
         crate::locks::write(&f).attach(self.draft_mem.charge_for(Self::account_of(path)));
         open.insert(path.to_string(), f.clone());
         Ok(f)
@@ -308,6 +312,36 @@ impl Fs {
         // The snapshot is taken under the lock so that writes reach the
         // store in the order the buffer went through them.
         let _g = lock(&self.scratch_lock);
+        if h.log {
+            // Only the bytes this daemon added since it last wrote the log
+            // go to the store, appended to the log as stored: other
+            // daemons' lines in between are kept.
+            let (tail, len, mode, mtime_ns) = {
+                let f = crate::locks::read(&h.file);
+                let synced = lock(&self.log_synced).get(&h.path).copied().unwrap_or(0);
+                let synced = synced.min(f.data.len());
+                (
+                    f.data[synced..].to_vec(),
+                    f.data.len(),
+                    f.mode,
+                    super::ns_of(f.mtime),
+                )
+            };
+            if tail.is_empty() && !durable {
+                return Ok(());
+            }
+            self.store.apply(
+                vec![Op::AppendLog {
+                    path: h.path.clone(),
+                    data: tail,
+                    mode,
+                    mtime_ns,
+                }],
+                durable,
+            )?;
+            lock(&self.log_synced).insert(h.path.clone(), len);
+            return Ok(());
+        }
         let rec = rec_of(&crate::locks::read(&h.file));
         // Removed or renamed meanwhile: nothing to write back to.
         if self.store.get_scratch(&h.path)?.is_none() && !h.log {
@@ -322,6 +356,7 @@ impl Fs {
         let mut open = lock(&self.scratch_open);
         if open.get(path).is_some_and(|f| Arc::strong_count(f) == 1) {
             open.remove(path);
+            lock(&self.log_synced).remove(path);
         }
     }
 
@@ -500,6 +535,7 @@ impl Fs {
         self.store
             .apply(vec![Op::DelScratch { path: path.clone() }], true)?;
         lock(&self.scratch_open).remove(&path);
+        lock(&self.log_synced).remove(&path);
         tracing::info!(project, "activity log removed by uid 0");
         Ok(())
     }

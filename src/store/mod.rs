@@ -167,6 +167,15 @@ pub enum Op {
         model: String,
         hash: u128,
     },
+    /// Append `data` to the project activity log at `path` as it is in the
+    /// store now (made, with `mode`, if missing): appends from several
+    /// daemons all land, none overwrites another's.
+    AppendLog {
+        path: String,
+        data: Vec<u8>,
+        mode: u16,
+        mtime_ns: i128,
+    },
     /// The node at `path` is at `version` (`None`: no node there), or the
     /// whole transaction fails with `Error::Conflict`: the compare-and-set
     /// of a commit planned on that version (another daemon may have
@@ -212,6 +221,22 @@ pub struct ScratchRec {
 }
 
 impl ScratchRec {
+    /// The log record after appending `data` to `old` (the stored record, if any).
+    pub fn appended(old: Option<&[u8]>, data: &[u8], mode: u16, mtime_ns: i128) -> Result<Vec<u8>> {
+        let mut rec = match old {
+            Some(b) => Self::decode(b)?,
+            None => ScratchRec {
+                dir: false,
+                data: Vec::new(),
+                mode,
+                mtime_ns,
+            },
+        };
+        rec.data.extend_from_slice(data);
+        rec.mtime_ns = mtime_ns;
+        rec.encode()
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         postcard::from_bytes(bytes)
             .map_err(|e| crate::error::Error::store_from("corrupt scratch entry", e))

@@ -502,6 +502,38 @@ async fn apply_ops(
                 t.execute(&st, &[&p, &n]).await.map_err(pe)?;
                 feed(path, "scratch");
             }
+            Op::AppendLog {
+                path,
+                data,
+                mode,
+                mtime_ns,
+            } => {
+                let (p, n) = split(path);
+                let st = t
+                    .prepare_cached(
+                        "SELECT data FROM scratch WHERE parent = $1 AND name = $2 FOR UPDATE",
+                    )
+                    .await
+                    .map_err(pe)?;
+                let old: Option<Vec<u8>> = t
+                    .query(&st, &[&p, &n])
+                    .await
+                    .map_err(pe)?
+                    .first()
+                    .map(|r| r.get(0));
+                let rec = super::ScratchRec::appended(old.as_deref(), data, *mode, *mtime_ns)?;
+                let st = t
+                    .prepare_cached(
+                        "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
+                         ON CONFLICT (parent, name) DO UPDATE SET data = EXCLUDED.data",
+                    )
+                    .await
+                    .map_err(pe)?;
+                t.execute(&st, &[&account_of(path), &p, &n, &rec])
+                    .await
+                    .map_err(pe)?;
+                feed(path, "scratch");
+            }
             Op::PutExpiry { path, at_ns } => {
                 let st = t
                     .prepare_cached(

@@ -472,6 +472,21 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                 Op::DelScratch { path } => {
                     scratch.remove(split_key(path)).map_err(se)?;
                 }
+                Op::AppendLog {
+                    path,
+                    data,
+                    mode,
+                    mtime_ns,
+                } => {
+                    let old = scratch
+                        .get(split_key(path))
+                        .map_err(se)?
+                        .map(|g| g.value().to_vec());
+                    let rec = super::ScratchRec::appended(old.as_deref(), data, *mode, *mtime_ns)?;
+                    scratch
+                        .insert(split_key(path), rec.as_slice())
+                        .map_err(se)?;
+                }
                 Op::PutExpiry { path, at_ns } => {
                     expiry.insert(path.as_str(), *at_ns).map_err(se)?;
                 }
