@@ -633,3 +633,53 @@ fn activity_log_appends_from_two_daemons_lose_no_line() {
         }
     }
 }
+
+/// `flock` on a scratchpad file excludes across daemons: a lock held on A
+/// makes B's non-blocking try fail, and a counter incremented under `flock`
+/// from both daemons at once counts every increment.
+#[test]
+fn flock_on_scratchpad_files_excludes_across_daemons() {
+    let db = PgDb::new();
+    let (a, b) = pair(&db);
+    let sp = "$M/accounts/acme/projects/p/scratchpad";
+    a.ok(
+        WRITER,
+        &format!("mkdir -p {sp} && echo 0 > {sp}/counter && : > {sp}/lock"),
+    );
+    assert!(within(Duration::from_secs(1), || b
+        .sh(WRITER, &format!("cat {sp}/counter"))
+        .status
+        .success())
+    .is_some());
+    // A holds it for two seconds: B cannot take it meanwhile, then can.
+    let holder = a.spawn_as(WRITER, &format!("flock -x {sp}/lock sleep 2"));
+    assert!(
+        within(Duration::from_secs(2), || !b
+            .sh(WRITER, &format!("flock -n {sp}/lock true"))
+            .status
+            .success())
+        .is_some(),
+        "B took a lock A holds"
+    );
+    holder.wait_with_output().unwrap();
+    b.ok(WRITER, &format!("flock -n {sp}/lock true"));
+    // Shared locks coexist across daemons; an exclusive one waits for them.
+    let reader = a.spawn_as(WRITER, &format!("flock -s {sp}/lock sleep 2"));
+    assert!(within(Duration::from_secs(2), || !b
+        .sh(WRITER, &format!("flock -n -x {sp}/lock true"))
+        .status
+        .success())
+    .is_some());
+    b.ok(WRITER, &format!("flock -n -s {sp}/lock true"));
+    reader.wait_with_output().unwrap();
+    // Read-increment-write under the lock, 15 times from each daemon at once.
+    let inc = format!(
+        "for i in $(seq 1 15); do flock {sp}/lock sh -c 'n=$(cat {sp}/counter); echo $((n+1)) > {sp}/counter'; done"
+    );
+    let ja = a.spawn_as(WRITER, &inc);
+    let jb = b.spawn_as(WRITER, &inc);
+    assert!(ja.wait_with_output().unwrap().status.success());
+    assert!(jb.wait_with_output().unwrap().status.success());
+    assert_eq!(a.ok(WRITER, &format!("cat {sp}/counter")), "30\n");
+    assert_eq!(b.ok(WRITER, &format!("cat {sp}/counter")), "30\n");
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 pub const OPS: &[&str] = &[
     "lookup", "getattr", "setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "link",
     "rename", "open", "read", "write", "flush", "release", "fsync", "readdir", "fsyncdir",
-    "statfs", "access", "create", "ioctl",
+    "statfs", "access", "create", "ioctl", "setlk",
 ];
 
 /// Upper bounds of the latency buckets, in seconds.

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod commit;
 pub(crate) mod draft;
+mod flock;
 pub mod forget;
 mod handles;
 pub mod inodes;
@@ -182,6 +183,8 @@ pub struct Fs {
     /// Activity logs open here: how many bytes of the shared buffer are in
     /// the store (the rest are appended at the next close or fsync).
     log_synced: Mutex<HashMap<String, usize>>,
+    /// `flock` locks, taken by the daemon on a shared store.
+    flocks: flock::Flocks,
     next_blob: AtomicU64,
     next_node: AtomicU64,
     next_event: AtomicU64,
@@ -228,6 +231,7 @@ impl Fs {
             scratch_open: Mutex::new(HashMap::new()),
             scratch_lock: Mutex::new(()),
             log_synced: Mutex::new(HashMap::new()),
+            flocks: Default::default(),
             started: SystemTime::now(),
             // SAFETY: geteuid(2) and getegid(2) have no preconditions and cannot fail.
             owner: unsafe { (libc::geteuid(), libc::getegid()) },

@@ -206,7 +206,39 @@ impl Filesystem for Adapter {
                 "the kernel cannot mmap direct-I/O files; shared mmap stays refused"
             );
         }
+        // Several daemons on one store: `flock` must exclude across them, so
+        // the daemon takes the locks (the kernel keeps them on one daemon).
+        if self.fs.takes_flocks() {
+            if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_FLOCK_LOCKS) {
+                tracing::warn!(
+                    ?missing,
+                    "the kernel keeps flock locks: they exclude on this host only"
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// `flock` on a shared store (FUSE_FLOCK_LOCKS): whole-file locks taken
+    /// by the daemon (`Fs::flock`).
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        typ: i32,
+        _pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let _t = self.fs.metrics.start("setlk");
+        match self.fs.flock(ino.0, lock_owner.0, typ, sleep) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.err("setlk", &e)),
+        }
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -437,11 +469,14 @@ impl Filesystem for Adapter {
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let _t = self.fs.metrics.start("release");
+        if let Some(owner) = lock_owner {
+            self.fs.release_flocks(owner.0);
+        }
         self.fs.release(fh.0);
         reply.ok();
     }

@@ -1070,18 +1070,7 @@ impl Store for PgStore {
         let pg = self.pg.clone();
         let res: Result<bool> = self.run(async {
             if g.is_none() {
-                let (client, conn) = pg.connect(NoTls).await.map_err(pe)?;
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-                // Let the server notice a dead daemon within about 25 s.
-                client
-                    .batch_execute(
-                        "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3",
-                    )
-                    .await
-                    .map_err(pe)?;
-                *g = Some(Leader { client, held: BTreeSet::new() });
+                *g = Some(connect_session(&pg).await?);
             }
             let l = g.as_mut().expect("set above");
             let key = leader_key(role);
@@ -1108,6 +1097,24 @@ impl Store for PgStore {
                 false
             }
         }
+    }
+
+    fn try_lock_named(&self, name: &str, exclusive: bool) -> Result<bool> {
+        let sql = if exclusive {
+            "SELECT pg_try_advisory_lock($1)"
+        } else {
+            "SELECT pg_try_advisory_lock_shared($1)"
+        };
+        self.session_bool(sql, lock_key(name))
+    }
+
+    fn unlock_named(&self, name: &str, exclusive: bool) -> Result<()> {
+        let sql = if exclusive {
+            "SELECT pg_advisory_unlock($1)"
+        } else {
+            "SELECT pg_advisory_unlock_shared($1)"
+        };
+        self.session_bool(sql, lock_key(name)).map(|_| ())
     }
 
     fn caught_up(&self) -> Result<()> {
@@ -1150,6 +1157,54 @@ impl Store for PgStore {
         )?;
         Ok(())
     }
+}
+
+/// The advisory lock key of a `flock` lock.
+fn lock_key(name: &str) -> i64 {
+    xxhash_rust::xxh3::xxh3_64(format!("ctxfs-flock:{name}").as_bytes()) as i64
+}
+
+impl PgStore {
+    /// Run a one-boolean query on the session that holds this daemon's
+    /// advisory locks (leadership and `flock`s), connecting it if needed.
+    fn session_bool(&self, sql: &str, key: i64) -> Result<bool> {
+        let mut g = lock(&self.leader);
+        if g.as_ref().is_some_and(|l| l.client.is_closed()) {
+            tracing::warn!("the lock session was lost: its locks are gone");
+            *g = None;
+        }
+        let pg = self.pg.clone();
+        let res = self.run(async {
+            if g.is_none() {
+                *g = Some(connect_session(&pg).await?);
+            }
+            let l = g.as_ref().expect("set above");
+            let row = l.client.query_one(sql, &[&key]).await.map_err(pe)?;
+            Ok(row.get::<_, bool>(0))
+        });
+        if res.is_err() {
+            *g = None;
+        }
+        res
+    }
+}
+
+async fn connect_session(pg: &tokio_postgres::Config) -> Result<Leader> {
+    let (client, conn) = pg.connect(NoTls).await.map_err(pe)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    // Let the server notice a dead daemon within about 25 s.
+    client
+        .batch_execute(
+            "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3",
+        )
+        .await
+        .map_err(pe)?;
+    Ok(Leader {
+        client,
+        held: BTreeSet::new(),
+    })
 }
 
 /// The advisory lock key of a leadership role.

@@ -1,0 +1,192 @@
+//! `flock` across daemons on a shared store. On one daemon the kernel keeps
+//! `flock` locks itself; with several, the daemon takes them (the FUSE
+//! `FLOCK_LOCKS` capability): a lock table per daemon arbitrates between its
+//! own open files, and the store holds one lock per path for the daemon as
+//! a whole (PostgreSQL advisory locks on one session), so an exclusive lock
+//! on one host excludes every holder on every other.
+
+use super::inodes::Key;
+use super::{lock, Fs};
+use crate::error::{Error, Result};
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// A blocking `flock` waits this long at most (it holds a FUSE worker).
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+pub(super) struct Flocks {
+    table: std::sync::Mutex<HashMap<String, Held>>,
+    moved: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Held {
+    exclusive: Option<u64>,
+    shared: HashSet<u64>,
+    /// What this daemon holds in the store for the path: `Some(true)` an
+    /// exclusive lock, `Some(false)` a shared one.
+    remote: Option<bool>,
+}
+
+impl Held {
+    fn take(&mut self, owner: u64) -> Option<bool> {
+        if self.exclusive == Some(owner) {
+            self.exclusive = None;
+            return Some(true);
+        }
+        self.shared.remove(&owner).then_some(false)
+    }
+
+    fn put(&mut self, owner: u64, exclusive: bool) {
+        if exclusive {
+            self.exclusive = Some(owner);
+        } else {
+            self.shared.insert(owner);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.exclusive.is_none() && self.shared.is_empty()
+    }
+}
+
+impl Fs {
+    /// Should the daemon take `flock` requests (a shared store)?
+    pub fn takes_flocks(&self) -> bool {
+        self.store.shared()
+    }
+
+    /// The name a lock has on every daemon: the file's path.
+    fn lock_name(&self, ino: u64) -> Result<String> {
+        Ok(match lock(&self.inodes).key(ino).ok_or(Error::NotFound)? {
+            Key::Scratch(p) => format!("scratch:{p}"),
+            Key::File { node, name, .. } | Key::Draft { node, name } => {
+                format!("node:{node}/{name}")
+            }
+            Key::Dir(p) => format!("dir:{p}"),
+            other => format!("{other:?}"),
+        })
+    }
+
+    /// `flock` (FUSE SETLK/SETLKW for a whole file): take a shared or
+    /// exclusive lock for `owner` (an open file), or drop it.
+    pub fn flock(&self, ino: u64, owner: u64, typ: i32, sleep: bool) -> Result<()> {
+        let name = self.lock_name(ino)?;
+        match typ {
+            libc::F_UNLCK => self.unlock_owner(&name, owner),
+            libc::F_RDLCK | libc::F_WRLCK => {
+                self.lock_owner(&name, owner, typ == libc::F_WRLCK, sleep)
+            }
+            _ => Err(Error::Invalid(format!("lock type {typ}"))),
+        }
+    }
+
+    fn lock_owner(&self, name: &str, owner: u64, exclusive: bool, sleep: bool) -> Result<()> {
+        let deadline = Instant::now() + MAX_WAIT;
+        let mut t = lock(&self.flocks.table);
+        loop {
+            let h = t.entry(name.to_string()).or_default();
+            // A conversion drops the old lock first (flock(2) does too).
+            let had = h.take(owner);
+            let free = if exclusive {
+                h.is_empty()
+            } else {
+                h.exclusive.is_none()
+            };
+            if free {
+                match self.remote_mode(name, h, exclusive) {
+                    Ok(true) => {
+                        h.put(owner, exclusive);
+                        return Ok(());
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        if let Some(x) = had {
+                            h.put(owner, x);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            if let Some(x) = had {
+                h.put(owner, x);
+            }
+            let now = Instant::now();
+            if !sleep || now >= deadline {
+                return Err(Error::Unavailable(format!(
+                    "{} is locked{}",
+                    name.split_once(':').map(|x| x.1).unwrap_or(name),
+                    if sleep { " (waited 60 s)" } else { "" }
+                )));
+            }
+            // Local unlocks wake us; another daemon's are seen by polling.
+            t = self
+                .flocks
+                .moved
+                .wait_timeout(t, Duration::from_millis(20))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Make the store hold what `h` needs once one more owner (shared or
+    /// exclusive) holds it; false when another daemon holds it against us.
+    fn remote_mode(&self, name: &str, h: &mut Held, exclusive: bool) -> Result<bool> {
+        let want = exclusive || h.remote == Some(true) && !h.is_empty();
+        match h.remote {
+            Some(have) if have == want => Ok(true),
+            Some(have) => {
+                // Shared → exclusive (the only owner converts): let go, retake.
+                self.store.unlock_named(name, have)?;
+                h.remote = None;
+                let got = self.store.try_lock_named(name, want)?;
+                if got {
+                    h.remote = Some(want);
+                }
+                Ok(got)
+            }
+            None => {
+                let got = self.store.try_lock_named(name, want)?;
+                if got {
+                    h.remote = Some(want);
+                }
+                Ok(got)
+            }
+        }
+    }
+
+    fn unlock_owner(&self, name: &str, owner: u64) -> Result<()> {
+        let mut t = lock(&self.flocks.table);
+        let Some(h) = t.get_mut(name) else {
+            return Ok(());
+        };
+        h.take(owner);
+        let r = if h.is_empty() {
+            let r = match h.remote.take() {
+                Some(have) => self.store.unlock_named(name, have),
+                None => Ok(()),
+            };
+            t.remove(name);
+            r
+        } else {
+            Ok(())
+        };
+        self.flocks.moved.notify_all();
+        r
+    }
+
+    /// An open file is gone: drop every lock it held.
+    pub fn release_flocks(&self, owner: u64) {
+        let names: Vec<String> = lock(&self.flocks.table)
+            .iter()
+            .filter(|(_, h)| h.exclusive == Some(owner) || h.shared.contains(&owner))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in names {
+            if let Err(e) = self.unlock_owner(&n, owner) {
+                tracing::warn!(lock = %n, "cannot release a lock: {e}");
+            }
+        }
+    }
+}
