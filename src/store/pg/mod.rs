@@ -87,6 +87,51 @@ pub fn shown_url(url: &str) -> String {
     }
 }
 
+/// Node records and directory existence as last read, so the many lookups
+/// of one write cost no round trip each. An entry goes when this daemon
+/// changes it (after its transaction) or the feed says another did (before
+/// the core hears of it); a read that raced a change is not kept (the
+/// epoch moved). Commits never trust it: their compare-and-set reads the
+/// row in the transaction, and a conflict drops the entry.
+#[derive(Default)]
+struct Cache {
+    epoch: AtomicU64,
+    nodes: Mutex<std::collections::HashMap<String, Option<NodeRec>>>,
+    dirs: Mutex<std::collections::HashMap<String, bool>>,
+}
+
+const CACHE_MAX: usize = 200_000;
+
+impl Cache {
+    fn forget(&self, paths: &[&str]) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        let mut n = lock(&self.nodes);
+        let mut d = lock(&self.dirs);
+        for p in paths {
+            n.remove(*p);
+            d.remove(*p);
+        }
+    }
+
+    fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        lock(&self.nodes).clear();
+        lock(&self.dirs).clear();
+    }
+}
+
+/// The paths whose cached node record or directory `op` changes.
+fn touched(op: &Op) -> Option<&str> {
+    match op {
+        Op::PutNode { path, .. }
+        | Op::DelNode { path }
+        | Op::PutDir { path }
+        | Op::DelDir { path }
+        | Op::Expect { path, .. } => Some(path),
+        _ => None,
+    }
+}
+
 /// Where the feed stands, for `caught_up`.
 #[derive(Default)]
 struct Feed {
@@ -115,6 +160,7 @@ pub struct PgStore {
     last_try: Mutex<Option<Instant>>,
     stop: Arc<AtomicBool>,
     pruned: AtomicU64,
+    cache: Arc<Cache>,
 }
 
 impl PgStore {
@@ -172,6 +218,7 @@ impl PgStore {
             last_try: Mutex::new(None),
             stop: Arc::new(AtomicBool::new(false)),
             pruned: AtomicU64::new(0),
+            cache: Arc::new(Cache::default()),
         };
         let url_shown = s.url.clone();
         s.run(async {
@@ -509,6 +556,19 @@ async fn apply_ops(
                 mtime_ns,
             } => {
                 let (p, n) = split(path);
+                // The row first (an empty log), so that two daemons' first
+                // appends meet on its lock rather than both inserting.
+                let empty = super::ScratchRec::appended(None, &[], *mode, *mtime_ns)?;
+                let st = t
+                    .prepare_cached(
+                        "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
+                         ON CONFLICT (parent, name) DO NOTHING",
+                    )
+                    .await
+                    .map_err(pe)?;
+                t.execute(&st, &[&account_of(path), &p, &n, &empty])
+                    .await
+                    .map_err(pe)?;
                 let st = t
                     .prepare_cached(
                         "SELECT data FROM scratch WHERE parent = $1 AND name = $2 FOR UPDATE",
@@ -661,6 +721,7 @@ impl PgStore {
             })
             .map_err(|e| Error::store_from("cannot start the change feed thread", e))?;
         let (pg, origin, stop) = (self.pg.clone(), self.origin.clone(), self.stop.clone());
+        let cache = self.cache.clone();
         let url = self.url.clone();
         self.rt.spawn(async move {
             let mut read_to = start;
@@ -739,6 +800,16 @@ impl PgStore {
                     }
                     if last != cursor {
                         read_to = last;
+                        if out.iter().any(|c| c.kind == ChangeKind::Reset) {
+                            cache.clear();
+                        } else {
+                            let paths: Vec<&str> = out
+                                .iter()
+                                .filter(|c| matches!(c.kind, ChangeKind::Node | ChangeKind::Dir))
+                                .map(|c| c.path.as_str())
+                                .collect();
+                            cache.forget(&paths);
+                        }
                         if tx.send((out, last)).is_err() {
                             return;
                         }
@@ -760,14 +831,26 @@ impl PgStore {
 
 impl Store for PgStore {
     fn get_node(&self, path: &str) -> Result<Option<NodeRec>> {
+        if let Some(r) = lock(&self.cache.nodes).get(path) {
+            return Ok(r.clone());
+        }
+        let epoch = self.cache.epoch.load(Ordering::SeqCst);
         let (p, n) = split(path);
-        match self.bytes_opt(
+        let rec = match self.bytes_opt(
             "SELECT rec FROM nodes WHERE parent = $1 AND name = $2",
             &[&p, &n],
         )? {
-            Some(b) => Ok(Some(decode(&b)?)),
-            None => Ok(None),
+            Some(b) => Some(decode(&b)?),
+            None => None,
+        };
+        let mut c = lock(&self.cache.nodes);
+        if self.cache.epoch.load(Ordering::SeqCst) == epoch {
+            if c.len() >= CACHE_MAX {
+                c.clear();
+            }
+            c.insert(path.to_string(), rec.clone());
         }
+        Ok(rec)
     }
 
     fn get_version(&self, node_id: u64, version: u32) -> Result<Option<NodeRec>> {
@@ -800,13 +883,25 @@ impl Store for PgStore {
     }
 
     fn dir_exists(&self, path: &str) -> Result<bool> {
+        if let Some(&d) = lock(&self.cache.dirs).get(path) {
+            return Ok(d);
+        }
+        let epoch = self.cache.epoch.load(Ordering::SeqCst);
         let (p, n) = split(path);
-        Ok(!self
+        let there = !self
             .query(
                 "SELECT 1 FROM dirs WHERE parent = $1 AND name = $2",
                 &[&p, &n],
             )?
-            .is_empty())
+            .is_empty();
+        let mut c = lock(&self.cache.dirs);
+        if self.cache.epoch.load(Ordering::SeqCst) == epoch {
+            if c.len() >= CACHE_MAX {
+                c.clear();
+            }
+            c.insert(path.to_string(), there);
+        }
+        Ok(there)
     }
 
     fn list_dirs(&self, parent: &str) -> Result<Vec<String>> {
@@ -983,7 +1078,8 @@ impl Store for PgStore {
             .collect();
         if !shared.is_empty() {
             let origin = self.origin.clone();
-            self.run(async {
+            let paths: Vec<&str> = shared.iter().filter_map(|o| touched(o)).collect();
+            let result = self.run(async {
                 let mut c = self.client().await?;
                 let t = c.transaction().await.map_err(pe)?;
                 if !durable {
@@ -1016,7 +1112,11 @@ impl Store for PgStore {
                         .map_err(pe)?;
                 }
                 t.commit().await.map_err(pe)
-            })?;
+            });
+            // Committed or not (a conflict: the row moved), what was read
+            // of these paths is no longer to be trusted.
+            self.cache.forget(&paths);
+            result?;
         }
         // This daemon's drafts, after the shared state they follow.
         let local: Vec<Op> = ops
