@@ -322,7 +322,7 @@ fn a_postgresql_restart_under_load_loses_nothing_acknowledged() {
         &format!(
             "end=$(( $(date +%s) + 8 )); while [ $(date +%s) -lt $end ]; do \
                for f in $M/accounts/acme/users/alice/memories/r/*/content.md; do \
-                 t=$(cat $f 2>/dev/null) || continue; i=${{f%/content.md}}; i=${{i##*/n}}; \
+                 [ -e \"$f\" ] || continue; t=$(cat \"$f\" 2>/dev/null) || continue; i=${{f%/content.md}}; i=${{i##*/n}}; \
                  [ \"$t\" = \"node $i\" ] || echo \"$f: $t\" >> {wrong}; done; done",
             wrong = wrong.display()
         ),
