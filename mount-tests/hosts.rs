@@ -683,3 +683,49 @@ fn flock_on_scratchpad_files_excludes_across_daemons() {
     assert_eq!(a.ok(WRITER, &format!("cat {sp}/counter")), "30\n");
     assert_eq!(b.ok(WRITER, &format!("cat {sp}/counter")), "30\n");
 }
+
+/// The offline commands take `--store URL` in place of `--data DIR`:
+/// fsck checks the shared store, export and import move nodes between
+/// databases, reindex refuses while a daemon indexes and works after.
+#[test]
+fn offline_commands_work_on_a_postgresql_store() {
+    let db = PgDb::new();
+    let other = PgDb::new();
+    let mut m = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    let n = "acme/users/alice/memories/prefs/tea";
+    m.ok(WRITER, &four_steps(n, "Sencha.", ACTIVE));
+    m.ok(WRITER, &four_steps(n, "Genmaicha.", ACTIVE));
+    let busy = ctxfs(&["reindex", "--store", &db.url, "--embedder", "hash"]);
+    assert!(!busy.status.success());
+    assert!(String::from_utf8_lossy(&busy.stderr).contains("a daemon is indexing"));
+    m.umount();
+
+    let fsck = ctxfs(&["fsck", "--store", &db.url]);
+    assert_eq!(
+        String::from_utf8_lossy(&fsck.stdout),
+        "clean\n",
+        "{}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    let out = m.dir.path().join("export");
+    let e = ctxfs(&["export", "--store", &db.url, out.to_str().unwrap()]);
+    assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+    assert_eq!(
+        std::fs::read_to_string(out.join(format!("accounts/{n}/content.md"))).unwrap(),
+        "Genmaicha."
+    );
+    let i = ctxfs(&["import", "--store", &other.url, out.to_str().unwrap()]);
+    assert!(i.status.success(), "{}", String::from_utf8_lossy(&i.stderr));
+    let r = ctxfs(&["reindex", "--store", &db.url, "--embedder", "hash"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(String::from_utf8_lossy(&r.stdout).contains("reindexed 1 node(s)"));
+
+    let m2 = other.mount(Some(CONFIG), &["--embedder", "hash"]);
+    assert_eq!(
+        m2.ok(READER, &format!("cat $M/accounts/{n}/content.md")),
+        "Genmaicha."
+    );
+    m2.ok(0, "cat $M/.ctxfs/sync");
+    let hits = m2.ok(READER, "cat \"$M/accounts/acme/.search/genmaicha\"");
+    assert!(hits.contains("prefs/tea"), "{hits}");
+}

@@ -58,8 +58,11 @@ pub enum Cmd {
     },
     /// Rebuild the search indexes of an unmounted data dir from its committed nodes.
     Reindex {
-        #[arg(long)]
-        data: PathBuf,
+        #[arg(long, required_unless_present = "store")]
+        data: Option<PathBuf>,
+        /// A PostgreSQL store (postgres://…) in place of the data dir's.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
         #[arg(long)]
         config: Option<PathBuf>,
         #[arg(long)]
@@ -99,22 +102,31 @@ pub enum Cmd {
     },
     /// Check the stored invariants of an unmounted data dir (exit 1 on violations).
     Fsck {
-        #[arg(long)]
-        data: PathBuf,
+        #[arg(long, required_unless_present = "store")]
+        data: Option<PathBuf>,
+        /// A PostgreSQL store (postgres://…) in place of the data dir's.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// Write every ACTIVE node of an unmounted data dir as a plain directory
     /// tree (OUT/accounts/...), the layout of the context spec.
     Export {
-        #[arg(long)]
-        data: PathBuf,
+        #[arg(long, required_unless_present = "store")]
+        data: Option<PathBuf>,
+        /// A PostgreSQL store (postgres://…) in place of the data dir's.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
         /// Must not exist yet (written to a temp dir, renamed at the end).
         out: PathBuf,
     },
     /// Load such a tree into an unmounted data dir: every node is checked
     /// first; with any bad node nothing is imported (unless --skip-bad).
     Import {
-        #[arg(long)]
-        data: PathBuf,
+        #[arg(long, required_unless_present = "store")]
+        data: Option<PathBuf>,
+        /// A PostgreSQL store (postgres://…) in place of the data dir's.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
         /// Redaction policy of this config applies (default: built-in).
         #[arg(long)]
         config: Option<PathBuf>,
@@ -183,8 +195,12 @@ pub enum Cmd {
     Man,
     /// Run the Repair Job on an unmounted data dir and print what it did.
     Repair {
+        /// The data dir whose saved drafts to repair.
         #[arg(long)]
         data: PathBuf,
+        /// Its daemon's PostgreSQL store (postgres://…), if it serves one.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
         /// Leave drafts touched within this many seconds alone.
         #[arg(long, default_value_t = 0)]
         grace: u64,
@@ -375,7 +391,7 @@ pub fn run() -> i32 {
             timeout,
             lazy,
         } => crate::daemon::umount(&mountpoint, timeout, lazy),
-        Cmd::Fsck { data } => crate::cmd::fsck(&data),
+        Cmd::Fsck { data, store } => crate::cmd::fsck(data.as_deref(), store.as_deref()),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "ctxfs", &mut std::io::stdout());
@@ -404,20 +420,31 @@ pub fn run() -> i32 {
             user,
             agent,
         } => crate::cmd::delete(&data, &account, user.as_deref(), agent.as_deref()),
-        Cmd::Export { data, out } => crate::cmd::export(&data, &out),
+        Cmd::Export { data, store, out } => {
+            crate::cmd::export(data.as_deref(), store.as_deref(), &out)
+        }
         Cmd::Import {
             data,
+            store,
             config,
             skip_bad,
             input,
-        } => crate::cmd::import(&data, config.as_deref(), &input, skip_bad),
+        } => crate::cmd::import(
+            data.as_deref(),
+            store.as_deref(),
+            config.as_deref(),
+            &input,
+            skip_bad,
+        ),
         Cmd::Reindex {
             data,
+            store,
             config,
             embedder,
             model_dir,
         } => crate::cmd::reindex(
-            &data,
+            data.as_deref(),
+            store.as_deref(),
             config.as_deref(),
             embedder.as_ref(),
             model_dir.as_ref(),
@@ -430,9 +457,11 @@ pub fn run() -> i32 {
             json,
             mode,
         } => crate::cmd::search(&dir, &query, k, json, mode.as_deref()),
-        Cmd::Repair { data, grace } => {
-            crate::cmd::repair(&data, std::time::Duration::from_secs(grace))
-        }
+        Cmd::Repair { data, store, grace } => crate::cmd::repair(
+            Some(&data),
+            store.as_deref(),
+            std::time::Duration::from_secs(grace),
+        ),
     };
     match result {
         Ok(code) => code,

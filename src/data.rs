@@ -90,6 +90,81 @@ pub fn lock_data_dir(data: &Path) -> Result<DataLock> {
     Ok(DataLock(f))
 }
 
+/// The store an offline command works on: the embedded store of an
+/// unmounted data dir, or a shared PostgreSQL store (`--store URL`; the data
+/// dir, if given, holds this process's local files, else a temporary one).
+pub struct CommandStore {
+    pub store: Arc<dyn crate::store::Store>,
+    /// The local directory (index dumps, drafts of a PostgreSQL store).
+    pub dir: PathBuf,
+    redb: Option<Arc<RedbStore>>,
+    pg: Option<Arc<crate::store::PgStore>>,
+    _lock: Option<DataLock>,
+    tmp: bool,
+}
+
+impl CommandStore {
+    pub fn open(data: Option<&Path>, url: Option<&str>, create: bool) -> Result<CommandStore> {
+        match (data, url) {
+            (_, Some(url)) => {
+                let (dir, tmp, lock) = match data {
+                    Some(d) => (
+                        d.to_path_buf(),
+                        false,
+                        Some(lock_data_dir(d).context("unmount it first")?),
+                    ),
+                    None => {
+                        let d =
+                            std::env::temp_dir().join(format!("ctxfs-cmd-{}", std::process::id()));
+                        (d, true, None)
+                    }
+                };
+                let pg = crate::store::PgStore::open(url, &dir)
+                    .map_err(|e| anyhow!("{}", e.report()))?;
+                Ok(CommandStore {
+                    store: pg.clone(),
+                    dir,
+                    redb: None,
+                    pg: Some(pg),
+                    _lock: lock,
+                    tmp,
+                })
+            }
+            (Some(d), None) => {
+                let (lock, redb) = open_data(d, create)?;
+                Ok(CommandStore {
+                    store: redb.clone(),
+                    dir: d.to_path_buf(),
+                    redb: Some(redb),
+                    pg: None,
+                    _lock: Some(lock),
+                    tmp: false,
+                })
+            }
+            (None, None) => {
+                bail!("give --data DIR (the embedded store) or --store URL (PostgreSQL)")
+            }
+        }
+    }
+
+    /// The embedded store, when that is what was opened.
+    pub fn redb(&self) -> Option<&Arc<RedbStore>> {
+        self.redb.as_ref()
+    }
+
+    pub fn close(self) {
+        if let Some(r) = &self.redb {
+            r.close();
+        }
+        if let Some(p) = &self.pg {
+            p.close();
+        }
+        if self.tmp {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 /// The store of an unmounted data dir that must exist.
 pub fn open_offline(data: &Path) -> Result<(DataLock, Arc<RedbStore>)> {
     open_data(data, false)

@@ -7,7 +7,7 @@ mod transfer;
 pub use self::transfer::{export, import};
 use crate::config::Tenancy;
 use crate::core::Fs;
-use crate::data::{open_index, open_offline, settings};
+use crate::data::{open_index, open_offline, settings, CommandStore};
 use crate::store::Store;
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::Write;
@@ -183,10 +183,13 @@ pub struct BenchAnnOpts {
     pub ef_construction: usize,
 }
 
-pub fn fsck(data: &Path) -> Result<i32> {
-    let (_lock, store) = open_offline(data)?;
-    let v = crate::store::fsck(&store)?;
-    store.close();
+pub fn fsck(data: Option<&Path>, url: Option<&str>) -> Result<i32> {
+    let cs = CommandStore::open(data, url, false)?;
+    let v = match cs.redb() {
+        Some(r) => crate::store::fsck(r)?,
+        None => crate::store::check(&*cs.store)?,
+    };
+    cs.close();
     if v.is_empty() {
         println!("clean");
         Ok(0)
@@ -199,30 +202,41 @@ pub fn fsck(data: &Path) -> Result<i32> {
     }
 }
 
-pub fn repair(data: &Path, grace: Duration) -> Result<i32> {
-    let (_lock, store) = open_offline(data)?;
-    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
+/// `ctxfs repair`: the Repair Job over the saved drafts of a data dir (on a
+/// PostgreSQL store, against the shared nodes: `--data` and `--store`).
+pub fn repair(data: Option<&Path>, url: Option<&str>, grace: Duration) -> Result<i32> {
+    if data.is_none() {
+        bail!("repair works on the saved drafts of a data dir: give --data DIR (and --store URL for a PostgreSQL store)");
+    }
+    let cs = CommandStore::open(data, url, false)?;
+    let fs = Fs::new(cs.store.clone(), Tenancy::Owner(0))?;
     let actions = fs.repair(grace)?;
     for a in &actions {
         println!("{a}");
     }
     println!("repair: {} action(s)", actions.len());
     drop(fs);
-    store.close();
+    cs.close();
     Ok(0)
 }
 
 /// `ctxfs reindex`: rebuild every search index of an unmounted data dir
 /// from its committed nodes, with a progress bar.
 pub fn reindex(
-    data: &Path,
+    data: Option<&Path>,
+    url: Option<&str>,
     config: Option<&Path>,
     embedder: Option<&String>,
     model_dir: Option<&PathBuf>,
 ) -> Result<i32> {
     let s = settings(config, embedder, model_dir)?;
-    let (_lock, store) = open_offline(data)?;
-    let index = open_index(&(store.clone() as Arc<dyn Store>), data, &s)?;
+    let cs = CommandStore::open(data, url, false)?;
+    // On a shared store the indexer of a daemon allocates graph labels:
+    // reindex only while no daemon indexes (it holds the same role).
+    if !cs.store.leader("indexer") {
+        bail!("a daemon is indexing this store: unmount the daemons (or reindex from one of them) first");
+    }
+    let index = open_index(&cs.store, &cs.dir, &s)?;
     println!(
         "embedder: {} ({})",
         index.embedder().id(),
@@ -240,7 +254,8 @@ pub fn reindex(
     })?;
     bar.finish_and_clear();
     index.shutdown();
-    store.close();
+    drop(index);
+    cs.close();
     println!("reindexed {n} node(s) in {:.1}s", t.elapsed().as_secs_f64());
     Ok(0)
 }

@@ -4,11 +4,9 @@
 use crate::config::{Settings, Tenancy};
 use crate::core::transfer::{check_import, ImportNode};
 use crate::core::Fs;
-use crate::data::open_data;
-use crate::store::Store;
+use crate::data::CommandStore;
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
@@ -23,12 +21,12 @@ fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
 }
 
 /// `ctxfs export --data DIR OUT`.
-pub fn export(data: &Path, out: &Path) -> Result<i32> {
+pub fn export(data: Option<&Path>, url: Option<&str>, out: &Path) -> Result<i32> {
     if out.exists() {
         bail!("{} exists; export writes a new directory", out.display());
     }
-    let (_lock, store) = open_data(data, false)?;
-    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
+    let cs = CommandStore::open(data, url, false)?;
+    let fs = Fs::new(cs.store.clone(), Tenancy::Owner(0))?;
     let t = Instant::now();
     let nodes = fs.export_nodes()?;
     let name = out
@@ -58,7 +56,7 @@ pub fn export(data: &Path, out: &Path) -> Result<i32> {
     std::fs::rename(&tmp, out)
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
     drop(fs);
-    store.close();
+    cs.close();
     println!(
         "exported {} node(s), {bytes} bytes, to {} in {:.1}s",
         nodes.len(),
@@ -124,7 +122,13 @@ fn scan(root: &Path) -> Result<Vec<Found>> {
 }
 
 /// `ctxfs import --data DIR IN`.
-pub fn import(data: &Path, config: Option<&Path>, input: &Path, skip_bad: bool) -> Result<i32> {
+pub fn import(
+    data: Option<&Path>,
+    url: Option<&str>,
+    config: Option<&Path>,
+    input: &Path,
+    skip_bad: bool,
+) -> Result<i32> {
     let root = input.join("accounts");
     if !root.is_dir() {
         bail!("{} has no accounts/ directory", input.display());
@@ -133,8 +137,8 @@ pub fn import(data: &Path, config: Option<&Path>, input: &Path, skip_bad: bool) 
         Some(c) => Settings::load(c)?.redaction,
         None => Default::default(),
     };
-    let (_lock, store) = open_data(data, true)?;
-    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
+    let cs = CommandStore::open(data, url, true)?;
+    let fs = Fs::new(cs.store.clone(), Tenancy::Owner(0))?;
     fs.set_redaction(redaction);
     let t = Instant::now();
 
@@ -162,7 +166,8 @@ pub fn import(data: &Path, config: Option<&Path>, input: &Path, skip_bad: bool) 
         eprintln!("bad node accounts/{node}: {why}");
     }
     if !bad.is_empty() && !skip_bad {
-        store.close();
+        drop(fs);
+        cs.close();
         bail!(
             "{} bad node(s), nothing imported (fix them, or --skip-bad to import the {} good ones)",
             bad.len(),
@@ -187,7 +192,7 @@ pub fn import(data: &Path, config: Option<&Path>, input: &Path, skip_bad: bool) 
     }
     b.finish_and_clear();
     drop(fs);
-    store.close();
+    cs.close();
     println!(
         "imported {imported} node(s) from {} in {:.1}s; {failed} bad",
         input.display(),

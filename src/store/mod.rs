@@ -2,11 +2,13 @@
 //! default; a networked backend (PostgreSQL) implements the same trait: every
 //! `apply` is one transaction.
 
+mod check;
 mod fsck;
 mod pg;
 mod redb;
 mod wal;
 
+pub use self::check::check;
 pub use self::fsck::{fsck, Violation};
 pub use self::pg::{shown_url, PgStore};
 pub use self::redb::RedbStore;
