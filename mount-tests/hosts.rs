@@ -95,6 +95,11 @@ fn a_commit_on_one_daemon_is_visible_on_the_other_within_a_second_and_never_befo
     b.ok(WRITER, "cat $M/.ctxfs/sync");
     let hits = b.ok(READER, "cat \"$M/accounts/acme/.search/version 4\"");
     assert!(hits.contains("memories/prefs/tea"), "{hits}");
+    // The same query gives the same answer on both daemons once each
+    // daemon's sync has returned.
+    a.ok(WRITER, "cat $M/.ctxfs/sync");
+    let q = "cat \"$M/accounts/acme/.search/what does alice drink?k=5\"";
+    assert_eq!(a.ok(READER, q), b.ok(READER, q));
 
     // A move on A: B sees the new place, not the old.
     let moved = "$M/accounts/acme/users/alice/memories/drinks/tea".to_string();

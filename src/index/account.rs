@@ -29,6 +29,13 @@ impl Index {
             return Err(e);
         }
         self.evict_least_used(account);
+        // Several daemons: an account is loaded again whenever another
+        // daemon's indexer changes it, and an answer from BM25 alone (while
+        // the graph loads) would differ from the indexing daemon's. Load
+        // the graph before answering, so every daemon answers alike.
+        if self.store.shared() {
+            self.ensure_vectors(a)?;
+        }
         Ok(a.clone())
     }
 
