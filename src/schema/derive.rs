@@ -42,7 +42,11 @@ pub fn derive_abstract(content: &str, max_chars: usize) -> String {
             text.push(' ');
         }
         text.push_str(&l);
-        if sentence_end(&text).is_some() {
+        // The abstract is the first `max_chars` of the first sentence: past
+        // a few times that, more text cannot change it (and scanning the
+        // whole growing paragraph for each line was quadratic: a 64 KB
+        // paragraph of short lines took 120 ms to commit).
+        if sentence_end(&text).is_some() || text.len() > 4 * max_chars.max(25) {
             break;
         }
     }
@@ -181,5 +185,31 @@ mod tests {
         );
         assert_eq!(derive_overview("a\n\nb\n"), "a\nb\n");
         assert!(derive_overview(&"# h\nx\n".repeat(1000)).len() <= OVERVIEW_MAX_BYTES + 8);
+    }
+}
+
+#[cfg(test)]
+mod long_paragraphs {
+    use super::*;
+
+    #[test]
+    fn a_long_paragraph_gives_the_abstract_of_its_start() {
+        let one = "version 9\n".repeat(6500);
+        let a = derive_abstract(&one, 100);
+        assert!(
+            a.starts_with("version 9 version 9") && a.ends_with('…') && a.chars().count() <= 100,
+            "{a}"
+        );
+        // A sentence end far in does not change what the start gives.
+        let two = format!("{}The end. More.", "word ".repeat(5000));
+        assert_eq!(
+            derive_abstract(&two, 100),
+            derive_abstract(&"word ".repeat(5000), 100)
+        );
+        // A short paragraph still gives its first sentence.
+        assert_eq!(
+            derive_abstract("Alice drinks tea. She likes it.", 100),
+            "Alice drinks tea."
+        );
     }
 }
