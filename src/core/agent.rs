@@ -74,7 +74,7 @@ impl Fs {
     /// A node's L0 on one line.
     fn abstract_of(&self, rec: &NodeRec) -> String {
         rec.file(place::ABSTRACT)
-            .and_then(|f| self.store.read_blob(f.blob, f.size).ok())
+            .and_then(|f| self.store.read_blob(rec.account(), f.blob, f.size).ok())
             .map(|b| crate::index::text::one_line(&String::from_utf8_lossy(&b)))
             .unwrap_or_default()
     }

@@ -154,7 +154,10 @@ impl Fs {
         let mut out = Vec::new();
         for name in NODE_FILES {
             if let Some(f) = rec.file(name) {
-                out.push((name.to_string(), self.store.read_blob(f.blob, f.size)?));
+                out.push((
+                    name.to_string(),
+                    self.store.read_blob(rec.account(), f.blob, f.size)?,
+                ));
             }
         }
         Ok(out)

@@ -50,7 +50,9 @@ impl Fs {
         let rec = if v == cur.version {
             cur
         } else {
-            self.store.get_version(cur.id, v)?.ok_or(Error::NotFound)?
+            self.store
+                .get_version(cur.account(), cur.id, v)?
+                .ok_or(Error::NotFound)?
         };
         if !Self::shows(rec.status, access) {
             return Err(Error::NotFound);
@@ -142,7 +144,7 @@ impl Fs {
                     let rec = if v == cur.version {
                         Some(cur.clone())
                     } else {
-                        self.store.get_version(cur.id, v)?
+                        self.store.get_version(cur.account(), cur.id, v)?
                     };
                     if rec.is_some_and(|r| Self::shows(r.status, access)) {
                         let k = Key::VersionDir {
@@ -191,7 +193,7 @@ impl Fs {
                 }
                 let rec = self.version_for(c, node, *version)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
-                self.store.read_blob(f.blob, f.size)?
+                self.store.read_blob(rec.account(), f.blob, f.size)?
             }
             Key::Restore(node) | Key::Redact(node) => {
                 let redact = matches!(key, Key::Redact(_));
@@ -285,15 +287,18 @@ impl Fs {
                 "version {v} is the current one: commit a version without the secret first, then redact {v}"
             )));
         }
-        let old = self.store.get_version(cur.id, v)?.ok_or_else(|| {
-            Error::Invalid(format!(
-                "the node has no version {v} (its versions are 1 to {})",
-                cur.version
-            ))
-        })?;
+        let old = self
+            .store
+            .get_version(cur.account(), cur.id, v)?
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "the node has no version {v} (its versions are 1 to {})",
+                    cur.version
+                ))
+            })?;
         if old.file(META).is_some_and(|f| {
             self.store
-                .read_blob(f.blob, f.size)
+                .read_blob(old.account(), f.blob, f.size)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
                 .is_some_and(|m| m["redacted_version"] == true)
@@ -307,7 +312,7 @@ impl Fs {
             if other == v {
                 continue;
             }
-            if let Some(r) = self.store.get_version(cur.id, other)? {
+            if let Some(r) = self.store.get_version(cur.account(), cur.id, other)? {
                 used.extend(r.files.iter().map(|f| f.blob));
             }
         }
@@ -344,7 +349,8 @@ impl Fs {
                 mtime_ns: now,
                 mode: f.mode,
             });
-            ops.push(Op::PutBlob {
+            ops.push(Op::PutBlobOf {
+                account: cur.account().to_string(),
                 id: blob,
                 data: Arc::from(bytes),
             });
@@ -383,12 +389,14 @@ impl Fs {
             let old = if v == cur.version {
                 cur.clone()
             } else {
-                self.store.get_version(cur.id, v)?.ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "the node has no version {v} (its versions are 1 to {})",
-                        cur.version
-                    ))
-                })?
+                self.store
+                    .get_version(cur.account(), cur.id, v)?
+                    .ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "the node has no version {v} (its versions are 1 to {})",
+                            cur.version
+                        ))
+                    })?
             };
             if old.status == Status::Broken {
                 return Err(Error::Invalid(format!(
@@ -399,7 +407,7 @@ impl Fs {
             for name in NODE_FILES {
                 match old.file(name) {
                     Some(f) => {
-                        let mut bytes = self.store.read_blob(f.blob, f.size)?;
+                        let mut bytes = self.store.read_blob(old.account(), f.blob, f.size)?;
                         if name == META {
                             bytes = restored_meta(&bytes, old.status, v)?;
                         }

@@ -215,9 +215,12 @@ impl Index {
             let node = hit.path.strip_prefix("accounts/").unwrap_or(&hit.path);
             let rec = self.store.get_node(node)?;
             let content = match rec.as_ref().and_then(|r| r.file(CONTENT)) {
-                Some(f) => {
-                    String::from_utf8_lossy(&self.store.read_blob(f.blob, f.size)?).into_owned()
-                }
+                Some(f) => String::from_utf8_lossy(&self.store.read_blob(
+                    node.split('/').next().unwrap_or(""),
+                    f.blob,
+                    f.size,
+                )?)
+                .into_owned(),
                 None => String::new(),
             };
             let mut lines = Vec::new();

@@ -13,12 +13,12 @@ pub fn node_texts(store: &dyn Store, rec: &NodeRec) -> Result<(Texts, Vec<Edge>)
         (place::CONTENT, 2),
     ] {
         if let Some(f) = rec.file(name) {
-            let b = store.read_blob(f.blob, f.size)?;
+            let b = store.read_blob(rec.account(), f.blob, f.size)?;
             texts.push((level, String::from_utf8_lossy(&b).into_owned()));
         }
     }
     if let Some(f) = rec.file(place::RELATIONS) {
-        let b = store.read_blob(f.blob, f.size)?;
+        let b = store.read_blob(rec.account(), f.blob, f.size)?;
         if let Ok(Value::Array(a)) = serde_json::from_slice::<Value>(&b) {
             edges = edges_of(&a);
         }

@@ -28,7 +28,12 @@ pub fn check(store: &dyn Store) -> Result<Vec<Violation>> {
             );
         }
         // 2: its version is stored, and is it.
-        if rec.version == 0 || store.get_version(rec.id, rec.version)?.as_ref() != Some(rec) {
+        if rec.version == 0
+            || store
+                .get_version(rec.account(), rec.id, rec.version)?
+                .as_ref()
+                != Some(rec)
+        {
             bad(
                 2,
                 format!(
@@ -49,7 +54,7 @@ pub fn check(store: &dyn Store) -> Result<Vec<Violation>> {
             }
             match rec.file(META) {
                 None => bad(4, format!("{}: no {META}", rec.path)),
-                Some(f) => match store.read_blob(f.blob, f.size) {
+                Some(f) => match store.read_blob(rec.account(), f.blob, f.size) {
                     Ok(b) => {
                         let meta: serde_json::Value =
                             serde_json::from_slice(&b).unwrap_or_default();
@@ -64,12 +69,12 @@ pub fn check(store: &dyn Store) -> Result<Vec<Violation>> {
         }
         // 5: every file of every version has its blob, of its size.
         for n in 1..=rec.version {
-            let Some(ver) = store.get_version(rec.id, n)? else {
+            let Some(ver) = store.get_version(rec.account(), rec.id, n)? else {
                 continue; // a version redacted away keeps its row; none missing is I2's
             };
             for f in &ver.files {
                 max_blob = max_blob.max(f.blob);
-                if let Err(e) = store.read_blob(f.blob, f.size) {
+                if let Err(e) = store.read_blob(rec.account(), f.blob, f.size) {
                     bad(5, format!("{} v{n} {}: {e}", rec.path, f.name));
                 }
             }

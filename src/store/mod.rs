@@ -44,6 +44,11 @@ pub struct NodeRec {
 }
 
 impl NodeRec {
+    /// The account the node belongs to (its path's first segment).
+    pub fn account(&self) -> &str {
+        self.path.split('/').next().unwrap_or("")
+    }
+
     pub fn file(&self, name: &str) -> Option<&FileRec> {
         self.files.iter().find(|f| f.name == name)
     }
@@ -178,6 +183,13 @@ pub enum Op {
         mode: u16,
         mtime_ns: i128,
     },
+    /// A blob of `account` (every new blob: the account is part of its
+    /// key on a shared store; `PutBlob` remains for logs written before).
+    PutBlobOf {
+        account: String,
+        id: u64,
+        data: Arc<[u8]>,
+    },
     /// The node at `path` is at `version` (`None`: no node there), or the
     /// whole transaction fails with `Error::Conflict`: the compare-and-set
     /// of a commit planned on that version (another daemon may have
@@ -257,7 +269,9 @@ pub struct StoredEvent {
 
 pub trait Store: Send + Sync {
     fn get_node(&self, path: &str) -> Result<Option<NodeRec>>;
-    fn get_version(&self, node_id: u64, version: u32) -> Result<Option<NodeRec>>;
+    /// Version `version` of node `node_id` of `account` (the account is part
+    /// of the key on a shared store: no read of a version names none).
+    fn get_version(&self, account: &str, node_id: u64, version: u32) -> Result<Option<NodeRec>>;
     /// Committed nodes directly under `parent`, in name order.
     fn list_nodes(&self, parent: &str) -> Result<Vec<(String, NodeRec)>>;
     /// Does `parent` have any committed node or container child?
@@ -265,7 +279,8 @@ pub trait Store: Send + Sync {
     fn dir_exists(&self, path: &str) -> Result<bool>;
     /// Container directories directly under `parent`, in name order.
     fn list_dirs(&self, parent: &str) -> Result<Vec<String>>;
-    fn read_blob(&self, id: u64, size: u64) -> Result<Vec<u8>>;
+    /// Blob `id` of `account`, which must hold `size` bytes.
+    fn read_blob(&self, account: &str, id: u64, size: u64) -> Result<Vec<u8>>;
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>>;
     fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>>;
     fn counter(&self, key: &str) -> Result<i64>;

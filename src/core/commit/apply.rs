@@ -165,7 +165,9 @@ impl Fs {
             };
             if let Some(Content::Keep(f)) = &c {
                 if matches!(name, ABSTRACT | OVERVIEW | CONTENT) {
-                    let b = self.store.read_blob(f.blob, f.size)?;
+                    let b = self
+                        .store
+                        .read_blob(Self::account_of(node), f.blob, f.size)?;
                     kept_text.push((name, String::from_utf8_lossy(&b).into_owned()));
                 }
             }
@@ -175,7 +177,9 @@ impl Fs {
         }
         let derived_before = match rec.and_then(|r| r.file(META)) {
             Some(f) => {
-                let b = self.store.read_blob(f.blob, f.size)?;
+                let b = self
+                    .store
+                    .read_blob(Self::account_of(node), f.blob, f.size)?;
                 serde_json::from_slice::<Value>(&b)
                     .ok()
                     .and_then(|v| v.get("derived").cloned())
@@ -227,7 +231,8 @@ impl Fs {
                         mtime_ns,
                         mode: if mode == 0 { 0o644 } else { mode },
                     });
-                    ops.push(Op::PutBlob {
+                    ops.push(Op::PutBlobOf {
+                        account: account.clone(),
                         id: blob,
                         data: Arc::from(bytes),
                     });
@@ -314,7 +319,7 @@ impl Fs {
 pub(crate) fn blob_bytes(ops: &[Op]) -> u64 {
     ops.iter()
         .map(|o| match o {
-            Op::PutBlob { data, .. } => data.len() as u64,
+            Op::PutBlob { data, .. } | Op::PutBlobOf { data, .. } => data.len() as u64,
             _ => 0,
         })
         .sum()

@@ -41,7 +41,11 @@ impl Fs {
             Some(fr) => {
                 // A copy of the committed file in memory: it counts.
                 self.check_growth(Self::account_of(node), 0, fr.size)?;
-                let f = DFile::new(self.store.read_blob(fr.blob, fr.size)?, fr.mode);
+                let f = DFile::new(
+                    self.store
+                        .read_blob(Self::account_of(node), fr.blob, fr.size)?,
+                    fr.mode,
+                );
                 write_lock(&f).mtime = time_of(fr.mtime_ns);
                 f
             }
@@ -187,7 +191,7 @@ impl Fs {
                 }
                 let (rec, stale) = self.current_rec(node, *id, *version, access)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
-                let bytes = self.store.read_blob(f.blob, f.size)?;
+                let bytes = self.store.read_blob(rec.account(), f.blob, f.size)?;
                 let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
                 let stale = stale || !self.cached.open(ino, fh);
                 // A current inode's pages never change (a new version is a

@@ -201,7 +201,7 @@ impl Fs {
             let r = if v == rec.version {
                 Some(rec.clone())
             } else {
-                self.store.get_version(rec.id, v)?
+                self.store.get_version(rec.account(), rec.id, v)?
             };
             for f in r.map(|r| r.files).unwrap_or_default() {
                 if seen.insert(f.blob) {
@@ -472,7 +472,7 @@ impl Fs {
             for f in &rec.files {
                 let rewritten = match f.name.as_str() {
                     META => {
-                        let bytes = self.store.read_blob(f.blob, f.size)?;
+                        let bytes = self.store.read_blob(rec.account(), f.blob, f.size)?;
                         let obj = match serde_json::from_slice::<Value>(&bytes) {
                             Ok(Value::Object(o)) => o,
                             _ => serde_json::Map::new(),
@@ -489,7 +489,7 @@ impl Fs {
                         ))
                     }
                     place::RELATIONS => {
-                        let bytes = self.store.read_blob(f.blob, f.size)?;
+                        let bytes = self.store.read_blob(rec.account(), f.blob, f.size)?;
                         commit::rules::rebase_relations(&bytes, dst)
                     }
                     _ => None,
@@ -504,7 +504,8 @@ impl Fs {
                             mtime_ns: now,
                             mode: f.mode,
                         });
-                        ops.push(Op::PutBlob {
+                        ops.push(Op::PutBlobOf {
+                            account: Self::account_of(dst).to_string(),
                             id,
                             data: Arc::from(bytes),
                         });

@@ -283,7 +283,7 @@ impl PgStore {
     pub fn holds_data(&self) -> Result<bool> {
         Ok(!self
             .query(
-                "SELECT 1 FROM dirs UNION ALL SELECT 1 FROM nodes LIMIT 1",
+                "SELECT 1 FROM dirs /* daemon-wide */ UNION ALL SELECT 1 FROM nodes /* daemon-wide */ LIMIT 1",
                 &[],
             )?
             .is_empty())
@@ -308,7 +308,43 @@ impl Drop for PgStore {
     }
 }
 
+/// The account of the node changes among `ops` (blob and history changes
+/// carry no path: they belong to the node changed with them).
+fn node_account(ops: &[Op]) -> Option<&str> {
+    ops.iter().find_map(|o| match o {
+        Op::PutNode { path, .. } | Op::DelNode { path } | Op::Expect { path, .. } => {
+            Some(account_of(path))
+        }
+        Op::PutVersion { rec } => Some(rec.account()),
+        _ => None,
+    })
+}
+
+/// The account of an outbox event, from its URI (`ctx://ACCOUNT/…`).
+fn event_account(json: &[u8]) -> Result<String> {
+    let ev = crate::schema::event::OutboxEvent::decode(json)
+        .map_err(|e| Error::store(format!("an outbox event does not parse: {e}")))?;
+    Ok(ev
+        .uri
+        .strip_prefix("ctx://")
+        .and_then(|r| r.split('/').next())
+        .unwrap_or("")
+        .to_string())
+}
+
+/// Run one statement of `t`.
+async fn exec(
+    t: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<u64> {
+    let st = t.prepare_cached(sql).await.map_err(pe)?;
+    t.execute(&st, params).await.map_err(pe)
+}
+
 /// Apply `ops` in transaction `t`; the changes other daemons must hear of.
+/// Every statement on an account's rows names the account first: it is the
+/// first column of every key of those tables.
 async fn apply_ops(
     t: &deadpool_postgres::Transaction<'_>,
     ops: &[Op],
@@ -317,17 +353,26 @@ async fn apply_ops(
     let mut feed = |path: &str, kind: &'static str| {
         changes.insert((account_of(path).to_string(), path.to_string(), kind));
     };
+    let owner = node_account(ops).map(str::to_string);
+    let owner_of = |what: &str| {
+        owner
+            .clone()
+            .ok_or_else(|| Error::store(format!("{what} without the node change it belongs to")))
+    };
     for op in ops {
         match op {
             Op::Expect { path, version } => {
                 let (p, n) = split(path);
                 let st = t
                     .prepare_cached(
-                        "SELECT rec FROM nodes WHERE parent = $1 AND name = $2 FOR UPDATE",
+                        "SELECT rec FROM nodes WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
                     )
                     .await
                     .map_err(pe)?;
-                let rows = t.query(&st, &[&p, &n]).await.map_err(pe)?;
+                let rows = t
+                    .query(&st, &[&account_of(path), &p, &n])
+                    .await
+                    .map_err(pe)?;
                 let now = match rows.first() {
                     Some(r) => Some(decode(&r.get::<_, Vec<u8>>(0))?.version),
                     None => None,
@@ -344,73 +389,66 @@ async fn apply_ops(
             }
             Op::PutNode { path, rec } => {
                 let (p, n) = split(path);
-                let st = t
-                    .prepare_cached(
-                        "INSERT INTO nodes (account, parent, name, rec) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (parent, name) DO UPDATE SET rec = EXCLUDED.rec",
-                    )
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&account_of(path), &p, &n, &encode(rec)?])
-                    .await
-                    .map_err(pe)?;
+                exec(
+                    t,
+                    "INSERT INTO nodes (account, parent, name, rec) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (account, parent, name) DO UPDATE SET rec = EXCLUDED.rec",
+                    &[&account_of(path), &p, &n, &encode(rec)?],
+                )
+                .await?;
                 feed(path, "node");
             }
             Op::DelNode { path } => {
                 let (p, n) = split(path);
-                let st = t
-                    .prepare_cached("DELETE FROM nodes WHERE parent = $1 AND name = $2")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&p, &n]).await.map_err(pe)?;
+                exec(
+                    t,
+                    "DELETE FROM nodes WHERE account = $1 AND parent = $2 AND name = $3",
+                    &[&account_of(path), &p, &n],
+                )
+                .await?;
                 feed(path, "node");
             }
             Op::PutDir { path } => {
                 let (p, n) = split(path);
-                let st = t.prepare_cached(
+                let made = exec(
+                    t,
                     "INSERT INTO dirs (account, parent, name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                ).await.map_err(pe)?;
-                if t.execute(&st, &[&account_of(path), &p, &n])
-                    .await
-                    .map_err(pe)?
-                    > 0
-                {
+                    &[&account_of(path), &p, &n],
+                )
+                .await?;
+                if made > 0 {
                     feed(path, "dir");
                 }
             }
             Op::DelDir { path } => {
                 let (p, n) = split(path);
-                let st = t
-                    .prepare_cached("DELETE FROM dirs WHERE parent = $1 AND name = $2")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&p, &n]).await.map_err(pe)?;
+                exec(
+                    t,
+                    "DELETE FROM dirs WHERE account = $1 AND parent = $2 AND name = $3",
+                    &[&account_of(path), &p, &n],
+                )
+                .await?;
                 feed(path, "dir");
             }
             Op::PutVersion { rec } => {
-                let st = t.prepare_cached(
+                exec(
+                    t,
                     "INSERT INTO versions (account, node_id, version, rec) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (node_id, version) DO UPDATE SET rec = EXCLUDED.rec",
-                ).await.map_err(pe)?;
-                t.execute(
-                    &st,
-                    &[
-                        &account_of(&rec.path),
-                        &i(rec.id),
-                        &(rec.version as i32),
-                        &encode(rec)?,
-                    ],
+                     ON CONFLICT (account, node_id, version) DO UPDATE SET rec = EXCLUDED.rec",
+                    &[&rec.account(), &i(rec.id), &(rec.version as i32), &encode(rec)?],
                 )
-                .await
-                .map_err(pe)?;
+                .await?;
             }
             Op::DropHistory { node_id } => {
+                let account = owner_of("a history dropped")?;
                 let st = t
-                    .prepare_cached("DELETE FROM versions WHERE node_id = $1 RETURNING rec")
+                    .prepare_cached(
+                        "DELETE FROM versions WHERE account = $1 AND node_id = $2 RETURNING rec",
+                    )
                     .await
                     .map_err(pe)?;
                 let mut blobs = Vec::new();
-                for r in t.query(&st, &[&i(*node_id)]).await.map_err(pe)? {
+                for r in t.query(&st, &[&account, &i(*node_id)]).await.map_err(pe)? {
                     blobs.extend(
                         decode(&r.get::<_, Vec<u8>>(0))?
                             .files
@@ -420,24 +458,35 @@ async fn apply_ops(
                 }
                 blobs.sort_unstable();
                 blobs.dedup();
-                let st = t
-                    .prepare_cached("DELETE FROM blobs WHERE id = ANY($1)")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&blobs]).await.map_err(pe)?;
+                exec(
+                    t,
+                    "DELETE FROM blobs WHERE account = $1 AND id = ANY($2)",
+                    &[&account, &blobs],
+                )
+                .await?;
             }
             Op::DelBlob { id } => {
-                let st = t
-                    .prepare_cached("DELETE FROM blobs WHERE id = $1")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&i(*id)]).await.map_err(pe)?;
+                let account = owner_of("a blob deleted")?;
+                exec(
+                    t,
+                    "DELETE FROM blobs WHERE account = $1 AND id = $2",
+                    &[&account, &i(*id)],
+                )
+                .await?;
             }
-            Op::PutBlob { id, data } => {
-                let st = t.prepare_cached(
-                    "INSERT INTO blobs (id, data) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET data = EXCLUDED.data",
-                ).await.map_err(pe)?;
-                t.execute(&st, &[&i(*id), &&data[..]]).await.map_err(pe)?;
+            Op::PutBlob { .. } => {
+                return Err(Error::store(
+                    "a blob without its account (written by an older ctxfs) cannot go to a shared store",
+                ));
+            }
+            Op::PutBlobOf { account, id, data } => {
+                exec(
+                    t,
+                    "INSERT INTO blobs (account, id, data) VALUES ($1, $2, $3) \
+                     ON CONFLICT (account, id) DO UPDATE SET data = EXCLUDED.data",
+                    &[account, &i(*id), &&data[..]],
+                )
+                .await?;
             }
             Op::PutEvent {
                 seq,
@@ -445,32 +494,36 @@ async fn apply_ops(
                 account,
                 json,
             } => {
-                let st = t.prepare_cached(
-                    "INSERT INTO outbox (seq, account, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                ).await.map_err(pe)?;
-                if t.execute(&st, &[&i(*seq), account, node_path, json])
-                    .await
-                    .map_err(pe)?
-                    > 0
-                {
+                let made = exec(
+                    t,
+                    "INSERT INTO outbox (account, seq, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    &[account, &i(*seq), node_path, json],
+                )
+                .await?;
+                if made > 0 {
                     count(t, &crate::schema::counters::outbox_key(account), 1).await?;
                 }
             }
             Op::DoneEvent { seq, account, .. } => {
-                let st = t
-                    .prepare_cached("DELETE FROM outbox WHERE seq = $1")
-                    .await
-                    .map_err(pe)?;
-                if t.execute(&st, &[&i(*seq)]).await.map_err(pe)? > 0 {
+                if exec(
+                    t,
+                    "DELETE FROM outbox WHERE account = $1 AND seq = $2",
+                    &[account, &i(*seq)],
+                )
+                .await?
+                    > 0
+                {
                     count(t, &crate::schema::counters::outbox_key(account), -1).await?;
                 }
             }
             Op::UpdateEvent { seq, json } => {
-                let st = t
-                    .prepare_cached("UPDATE outbox SET json = $2 WHERE seq = $1")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&i(*seq), json]).await.map_err(pe)?;
+                let account = event_account(json)?;
+                exec(
+                    t,
+                    "UPDATE outbox SET json = $3 WHERE account = $1 AND seq = $2",
+                    &[&account, &i(*seq), json],
+                )
+                .await?;
             }
             Op::DeadEvent {
                 seq,
@@ -478,21 +531,23 @@ async fn apply_ops(
                 account,
                 json,
             } => {
-                let st = t
-                    .prepare_cached("DELETE FROM outbox WHERE seq = $1")
-                    .await
-                    .map_err(pe)?;
-                if t.execute(&st, &[&i(*seq)]).await.map_err(pe)? > 0 {
-                    count(t, &crate::schema::counters::outbox_key(account), -1).await?;
-                }
-                let st = t.prepare_cached(
-                    "INSERT INTO dlq (seq, account, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                ).await.map_err(pe)?;
-                if t.execute(&st, &[&i(*seq), account, node_path, json])
-                    .await
-                    .map_err(pe)?
+                if exec(
+                    t,
+                    "DELETE FROM outbox WHERE account = $1 AND seq = $2",
+                    &[account, &i(*seq)],
+                )
+                .await?
                     > 0
                 {
+                    count(t, &crate::schema::counters::outbox_key(account), -1).await?;
+                }
+                let made = exec(
+                    t,
+                    "INSERT INTO dlq (account, seq, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    &[account, &i(*seq), node_path, json],
+                )
+                .await?;
+                if made > 0 {
                     count(t, &crate::schema::counters::dlq_key(account), 1).await?;
                 }
             }
@@ -502,51 +557,57 @@ async fn apply_ops(
                 account,
                 json,
             } => {
-                let st = t
-                    .prepare_cached("DELETE FROM dlq WHERE seq = $1")
-                    .await
-                    .map_err(pe)?;
-                if t.execute(&st, &[&i(*seq)]).await.map_err(pe)? > 0 {
-                    count(t, &crate::schema::counters::dlq_key(account), -1).await?;
-                }
-                let st = t.prepare_cached(
-                    "INSERT INTO outbox (seq, account, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                ).await.map_err(pe)?;
-                if t.execute(&st, &[&i(*seq), account, node_path, json])
-                    .await
-                    .map_err(pe)?
+                if exec(
+                    t,
+                    "DELETE FROM dlq WHERE account = $1 AND seq = $2",
+                    &[account, &i(*seq)],
+                )
+                .await?
                     > 0
                 {
+                    count(t, &crate::schema::counters::dlq_key(account), -1).await?;
+                }
+                let made = exec(
+                    t,
+                    "INSERT INTO outbox (account, seq, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    &[account, &i(*seq), node_path, json],
+                )
+                .await?;
+                if made > 0 {
                     count(t, &crate::schema::counters::outbox_key(account), 1).await?;
                 }
             }
             Op::DropDead { seq, account, .. } => {
-                let st = t
-                    .prepare_cached("DELETE FROM dlq WHERE seq = $1")
-                    .await
-                    .map_err(pe)?;
-                if t.execute(&st, &[&i(*seq)]).await.map_err(pe)? > 0 {
+                if exec(
+                    t,
+                    "DELETE FROM dlq WHERE account = $1 AND seq = $2",
+                    &[account, &i(*seq)],
+                )
+                .await?
+                    > 0
+                {
                     count(t, &crate::schema::counters::dlq_key(account), -1).await?;
                 }
             }
             Op::PutScratch { path, data } => {
                 let (p, n) = split(path);
-                let st = t.prepare_cached(
+                exec(
+                    t,
                     "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (parent, name) DO UPDATE SET data = EXCLUDED.data",
-                ).await.map_err(pe)?;
-                t.execute(&st, &[&account_of(path), &p, &n, data])
-                    .await
-                    .map_err(pe)?;
+                     ON CONFLICT (account, parent, name) DO UPDATE SET data = EXCLUDED.data",
+                    &[&account_of(path), &p, &n, data],
+                )
+                .await?;
                 feed(path, "scratch");
             }
             Op::DelScratch { path } => {
                 let (p, n) = split(path);
-                let st = t
-                    .prepare_cached("DELETE FROM scratch WHERE parent = $1 AND name = $2")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&p, &n]).await.map_err(pe)?;
+                exec(
+                    t,
+                    "DELETE FROM scratch WHERE account = $1 AND parent = $2 AND name = $3",
+                    &[&account_of(path), &p, &n],
+                )
+                .await?;
                 feed(path, "scratch");
             }
             Op::AppendLog {
@@ -556,111 +617,104 @@ async fn apply_ops(
                 mtime_ns,
             } => {
                 let (p, n) = split(path);
+                let a = account_of(path);
                 // The row first (an empty log), so that two daemons' first
                 // appends meet on its lock rather than both inserting.
                 let empty = super::ScratchRec::appended(None, &[], *mode, *mtime_ns)?;
+                exec(
+                    t,
+                    "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (account, parent, name) DO NOTHING",
+                    &[&a, &p, &n, &empty],
+                )
+                .await?;
                 let st = t
                     .prepare_cached(
-                        "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
-                         ON CONFLICT (parent, name) DO NOTHING",
-                    )
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&account_of(path), &p, &n, &empty])
-                    .await
-                    .map_err(pe)?;
-                let st = t
-                    .prepare_cached(
-                        "SELECT data FROM scratch WHERE parent = $1 AND name = $2 FOR UPDATE",
+                        "SELECT data FROM scratch WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
                     )
                     .await
                     .map_err(pe)?;
                 let old: Option<Vec<u8>> = t
-                    .query(&st, &[&p, &n])
+                    .query(&st, &[&a, &p, &n])
                     .await
                     .map_err(pe)?
                     .first()
                     .map(|r| r.get(0));
                 let rec = super::ScratchRec::appended(old.as_deref(), data, *mode, *mtime_ns)?;
-                let st = t
-                    .prepare_cached(
-                        "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
-                         ON CONFLICT (parent, name) DO UPDATE SET data = EXCLUDED.data",
-                    )
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&account_of(path), &p, &n, &rec])
-                    .await
-                    .map_err(pe)?;
+                exec(
+                    t,
+                    "UPDATE scratch SET data = $4 WHERE account = $1 AND parent = $2 AND name = $3",
+                    &[&a, &p, &n, &rec],
+                )
+                .await?;
                 feed(path, "scratch");
             }
             Op::PutExpiry { path, at_ns } => {
-                let st = t
-                    .prepare_cached(
-                        "INSERT INTO expiry (account, path, at_ns) VALUES ($1, $2, $3) \
-                     ON CONFLICT (path) DO UPDATE SET at_ns = EXCLUDED.at_ns",
-                    )
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&account_of(path), path, &i(*at_ns)])
-                    .await
-                    .map_err(pe)?;
+                exec(
+                    t,
+                    "INSERT INTO expiry (account, path, at_ns) VALUES ($1, $2, $3) \
+                     ON CONFLICT (account, path) DO UPDATE SET at_ns = EXCLUDED.at_ns",
+                    &[&account_of(path), path, &i(*at_ns)],
+                )
+                .await?;
                 feed(path, "expiry");
             }
             Op::DelExpiry { path } => {
-                let st = t
-                    .prepare_cached("DELETE FROM expiry WHERE path = $1")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[path]).await.map_err(pe)?;
+                exec(
+                    t,
+                    "DELETE FROM expiry WHERE account = $1 AND path = $2",
+                    &[&account_of(path), path],
+                )
+                .await?;
                 feed(path, "expiry");
             }
             Op::PutIx { path, data } => {
-                let st = t
-                    .prepare_cached(
-                        "INSERT INTO ix_docs (account, path, data) VALUES ($1, $2, $3) \
-                     ON CONFLICT (path) DO UPDATE SET data = EXCLUDED.data",
-                    )
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[&account_of(path), path, data])
-                    .await
-                    .map_err(pe)?;
+                exec(
+                    t,
+                    "INSERT INTO ix_docs (account, path, data) VALUES ($1, $2, $3) \
+                     ON CONFLICT (account, path) DO UPDATE SET data = EXCLUDED.data",
+                    &[&account_of(path), path, data],
+                )
+                .await?;
                 feed(path, "ix");
             }
             Op::DelIx { path } => {
-                let st = t
-                    .prepare_cached("DELETE FROM ix_docs WHERE path = $1")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[path]).await.map_err(pe)?;
+                exec(
+                    t,
+                    "DELETE FROM ix_docs WHERE account = $1 AND path = $2",
+                    &[&account_of(path), path],
+                )
+                .await?;
                 feed(path, "ix");
             }
+            // The embedding cache is content-addressed (model, hash of the
+            // text) and shared: it holds no path and no text.
             Op::PutVec { model, hash, data } => {
-                let st = t.prepare_cached(
+                exec(
+                    t,
                     "INSERT INTO vecs (model, hash, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                ).await.map_err(pe)?;
-                t.execute(&st, &[model, &&hash.to_be_bytes()[..], data])
-                    .await
-                    .map_err(pe)?;
+                    &[model, &&hash.to_be_bytes()[..], data],
+                )
+                .await?;
             }
             Op::DelVec { model, hash } => {
-                let st = t
-                    .prepare_cached("DELETE FROM vecs WHERE model = $1 AND hash = $2")
-                    .await
-                    .map_err(pe)?;
-                t.execute(&st, &[model, &&hash.to_be_bytes()[..]])
-                    .await
-                    .map_err(pe)?;
+                exec(
+                    t,
+                    "DELETE FROM vecs WHERE model = $1 AND hash = $2",
+                    &[model, &&hash.to_be_bytes()[..]],
+                )
+                .await?;
             }
             Op::PutDraft { .. } | Op::DelDraft { .. } => {}
             Op::Count { key, delta } => count(t, key, *delta).await?,
             Op::HighWater { key, value } => {
-                let st = t.prepare_cached(
+                exec(
+                    t,
                     "INSERT INTO high_water (key, value) VALUES ($1, $2) \
                      ON CONFLICT (key) DO UPDATE SET value = GREATEST(high_water.value, EXCLUDED.value)",
-                ).await.map_err(pe)?;
-                t.execute(&st, &[key, &i(*value)]).await.map_err(pe)?;
+                    &[key, &i(*value)],
+                )
+                .await?;
             }
         }
     }
@@ -837,8 +891,8 @@ impl Store for PgStore {
         let epoch = self.cache.epoch.load(Ordering::SeqCst);
         let (p, n) = split(path);
         let rec = match self.bytes_opt(
-            "SELECT rec FROM nodes WHERE parent = $1 AND name = $2",
-            &[&p, &n],
+            "SELECT rec FROM nodes WHERE account = $1 AND parent = $2 AND name = $3",
+            &[&account_of(path), &p, &n],
         )? {
             Some(b) => Some(decode(&b)?),
             None => None,
@@ -853,10 +907,10 @@ impl Store for PgStore {
         Ok(rec)
     }
 
-    fn get_version(&self, node_id: u64, version: u32) -> Result<Option<NodeRec>> {
+    fn get_version(&self, account: &str, node_id: u64, version: u32) -> Result<Option<NodeRec>> {
         match self.bytes_opt(
-            "SELECT rec FROM versions WHERE node_id = $1 AND version = $2",
-            &[&i(node_id), &(version as i32)],
+            "SELECT rec FROM versions WHERE account = $1 AND node_id = $2 AND version = $3",
+            &[&account, &i(node_id), &(version as i32)],
         )? {
             Some(b) => Ok(Some(decode(&b)?)),
             None => Ok(None),
@@ -864,9 +918,12 @@ impl Store for PgStore {
     }
 
     fn list_nodes(&self, parent: &str) -> Result<Vec<(String, NodeRec)>> {
+        if parent.is_empty() {
+            return Ok(Vec::new()); // accounts are directories, not nodes
+        }
         self.query(
-            "SELECT name, rec FROM nodes WHERE parent = $1 ORDER BY name",
-            &[&parent],
+            "SELECT name, rec FROM nodes WHERE account = $1 AND parent = $2 ORDER BY name",
+            &[&account_of(parent), &parent],
         )?
         .iter()
         .map(|r| Ok((r.get::<_, String>(0), decode(&r.get::<_, Vec<u8>>(1))?)))
@@ -874,10 +931,17 @@ impl Store for PgStore {
     }
 
     fn has_children(&self, parent: &str) -> Result<bool> {
+        if parent.is_empty() {
+            // The list of accounts: the one read above every account.
+            return Ok(!self
+                .query("SELECT 1 FROM dirs WHERE parent = '' /* daemon-wide */ LIMIT 1", &[])?
+                .is_empty());
+        }
         Ok(!self
             .query(
-                "SELECT 1 FROM nodes WHERE parent = $1 UNION ALL SELECT 1 FROM dirs WHERE parent = $1 LIMIT 1",
-                &[&parent],
+                "SELECT 1 FROM nodes WHERE account = $1 AND parent = $2 \
+                 UNION ALL SELECT 1 FROM dirs WHERE account = $1 AND parent = $2 LIMIT 1",
+                &[&account_of(parent), &parent],
             )?
             .is_empty())
     }
@@ -890,8 +954,8 @@ impl Store for PgStore {
         let (p, n) = split(path);
         let there = !self
             .query(
-                "SELECT 1 FROM dirs WHERE parent = $1 AND name = $2",
-                &[&p, &n],
+                "SELECT 1 FROM dirs WHERE account = $1 AND parent = $2 AND name = $3",
+                &[&account_of(path), &p, &n],
             )?
             .is_empty();
         let mut c = lock(&self.cache.dirs);
@@ -905,23 +969,28 @@ impl Store for PgStore {
     }
 
     fn list_dirs(&self, parent: &str) -> Result<Vec<String>> {
-        Ok(self
-            .query(
-                "SELECT name FROM dirs WHERE parent = $1 ORDER BY name",
-                &[&parent],
+        let rows = if parent.is_empty() {
+            // The list of accounts (each account's row names it).
+            self.query("SELECT name FROM dirs WHERE parent = '' /* daemon-wide */ ORDER BY name", &[])?
+        } else {
+            self.query(
+                "SELECT name FROM dirs WHERE account = $1 AND parent = $2 ORDER BY name",
+                &[&account_of(parent), &parent],
             )?
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect())
+        };
+        Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
     }
 
-    fn read_blob(&self, id: u64, size: u64) -> Result<Vec<u8>> {
+    fn read_blob(&self, account: &str, id: u64, size: u64) -> Result<Vec<u8>> {
         let b = self
-            .bytes_opt("SELECT data FROM blobs WHERE id = $1", &[&i(id)])?
+            .bytes_opt(
+                "SELECT data FROM blobs WHERE account = $1 AND id = $2",
+                &[&account, &i(id)],
+            )?
             .unwrap_or_default();
         if b.len() as u64 != size {
             return Err(Error::store(format!(
-                "blob {id} has {} bytes, its record says {size}",
+                "blob {id} of {account} has {} bytes, its record says {size}",
                 b.len()
             )));
         }
@@ -931,8 +1000,8 @@ impl Store for PgStore {
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
         Ok(self
             .query(
-                "SELECT seq, json FROM outbox WHERE node_path = $1 ORDER BY seq",
-                &[&node_path],
+                "SELECT seq, json FROM outbox WHERE account = $1 AND node_path = $2 ORDER BY seq",
+                &[&account_of(node_path), &node_path],
             )?
             .iter()
             .map(|r| StoredEvent {
@@ -962,10 +1031,12 @@ impl Store for PgStore {
             .unwrap_or(0))
     }
 
+    /// The daemon-wide head of the outbox (every account's events, for the
+    /// one indexer of the cluster).
     fn outbox_head(&self, limit: usize) -> Result<Vec<StoredEvent>> {
         Ok(self
             .query(
-                "SELECT seq, json FROM outbox ORDER BY seq LIMIT $1",
+                "SELECT seq, json FROM outbox /* daemon-wide */ ORDER BY seq LIMIT $1",
                 &[&(limit as i64)],
             )?
             .iter()
@@ -979,8 +1050,8 @@ impl Store for PgStore {
     fn dead_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
         Ok(self
             .query(
-                "SELECT seq, json FROM dlq WHERE node_path = $1 ORDER BY seq",
-                &[&node_path],
+                "SELECT seq, json FROM dlq WHERE account = $1 AND node_path = $2 ORDER BY seq",
+                &[&account_of(node_path), &node_path],
             )?
             .iter()
             .map(|r| StoredEvent {
@@ -991,23 +1062,41 @@ impl Store for PgStore {
     }
 
     fn get_ix(&self, path: &str) -> Result<Option<Vec<u8>>> {
-        self.bytes_opt("SELECT data FROM ix_docs WHERE path = $1", &[&path])
+        self.bytes_opt(
+            "SELECT data FROM ix_docs WHERE account = $1 AND path = $2",
+            &[&account_of(path), &path],
+        )
     }
 
     fn scan_ix(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8]) -> Result<()>) -> Result<()> {
-        // Paths are ASCII: every path starting with `prefix` sorts below prefix + DEL.
+        // Paths are ASCII: every path starting with `prefix` sorts below
+        // prefix + DEL. An account's documents are read with its name; only
+        // the daemon-wide scan (prefix "") reads every account's.
         let hi = format!("{prefix}\u{7f}");
+        let account = account_of(prefix).to_string();
         let mut from = prefix.to_string();
         let mut first = true;
         loop {
-            let rows = self.query(
-                if first {
-                    "SELECT path, data FROM ix_docs WHERE path >= $1 AND path < $2 ORDER BY path LIMIT 1000"
-                } else {
-                    "SELECT path, data FROM ix_docs WHERE path > $1 AND path < $2 ORDER BY path LIMIT 1000"
-                },
-                &[&from, &hi],
-            )?;
+            let rows = match (prefix.is_empty(), first) {
+                (true, true) => self.query(
+                    "SELECT path, data FROM ix_docs /* daemon-wide */ WHERE path >= $1 ORDER BY path LIMIT 1000",
+                    &[&from],
+                )?,
+                (true, false) => self.query(
+                    "SELECT path, data FROM ix_docs /* daemon-wide */ WHERE path > $1 ORDER BY path LIMIT 1000",
+                    &[&from],
+                )?,
+                (false, true) => self.query(
+                    "SELECT path, data FROM ix_docs WHERE account = $1 AND path >= $2 AND path < $3 \
+                     ORDER BY path LIMIT 1000",
+                    &[&account, &from, &hi],
+                )?,
+                (false, false) => self.query(
+                    "SELECT path, data FROM ix_docs WHERE account = $1 AND path > $2 AND path < $3 \
+                     ORDER BY path LIMIT 1000",
+                    &[&account, &from, &hi],
+                )?,
+            };
             first = false;
             for r in &rows {
                 let p: &str = r.get(0);
@@ -1030,42 +1119,46 @@ impl Store for PgStore {
     fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>> {
         let (p, n) = split(path);
         self.bytes_opt(
-            "SELECT data FROM scratch WHERE parent = $1 AND name = $2",
-            &[&p, &n],
+            "SELECT data FROM scratch WHERE account = $1 AND parent = $2 AND name = $3",
+            &[&account_of(path), &p, &n],
         )
     }
 
     fn list_scratch(&self, parent: &str) -> Result<Vec<(String, Vec<u8>)>> {
         Ok(self
             .query(
-                "SELECT name, data FROM scratch WHERE parent = $1 ORDER BY name",
-                &[&parent],
+                "SELECT name, data FROM scratch WHERE account = $1 AND parent = $2 ORDER BY name",
+                &[&account_of(parent), &parent],
             )?
             .iter()
             .map(|r| (r.get::<_, String>(0), r.get::<_, Vec<u8>>(1)))
             .collect())
     }
 
+    /// Daemon-wide: every account's expiry times (every daemon hides expired
+    /// nodes of every account it serves).
     fn expiries(&self) -> Result<Vec<(String, u64)>> {
         Ok(self
-            .query("SELECT path, at_ns FROM expiry", &[])?
+            .query("SELECT path, at_ns FROM expiry /* daemon-wide */", &[])?
             .iter()
             .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
             .collect())
     }
 
+    /// Daemon-wide: every node of every account, in key order.
     fn scan_nodes(&self, f: &mut dyn FnMut(NodeRec) -> Result<()>) -> Result<()> {
-        let mut from = (String::new(), String::new());
+        let mut from = (String::new(), String::new(), String::new());
         loop {
             let rows = self.query(
-                "SELECT parent, name, rec FROM nodes WHERE (parent, name) > ($1, $2) ORDER BY parent, name LIMIT 1000",
-                &[&from.0, &from.1],
+                "SELECT account, parent, name, rec FROM nodes WHERE (account, parent, name) > ($1, $2, $3) \
+                 ORDER BY account, parent, name LIMIT 1000",
+                &[&from.0, &from.1, &from.2],
             )?;
             for r in &rows {
-                f(decode(&r.get::<_, Vec<u8>>(2))?)?;
+                f(decode(&r.get::<_, Vec<u8>>(3))?)?;
             }
             match rows.last() {
-                Some(r) if rows.len() == 1000 => from = (r.get(0), r.get(1)),
+                Some(r) if rows.len() == 1000 => from = (r.get(0), r.get(1), r.get(2)),
                 _ => return Ok(()),
             }
         }
@@ -1316,6 +1409,35 @@ fn leader_key(role: &str) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tenancy by construction: every statement on a table of account rows
+    /// names `account` (the first column of each of their keys), except the
+    /// daemon-wide reads, which say so (`/* daemon-wide */`).
+    #[test]
+    fn every_statement_on_account_rows_names_the_account() {
+        const TABLES: [&str; 9] = [
+            "nodes", "dirs", "versions", "blobs", "outbox", "dlq", "ix_docs", "scratch", "expiry",
+        ];
+        let src = include_str!("mod.rs");
+        let mut checked = 0;
+        // Every string literal that is SQL (several lines joined by `\`).
+        for lit in src.split('"').skip(1).step_by(2) {
+            let sql = lit.replace("\\\n", " ");
+            let words: Vec<&str> = sql.split_whitespace().collect();
+            let touches = words.windows(2).any(|w| {
+                matches!(w[0], "FROM" | "INTO" | "UPDATE") && TABLES.contains(&w[1])
+            });
+            if !touches {
+                continue;
+            }
+            checked += 1;
+            assert!(
+                sql.contains("account") || sql.contains("/* daemon-wide */"),
+                "a statement on account rows without the account: {sql}"
+            );
+        }
+        assert!(checked >= 40, "only {checked} statements found");
+    }
 
     #[test]
     fn urls_hide_their_password() {

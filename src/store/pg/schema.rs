@@ -19,44 +19,50 @@ pub const MIGRATIONS: &[&str] = &[
         parent  text COLLATE "C" NOT NULL,
         name    text COLLATE "C" NOT NULL,
         rec     bytea NOT NULL,
-        PRIMARY KEY (parent, name)
+        PRIMARY KEY (account, parent, name)
     );
-    CREATE INDEX nodes_by_account ON nodes (account);
     CREATE TABLE dirs (
         account text NOT NULL,
         parent  text COLLATE "C" NOT NULL,
         name    text COLLATE "C" NOT NULL,
-        PRIMARY KEY (parent, name)
+        PRIMARY KEY (account, parent, name)
     );
+    CREATE INDEX dirs_by_parent ON dirs (parent, name);
     CREATE TABLE versions (
         account text NOT NULL,
         node_id bigint NOT NULL,
         version integer NOT NULL,
         rec     bytea NOT NULL,
-        PRIMARY KEY (node_id, version)
+        PRIMARY KEY (account, node_id, version)
     );
     CREATE TABLE blobs (
-        id   bigint PRIMARY KEY,
-        data bytea NOT NULL
+        account text NOT NULL,
+        id      bigint NOT NULL,
+        data    bytea NOT NULL,
+        PRIMARY KEY (account, id)
     );
     CREATE TABLE outbox (
-        seq       bigint PRIMARY KEY,
         account   text NOT NULL,
+        seq       bigint NOT NULL,
         node_path text COLLATE "C" NOT NULL,
-        json      bytea NOT NULL
+        json      bytea NOT NULL,
+        PRIMARY KEY (account, seq)
     );
-    CREATE INDEX outbox_by_node ON outbox (node_path, seq);
+    CREATE INDEX outbox_by_seq ON outbox (seq);
+    CREATE INDEX outbox_by_node ON outbox (account, node_path, seq);
     CREATE TABLE dlq (
-        seq       bigint PRIMARY KEY,
         account   text NOT NULL,
+        seq       bigint NOT NULL,
         node_path text COLLATE "C" NOT NULL,
-        json      bytea NOT NULL
+        json      bytea NOT NULL,
+        PRIMARY KEY (account, seq)
     );
-    CREATE INDEX dlq_by_node ON dlq (node_path, seq);
+    CREATE INDEX dlq_by_node ON dlq (account, node_path, seq);
     CREATE TABLE ix_docs (
         account text NOT NULL,
-        path    text COLLATE "C" PRIMARY KEY,
-        data    bytea NOT NULL
+        path    text COLLATE "C" NOT NULL,
+        data    bytea NOT NULL,
+        PRIMARY KEY (account, path)
     );
     CREATE TABLE vecs (
         model text NOT NULL,
@@ -77,12 +83,13 @@ pub const MIGRATIONS: &[&str] = &[
         parent  text COLLATE "C" NOT NULL,
         name    text COLLATE "C" NOT NULL,
         data    bytea NOT NULL,
-        PRIMARY KEY (parent, name)
+        PRIMARY KEY (account, parent, name)
     );
     CREATE TABLE expiry (
         account text NOT NULL,
-        path    text COLLATE "C" PRIMARY KEY,
-        at_ns   bigint NOT NULL
+        path    text COLLATE "C" NOT NULL,
+        at_ns   bigint NOT NULL,
+        PRIMARY KEY (account, path)
     );
     CREATE TABLE changes (
         seq     bigserial PRIMARY KEY,

@@ -37,8 +37,32 @@ impl RedbStore {
             let (p, n) = k.value();
             f("dirs", Op::PutDir { path: join(p, n) })?;
         }
+        // Blobs carry their account on a shared store: the account of the
+        // versions that use them (a blob no version uses is not copied).
+        let mut owner: HashMap<u64, String> = HashMap::new();
+        for item in txn.open_table(VERSIONS).map_err(se)?.iter().map_err(se)? {
+            let (_, v) = item.map_err(se)?;
+            let rec = decode(v.value())?;
+            for f in &rec.files {
+                owner.insert(f.blob, rec.account().to_string());
+            }
+        }
         let t = txn.open_table(BLOBS).map_err(se)?;
         let mut cur: Option<(u64, Vec<u8>)> = None;
+        let emit =
+            |id: u64, data: Vec<u8>, f: &mut dyn FnMut(&'static str, Op) -> Result<()>| match owner
+                .get(&id)
+            {
+                Some(account) => f(
+                    "blobs",
+                    Op::PutBlobOf {
+                        account: account.clone(),
+                        id,
+                        data: Arc::from(data),
+                    },
+                ),
+                None => Ok(()),
+            };
         for item in t.iter().map_err(se)? {
             let (k, v) = item.map_err(se)?;
             let (id, _) = k.value();
@@ -46,26 +70,14 @@ impl RedbStore {
                 Some((cid, data)) if *cid == id => data.extend_from_slice(v.value()),
                 _ => {
                     if let Some((cid, data)) = cur.take() {
-                        f(
-                            "blobs",
-                            Op::PutBlob {
-                                id: cid,
-                                data: Arc::from(data),
-                            },
-                        )?;
+                        emit(cid, data, f)?;
                     }
                     cur = Some((id, v.value().to_vec()));
                 }
             }
         }
         if let Some((id, data)) = cur {
-            f(
-                "blobs",
-                Op::PutBlob {
-                    id,
-                    data: Arc::from(data),
-                },
-            )?;
+            emit(id, data, f)?;
         }
         let t = txn.open_table(VERSIONS).map_err(se)?;
         for item in t.iter().map_err(se)? {

@@ -363,7 +363,7 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                         blobs.remove(k).map_err(se)?;
                     }
                 }
-                Op::PutBlob { id, data } => {
+                Op::PutBlob { id, data } | Op::PutBlobOf { id, data, .. } => {
                     if data.is_empty() {
                         blobs.insert((*id, 0), &[][..]).map_err(se)?;
                     }
@@ -552,7 +552,7 @@ impl Store for RedbStore {
         }
     }
 
-    fn get_version(&self, node_id: u64, version: u32) -> Result<Option<NodeRec>> {
+    fn get_version(&self, _account: &str, node_id: u64, version: u32) -> Result<Option<NodeRec>> {
         let t = self.read()?.open_table(VERSIONS).map_err(se)?;
         match t.get((node_id, version)).map_err(se)? {
             Some(g) => Ok(Some(decode(g.value())?)),
@@ -595,7 +595,7 @@ impl Store for RedbStore {
         Ok(out)
     }
 
-    fn read_blob(&self, id: u64, size: u64) -> Result<Vec<u8>> {
+    fn read_blob(&self, _account: &str, id: u64, size: u64) -> Result<Vec<u8>> {
         let t = self.read()?.open_table(BLOBS).map_err(se)?;
         let mut out = Vec::with_capacity(size as usize);
         for item in t.range((id, 0)..=(id, u32::MAX)).map_err(se)? {
