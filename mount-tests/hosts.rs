@@ -734,3 +734,39 @@ fn offline_commands_work_on_a_postgresql_store() {
     let hits = m2.ok(READER, "cat \"$M/accounts/acme/.search/genmaicha\"");
     assert!(hits.contains("prefs/tea"), "{hits}");
 }
+
+/// An account's searches per minute are counted across daemons: what one
+/// daemon spent, the other cannot spend again.
+#[test]
+fn search_rate_limits_are_the_accounts_across_daemons() {
+    let db = PgDb::new();
+    let config = format!("{CONFIG}\n[account.quota]\n");
+    // The quota goes on the last account of CONFIG ("other", writer 1003).
+    let config = config.replace(
+        "[account.quota]\n",
+        "[account.quota]\nsearches_per_minute = 4\n",
+    );
+    let a = db.mount(Some(&config), &["--embedder", "hash"]);
+    let b = db.mount(Some(&config), &["--embedder", "hash"]);
+    a.ok(
+        STRANGER,
+        &four_steps("other/users/o/memories/p/x", "rate limited", ACTIVE),
+    );
+    a.ok(0, "cat $M/.ctxfs/sync");
+    let q = "cat \"$M/accounts/other/.search/rate\" > /dev/null";
+    // Wait for a fresh minute if this one is nearly over.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if secs % 60 > 50 {
+        std::thread::sleep(Duration::from_secs(61 - secs % 60));
+    }
+    a.ok(STRANGER, q);
+    a.ok(STRANGER, q);
+    b.ok(STRANGER, q);
+    b.ok(STRANGER, q);
+    // Four spent between the two daemons: the fifth is refused on either.
+    b.fails(STRANGER, q, "Resource temporarily unavailable");
+    a.fails(STRANGER, q, "Resource temporarily unavailable");
+}

@@ -15,7 +15,7 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 use crate::locks::lock;
-use crate::schema::counters::{bytes_key, tokens_key, writes_key};
+use crate::schema::counters::{self, bytes_key, tokens_key, writes_key};
 use crate::schema::time::day_of;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
@@ -147,6 +147,25 @@ impl Fs {
         let Some(max) = self.quota(account).and_then(|q| q.searches_per_minute) else {
             return Ok(());
         };
+        if self.store.shared() {
+            // Several daemons: one count per account and UTC minute, in the
+            // store, so the limit is the account's, not each daemon's.
+            let secs = now_ns() as u64 / 1_000_000_000;
+            let n = self
+                .store
+                .alloc(&counters::searches_key(account, secs / 60), 1)?;
+            if n > max as u64 {
+                let wait = 60 - secs % 60;
+                return Err(self.deny(
+                    account,
+                    "searches",
+                    Error::RateLimited(format!(
+                        "account {account} has made its {max} searches of this minute; retry in {wait} s"
+                    )),
+                ));
+            }
+            return Ok(());
+        }
         let now = Instant::now();
         let mut m = lock(&self.quotas.searches);
         let q = m.entry(account.to_string()).or_default();
@@ -172,6 +191,13 @@ impl Fs {
     }
 
     fn searches_last_minute(&self, account: &str) -> usize {
+        if self.store.shared() {
+            let minute = now_ns() as u64 / 60_000_000_000;
+            return self
+                .store
+                .high_water(&counters::searches_key(account, minute))
+                .unwrap_or(0) as usize;
+        }
         let now = Instant::now();
         lock(&self.quotas.searches).get(account).map_or(0, |q| {
             q.iter()

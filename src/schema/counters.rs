@@ -29,6 +29,15 @@ pub fn writes_key(account: &str, day: u64) -> String {
     format!("writes:{account}:{day}")
 }
 
+/// Searches of an account in UTC minute `minute` (minutes since the
+/// epoch), counted in the store when several daemons share it.
+pub fn searches_key(account: &str, minute: u64) -> String {
+    format!("searches:{account}:{minute}")
+}
+
+/// The prefix of every `searches_key`.
+pub const SEARCHES_PREFIX: &str = "searches:";
+
 /// Embedding tokens spent by an account on UTC day `day`.
 pub fn tokens_key(account: &str, day: u64) -> String {
     format!("embed_tokens:{account}:{day}")

@@ -934,7 +934,10 @@ impl Store for PgStore {
         if parent.is_empty() {
             // The list of accounts: the one read above every account.
             return Ok(!self
-                .query("SELECT 1 FROM dirs WHERE parent = '' /* daemon-wide */ LIMIT 1", &[])?
+                .query(
+                    "SELECT 1 FROM dirs WHERE parent = '' /* daemon-wide */ LIMIT 1",
+                    &[],
+                )?
                 .is_empty());
         }
         Ok(!self
@@ -971,7 +974,10 @@ impl Store for PgStore {
     fn list_dirs(&self, parent: &str) -> Result<Vec<String>> {
         let rows = if parent.is_empty() {
             // The list of accounts (each account's row names it).
-            self.query("SELECT name FROM dirs WHERE parent = '' /* daemon-wide */ ORDER BY name", &[])?
+            self.query(
+                "SELECT name FROM dirs WHERE parent = '' /* daemon-wide */ ORDER BY name",
+                &[],
+            )?
         } else {
             self.query(
                 "SELECT name FROM dirs WHERE account = $1 AND parent = $2 ORDER BY name",
@@ -1348,6 +1354,15 @@ impl Store for PgStore {
             &format!("DELETE FROM changes WHERE at < now() - interval '{FEED_KEEP}'"),
             &[],
         )?;
+        // Search counts of minutes gone (`counters::searches_key`).
+        let minute = (now / 60) as i64;
+        self.query(
+            "DELETE FROM high_water WHERE key LIKE $1 AND split_part(key, ':', 3)::bigint < $2",
+            &[
+                &format!("{}%", crate::schema::counters::SEARCHES_PREFIX),
+                &(minute - 1),
+            ],
+        )?;
         Ok(())
     }
 }
@@ -1424,9 +1439,9 @@ mod tests {
         for lit in src.split('"').skip(1).step_by(2) {
             let sql = lit.replace("\\\n", " ");
             let words: Vec<&str> = sql.split_whitespace().collect();
-            let touches = words.windows(2).any(|w| {
-                matches!(w[0], "FROM" | "INTO" | "UPDATE") && TABLES.contains(&w[1])
-            });
+            let touches = words
+                .windows(2)
+                .any(|w| matches!(w[0], "FROM" | "INTO" | "UPDATE") && TABLES.contains(&w[1]));
             if !touches {
                 continue;
             }
