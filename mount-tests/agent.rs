@@ -398,25 +398,7 @@ fn agents_doc_transcript_matches_a_real_session() {
     let out = m.ok(0, &format!("sh {script} $M"));
     let time = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ").unwrap();
     let got = time.replace_all(&out, "<time>").into_owned();
-    let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/AGENTS.md");
-    let doc = std::fs::read_to_string(doc_path).unwrap();
-    let (begin, end) = (
-        "<!-- transcript:begin -->\n```text\n",
-        "```\n<!-- transcript:end -->",
-    );
-    let (b, e) = (
-        doc.find(begin).expect("transcript start marker") + begin.len(),
-        doc.find(end).expect("transcript end marker"),
-    );
-    if std::env::var_os("CTXFS_UPDATE_DOCS").is_some() {
-        std::fs::write(doc_path, format!("{}{got}{}", &doc[..b], &doc[e..])).unwrap();
-        return;
-    }
-    assert_eq!(
-        &doc[b..e],
-        got,
-        "docs/AGENTS.md's transcript differs from a real session (`make agents-doc` updates it)"
-    );
+    agents_doc_block("transcript", &got);
 }
 
 /// SQLite in WAL mode in a project's scratchpad, two processes writing at

@@ -476,23 +476,5 @@ fn agents_doc_mcp_transcript_matches_a_real_session() {
         tool("remember", json!({"category": "prefs", "slug": "shell", "content": "Fish.", "abstract": "x".repeat(120)})),
     ]);
     let got = run_client(&m, WRITER, Some(SCOPE), &steps, true);
-    let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/AGENTS.md");
-    let doc = std::fs::read_to_string(doc_path).unwrap();
-    let (begin, end) = (
-        "<!-- mcp-transcript:begin -->\n```text\n",
-        "```\n<!-- mcp-transcript:end -->",
-    );
-    let (b, e) = (
-        doc.find(begin).expect("MCP transcript start marker") + begin.len(),
-        doc.find(end).expect("MCP transcript end marker"),
-    );
-    if std::env::var_os("CTXFS_UPDATE_DOCS").is_some() {
-        std::fs::write(doc_path, format!("{}{got}{}", &doc[..b], &doc[e..])).unwrap();
-        return;
-    }
-    assert_eq!(
-        &doc[b..e],
-        got,
-        "docs/AGENTS.md's MCP transcript differs from a real session (`make agents-doc` updates it)"
-    );
+    agents_doc_block("mcp-transcript", &got);
 }

@@ -445,3 +445,26 @@ pub fn within(limit: Duration, mut check: impl FnMut() -> bool) -> Option<Durati
     }
     None
 }
+
+/// A transcript in docs/AGENTS.md between `<!-- NAME:begin -->` and
+/// `<!-- NAME:end -->` is exactly `got` (what a real session printed);
+/// with `CTXFS_UPDATE_DOCS` set (`make agents-doc`), the block is rewritten.
+pub fn agents_doc_block(name: &str, got: &str) {
+    let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/AGENTS.md");
+    let doc = std::fs::read_to_string(doc_path).unwrap();
+    let begin = format!("<!-- {name}:begin -->\n```text\n");
+    let end = format!("```\n<!-- {name}:end -->");
+    let (b, e) = (
+        doc.find(&begin).expect("transcript start marker") + begin.len(),
+        doc.find(&end).expect("transcript end marker"),
+    );
+    if std::env::var_os("CTXFS_UPDATE_DOCS").is_some() {
+        std::fs::write(doc_path, format!("{}{got}{}", &doc[..b], &doc[e..])).unwrap();
+        return;
+    }
+    assert_eq!(
+        &doc[b..e],
+        got,
+        "docs/AGENTS.md's {name} block differs from a real session (`make agents-doc` updates it)"
+    );
+}

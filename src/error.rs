@@ -186,6 +186,34 @@ impl Error {
     }
 }
 
+/// The symbolic name of an errno the daemon and its fronts answer with
+/// (`EIO` for any other).
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::ENOENT => "ENOENT",
+        libc::EEXIST => "EEXIST",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::EINVAL => "EINVAL",
+        libc::EACCES => "EACCES",
+        libc::EROFS => "EROFS",
+        libc::EPERM => "EPERM",
+        libc::EXDEV => "EXDEV",
+        libc::EFBIG => "EFBIG",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOTSUP => "ENOTSUP",
+        libc::EBADF => "EBADF",
+        libc::EBUSY => "EBUSY",
+        libc::EDQUOT => "EDQUOT",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOSPC => "ENOSPC",
+        _ => "EIO",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,27 +22,27 @@ pub const BUCKETS: &[f64] = &[
 ];
 
 /// The errnos the daemon answers with (see `crate::error`).
-const ERRNOS: &[(i32, &str)] = &[
-    (libc::ENOENT, "ENOENT"),
-    (libc::EEXIST, "EEXIST"),
-    (libc::ENOTDIR, "ENOTDIR"),
-    (libc::EISDIR, "EISDIR"),
-    (libc::ENOTEMPTY, "ENOTEMPTY"),
-    (libc::EINVAL, "EINVAL"),
-    (libc::EACCES, "EACCES"),
-    (libc::EROFS, "EROFS"),
-    (libc::EPERM, "EPERM"),
-    (libc::EXDEV, "EXDEV"),
-    (libc::EFBIG, "EFBIG"),
-    (libc::ENAMETOOLONG, "ENAMETOOLONG"),
-    (libc::ENOTSUP, "ENOTSUP"),
-    (libc::EBADF, "EBADF"),
-    (libc::EIO, "EIO"),
-    (libc::EBUSY, "EBUSY"),
-    (libc::EDQUOT, "EDQUOT"),
-    (libc::ETIMEDOUT, "ETIMEDOUT"),
-    (libc::EAGAIN, "EAGAIN"),
-    (libc::ENOSYS, "ENOSYS"),
+const ERRNOS: &[i32] = &[
+    libc::ENOENT,
+    libc::EEXIST,
+    libc::ENOTDIR,
+    libc::EISDIR,
+    libc::ENOTEMPTY,
+    libc::EINVAL,
+    libc::EACCES,
+    libc::EROFS,
+    libc::EPERM,
+    libc::EXDEV,
+    libc::EFBIG,
+    libc::ENAMETOOLONG,
+    libc::ENOTSUP,
+    libc::EBADF,
+    libc::EIO,
+    libc::EBUSY,
+    libc::EDQUOT,
+    libc::ETIMEDOUT,
+    libc::EAGAIN,
+    libc::ENOSYS,
 ];
 
 struct OpStats {
@@ -117,7 +117,7 @@ impl Metrics {
 
     /// A request of `op` failed with `errno`.
     pub fn error(&self, op: &str, errno: i32) {
-        if let Some(i) = ERRNOS.iter().position(|(e, _)| *e == errno) {
+        if let Some(i) = ERRNOS.iter().position(|e| *e == errno) {
             self.ops[op_index(op)].errors[i].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -173,7 +173,8 @@ impl Metrics {
         out.push_str("# HELP ctxfs_errors_total Failed requests by operation and errno.\n");
         out.push_str("# TYPE ctxfs_errors_total counter\n");
         for (i, op) in OPS.iter().enumerate() {
-            for (j, (_, name)) in ERRNOS.iter().enumerate() {
+            for (j, &errno) in ERRNOS.iter().enumerate() {
+                let name = crate::error::errno_name(errno);
                 let n = self.ops[i].errors[j].load(Ordering::Relaxed);
                 if n > 0 {
                     let _ = writeln!(

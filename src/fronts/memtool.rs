@@ -50,7 +50,8 @@ fn parse(path: &str) -> Result<Target, String> {
     };
     let parts: Vec<&str> = rest.split('/').collect();
     for seg in &parts {
-        check_name(seg).map_err(|e| format!("Error: {p}: {e}"))?;
+        // The tree's own name rules: a path the mount would refuse is refused here.
+        crate::schema::place::check_name(seg).map_err(|e| format!("Error: {p}: {e}"))?;
     }
     match parts.as_slice() {
         [one] if has_file_ext(one) => Ok(Target::File {
@@ -86,22 +87,6 @@ fn parse(path: &str) -> Result<Target, String> {
 /// level; one without is a directory.
 fn has_file_ext(name: &str) -> bool {
     name.contains('.')
-}
-
-fn check_name(seg: &str) -> Result<(), String> {
-    let ok = !seg.is_empty()
-        && !seg.starts_with('.')
-        && seg.len() <= 255
-        && seg
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{seg:?} is not a valid name (ASCII letters, digits, _ - ., not starting with .)"
-        ))
-    }
 }
 
 fn slug_of(name: &str) -> String {
@@ -523,7 +508,7 @@ fn io_text(e: &std::io::Error) -> String {
     format!(
         "{} ({})",
         super::strip_os_error(e),
-        super::errno_name(errno)
+        crate::error::errno_name(errno)
     )
 }
 

@@ -49,7 +49,7 @@ impl FrontError {
 
     /// `EINVAL`, `EROFS`… (or `EIO` when no errno came with it).
     pub fn errno_name(&self) -> &'static str {
-        errno_name(self.errno.unwrap_or(libc::EIO))
+        crate::error::errno_name(self.errno.unwrap_or(libc::EIO))
     }
 
     /// `REASON (ERRNO)`: the text a memory-tool application shows the model.
@@ -81,30 +81,6 @@ fn strip_os_error(e: &std::io::Error) -> String {
     match s.find(" (os error ") {
         Some(i) => s[..i].to_string(),
         None => s,
-    }
-}
-
-pub fn errno_name(errno: i32) -> &'static str {
-    match errno {
-        libc::EPERM => "EPERM",
-        libc::ENOENT => "ENOENT",
-        libc::EIO => "EIO",
-        libc::EAGAIN => "EAGAIN",
-        libc::EACCES => "EACCES",
-        libc::EBUSY => "EBUSY",
-        libc::EEXIST => "EEXIST",
-        libc::EXDEV => "EXDEV",
-        libc::ENOTDIR => "ENOTDIR",
-        libc::EISDIR => "EISDIR",
-        libc::EINVAL => "EINVAL",
-        libc::EFBIG => "EFBIG",
-        libc::ENOSPC => "ENOSPC",
-        libc::EROFS => "EROFS",
-        libc::ENAMETOOLONG => "ENAMETOOLONG",
-        libc::ENOTEMPTY => "ENOTEMPTY",
-        libc::ETIMEDOUT => "ETIMEDOUT",
-        libc::EDQUOT => "EDQUOT",
-        _ => "EIO",
     }
 }
 

@@ -24,6 +24,28 @@ fn account_of(path: &str) -> String {
     path.split('/').next().unwrap_or("").to_string()
 }
 
+/// The events of a queue (the outbox or the dead letters): seq, node, JSON.
+fn events(
+    txn: &::redb::ReadTransaction,
+    by_node: ::redb::TableDefinition<(&str, u64), ()>,
+    table: ::redb::TableDefinition<u64, &[u8]>,
+) -> Result<Vec<(u64, String, Vec<u8>)>> {
+    let mut node_of: HashMap<u64, String> = HashMap::new();
+    for item in txn.open_table(by_node).map_err(se)?.iter().map_err(se)? {
+        let (k, _) = item.map_err(se)?;
+        let (node, seq) = k.value();
+        node_of.insert(seq, node.to_string());
+    }
+    let mut out = Vec::new();
+    for item in txn.open_table(table).map_err(se)?.iter().map_err(se)? {
+        let (k, v) = item.map_err(se)?;
+        let seq = k.value();
+        let node = node_of.remove(&seq).unwrap_or_default();
+        out.push((seq, node, v.value().to_vec()));
+    }
+    Ok(out)
+}
+
 impl RedbStore {
     /// Hand every row (but saved drafts, which belong to this data dir's
     /// daemon) to `f` as the op that recreates it, table by table. Outbox
@@ -101,21 +123,7 @@ impl RedbStore {
                 },
             )?;
         }
-        let mut node_of: HashMap<u64, String> = HashMap::new();
-        for item in txn
-            .open_table(OUTBOX_BY_NODE)
-            .map_err(se)?
-            .iter()
-            .map_err(se)?
-        {
-            let (k, _) = item.map_err(se)?;
-            let (node, seq) = k.value();
-            node_of.insert(seq, node.to_string());
-        }
-        for item in txn.open_table(OUTBOX).map_err(se)?.iter().map_err(se)? {
-            let (k, v) = item.map_err(se)?;
-            let seq = k.value();
-            let node_path = node_of.get(&seq).cloned().unwrap_or_default();
+        for (seq, node_path, json) in events(&txn, OUTBOX_BY_NODE, OUTBOX)? {
             let account = account_of(&node_path);
             f(
                 "outbox",
@@ -123,25 +131,11 @@ impl RedbStore {
                     seq,
                     node_path,
                     account,
-                    json: v.value().to_vec(),
+                    json,
                 },
             )?;
         }
-        node_of.clear();
-        for item in txn
-            .open_table(DLQ_BY_NODE)
-            .map_err(se)?
-            .iter()
-            .map_err(se)?
-        {
-            let (k, _) = item.map_err(se)?;
-            let (node, seq) = k.value();
-            node_of.insert(seq, node.to_string());
-        }
-        for item in txn.open_table(DLQ).map_err(se)?.iter().map_err(se)? {
-            let (k, v) = item.map_err(se)?;
-            let seq = k.value();
-            let node_path = node_of.get(&seq).cloned().unwrap_or_default();
+        for (seq, node_path, json) in events(&txn, DLQ_BY_NODE, DLQ)? {
             let account = account_of(&node_path);
             f(
                 "dlq",
@@ -149,7 +143,7 @@ impl RedbStore {
                     seq,
                     node_path,
                     account,
-                    json: v.value().to_vec(),
+                    json,
                 },
             )?;
         }
