@@ -16,6 +16,30 @@ pub struct ConfigFile {
     pub redaction: RedactionSection,
     #[serde(default)]
     pub store: StoreSection,
+    /// `[llm]`: the chat-completions endpoint that extracts memories from
+    /// conversations written to an inbox. Without it the inbox refuses writes.
+    pub llm: Option<LlmSection>,
+}
+
+/// The `[llm]` table.
+#[derive(Debug, Deserialize, Clone, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LlmSection {
+    /// `http://127.0.0.1:8080/v1` (an OpenAI-compatible server).
+    pub url: String,
+    pub model: String,
+    /// The environment variable holding the API key (sent as a bearer token).
+    pub api_key_env: Option<String>,
+    /// Seconds one request may take (default 120).
+    pub timeout_s: Option<u64>,
+    /// Conversations extracted at the same time (default 1).
+    pub concurrency: Option<usize>,
+    /// Tries of one conversation before it fails (default 4).
+    pub max_attempts: Option<u32>,
+    /// The first retry's delay; each next one doubles (default 2000).
+    pub retry_backoff_ms: Option<u64>,
+    /// Completion tokens one request may produce (default 1024).
+    pub max_tokens: Option<u32>,
 }
 
 /// The `[store]` table: where the namespace lives. Without `url`, the
@@ -108,6 +132,8 @@ pub struct Quota {
     pub searches_per_minute: Option<u32>,
     /// Tokens sent to the embedder per UTC day (about 4 bytes of text each).
     pub embed_tokens_per_day: Option<u64>,
+    /// Tokens the LLM spends on the account's conversations per UTC day.
+    pub llm_tokens_per_day: Option<u64>,
 }
 
 /// Everything a config file sets.
@@ -120,6 +146,10 @@ pub struct Settings {
     pub quotas: BTreeMap<String, Quota>,
     /// `[store] url`: a shared PostgreSQL store instead of the embedded one.
     pub store_url: Option<String>,
+    /// `[llm]`: memory extraction from conversations.
+    pub llm: Option<LlmSection>,
+    /// Accounts whose extracted memories wait for a writer's review.
+    pub review: std::collections::BTreeSet<String>,
 }
 
 impl Settings {
@@ -134,7 +164,11 @@ impl Settings {
         let mut map = BTreeMap::new();
         let mut off = std::collections::BTreeSet::new();
         let mut quotas = BTreeMap::new();
+        let mut review = std::collections::BTreeSet::new();
         for a in file.account {
+            if a.review {
+                review.insert(a.id.clone());
+            }
             if let Some(q) = a.quota.clone() {
                 quotas.insert(a.id.clone(), q);
             }
@@ -158,6 +192,8 @@ impl Settings {
             },
             quotas,
             store_url: file.store.url,
+            llm: file.llm,
+            review,
         })
     }
 }
@@ -173,6 +209,10 @@ pub struct AccountConfig {
     /// `false` keeps this account's secrets as written (no redaction).
     #[serde(default = "yes")]
     pub redact: bool,
+    /// `true`: memories extracted from this account's conversations wait as
+    /// a proposal (`inbox/NAME.review`) until a writer accepts them.
+    #[serde(default)]
+    pub review: bool,
     pub quota: Option<Quota>,
 }
 

@@ -30,6 +30,8 @@ pub fn settings(
             redaction: Default::default(),
             quotas: Default::default(),
             store_url: None,
+            llm: None,
+            review: Default::default(),
         },
     };
     if let Some(e) = embedder {

@@ -9,6 +9,7 @@ pub mod core;
 pub mod daemon;
 pub mod data;
 pub mod error;
+pub mod extract;
 pub mod fronts;
 pub mod fuse;
 pub mod index;

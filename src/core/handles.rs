@@ -18,6 +18,8 @@ pub(crate) enum Handle {
     Restore(RestoreHandle),
     /// `accounts/{a}/.ctxfs/batch` opened for writing.
     Batch(super::commit::BatchHandle),
+    /// A conversation (or a review decision) being written to an inbox.
+    Inbox(super::inbox::InboxHandle),
 }
 
 pub(crate) struct DraftHandle {

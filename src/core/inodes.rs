@@ -44,6 +44,10 @@ pub enum Key {
         dir: Arc<str>,
         name: &'static str,
     },
+    /// `{a}/users/{u}/inbox/`: conversations in, memories out.
+    Inbox(Arc<str>),
+    /// A conversation, `.status` or `.review` file of an inbox.
+    InboxFile(Arc<str>),
     /// A project's scratchpad, anything in it, or its activity log.
     Scratch(Arc<str>),
     /// `accounts/{a}/.ctxfs/`: the account's own files (reached by path).

@@ -11,6 +11,7 @@ pub(crate) mod draft;
 mod flock;
 pub mod forget;
 mod handles;
+pub mod inbox;
 pub mod inodes;
 mod kcache;
 pub mod metrics;
@@ -209,6 +210,8 @@ pub struct Fs {
     log_budget: metrics::LogBudget,
     /// The last batch result of each (account, uid), for `.ctxfs/batch`.
     batch_results: Mutex<BatchResults>,
+    /// Memory extraction from conversations (with `[llm]` in the config).
+    inbox: std::sync::OnceLock<Arc<inbox::Inbox>>,
     /// Bytes of uncommitted files in memory, and their limit.
     draft_mem: draft::DraftMemory,
     draft_limit: AtomicU64,
@@ -246,6 +249,7 @@ impl Fs {
             sync_waiters: search::SyncWaiters::default(),
             log_budget: metrics::LogBudget::default(),
             batch_results: Mutex::new(HashMap::new()),
+            inbox: std::sync::OnceLock::new(),
             draft_mem: draft::DraftMemory::default(),
             draft_limit: AtomicU64::new(DEFAULT_DRAFT_MEMORY),
         };

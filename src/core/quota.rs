@@ -225,6 +225,10 @@ impl Fs {
                 self.store.counter(&tokens_key(account, day))?,
                 q.embed_tokens_per_day
             ),
+            "llm_tokens_today": pair(
+                self.store.counter(&counters::llm_tokens_key(account, day))?,
+                q.llm_tokens_per_day
+            ),
         });
         let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
         out.push(b'\n');

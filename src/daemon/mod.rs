@@ -220,6 +220,14 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     fs.set_redaction(settings.redaction.clone());
     fs.set_quotas(settings.quotas.clone());
     fs.set_draft_memory_limit(o.draft_memory);
+    let inbox = match &settings.llm {
+        Some(l) => {
+            let ib = Arc::new(crate::core::inbox::Inbox::new(l, settings.review.clone())?);
+            fs.set_inbox(ib.clone());
+            Some(ib)
+        }
+        None => None,
+    };
     let t = Instant::now();
     let actions = fs
         .repair(o.repair_grace)
@@ -262,6 +270,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     // the next open has to repair the whole file.
     let sweeper_done = Arc::new(AtomicBool::new(false));
     let sweeper = spawn_sweeper(fs.clone(), o.sweep_interval, sweeper_done.clone())?;
+    fs.start_inbox()?;
 
     let mut unmounting = false;
     while !session.guard.is_finished() {
@@ -277,6 +286,9 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     let served = session.join();
     sweeper_done.store(true, Ordering::Relaxed);
     let _ = sweeper.join();
+    if let Some(ib) = &inbox {
+        ib.shutdown();
+    }
     let drafts = fs
         .persist_all_drafts()
         .map_err(|e| anyhow!("saving drafts: {e}"))?;

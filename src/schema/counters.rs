@@ -43,9 +43,14 @@ pub fn tokens_key(account: &str, day: u64) -> String {
     format!("embed_tokens:{account}:{day}")
 }
 
+/// LLM tokens spent on an account's conversations on UTC day `day`.
+pub fn llm_tokens_key(account: &str, day: u64) -> String {
+    format!("llm_tokens:{account}:{day}")
+}
+
 /// Counters of one day only (not recounted by fsck).
 pub fn is_daily(key: &str) -> bool {
-    key.starts_with("writes:") || key.starts_with("embed_tokens:")
+    key.starts_with("writes:") || key.starts_with("embed_tokens:") || key.starts_with("llm_tokens:")
 }
 
 /// High-water mark of an account's graph labels.

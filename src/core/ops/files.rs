@@ -117,6 +117,7 @@ impl Fs {
             Key::CtxfsFile(names::STATUS_FILE) => data(self.status_json(c)?),
             Key::CtxfsFile(names::SYNC_FILE) => data(self.sync_file(c)?),
             Key::Scratch(path) => self.scratch_open(c, path, flags),
+            Key::InboxFile(path) => self.inbox_open(c, path, flags),
             Key::VersionFile { .. } | Key::Restore(_) | Key::Redact(_) => {
                 self.versions_open(c, &key, write)
             }
@@ -243,6 +244,15 @@ impl Fs {
             let attr = self.lookup(c, parent, name)?;
             return Ok((attr, opened));
         }
+        if let Key::Inbox(dir) = &pkey {
+            let opened = self.inbox_create(c, dir, name)?;
+            // Not stored before its close: the entry the kernel gets is the
+            // file being written (empty, writable by its writer).
+            let key = Key::InboxFile(Arc::from(format!("{dir}/{name}")));
+            let ino = self.ino_lookup(key);
+            let attr = self.file_attr(ino, 0, 0o644, SystemTime::now(), false);
+            return Ok((attr, opened));
+        }
         let node = match &pkey {
             Key::Dir(p) => p.clone(),
             Key::Accounts => {
@@ -291,7 +301,7 @@ impl Fs {
             Handle::Data(d) => Ok(super::draft::slice_at(d, offset, size)),
             Handle::Draft(d) => Ok(read_lock(&d.file).read_at(offset, size)),
             Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
-            Handle::Restore(_) | Handle::Batch(_) => Err(Error::BadHandle),
+            Handle::Restore(_) | Handle::Batch(_) | Handle::Inbox(_) => Err(Error::BadHandle),
         }
     }
 
@@ -302,6 +312,9 @@ impl Fs {
         }
         if let Handle::Restore(r) = &*h {
             return self.restore_write(r, data);
+        }
+        if let Handle::Inbox(i) = &*h {
+            return self.inbox_write(i, offset, data);
         }
         if let Handle::Batch(b) = &*h {
             let mut buf = lock(&b.buf);
@@ -346,6 +359,9 @@ impl Fs {
         if let Handle::Restore(r) = &*h {
             self.restore_flush(r)?;
         }
+        if let Handle::Inbox(i) = &*h {
+            self.inbox_flush(i)?;
+        }
         if let Handle::Batch(b) = &*h {
             let bytes = std::mem::take(&mut *lock(&b.buf));
             if !bytes.is_empty() {
@@ -374,6 +390,9 @@ impl Fs {
         self.cached.release(fh);
         let h = self.handles.remove(fh);
         if let Some(h) = h {
+            if let Handle::Inbox(i) = &*h {
+                self.inbox_released(i);
+            }
             if let Handle::Scratch(s) = &*h {
                 let path = s.path().to_string();
                 if let Err(e) = self.scratch_persist(s, false) {
@@ -424,7 +443,7 @@ impl Fs {
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
-            Key::Restore(_) | Key::Redact(_) | Key::Batch(_)
+            Key::Restore(_) | Key::Redact(_) | Key::Batch(_) | Key::InboxFile(_)
                 if sa.mode.is_none() && sa.size == Some(0) =>
             {
                 return self.attr_of(c, &key, ino)

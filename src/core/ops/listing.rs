@@ -108,6 +108,10 @@ impl Fs {
                         let k = Key::Scratch(arc(&join(path, names::ACTIVITY_LOG)));
                         entries.push(d(k, names::ACTIVITY_LOG, Kind::File));
                     }
+                    if inbox::is_user(path) {
+                        let k = Key::Inbox(arc(&join(path, inbox::INBOX)));
+                        entries.push(d(k, inbox::INBOX, Kind::Dir));
+                    }
                     if agent::is_owner_space(path) {
                         for name in [names::MAP_FILE, names::HEADER_FILE] {
                             let k = Key::Generated {
@@ -155,6 +159,13 @@ impl Fs {
             Key::Versions(_) | Key::VersionDir { .. } => {
                 shared = false;
                 for (k, name, kind) in self.versions_list(c, &key)? {
+                    entries.push(d(k, &name, kind));
+                }
+            }
+            Key::Inbox(dir) => {
+                shared = false;
+                for (name, kind) in self.inbox_list(c, dir)? {
+                    let k = Key::InboxFile(arc(&join(dir, &name)));
                     entries.push(d(k, &name, kind));
                 }
             }

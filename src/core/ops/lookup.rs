@@ -132,6 +132,8 @@ impl Fs {
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
             Key::Scratch(path) => self.scratch_attr(c, path, ino),
+            Key::Inbox(path) => self.inbox_dir_attr(c, path, ino),
+            Key::InboxFile(path) => self.inbox_attr(c, path, ino),
             Key::AccountCtxfs(account) => {
                 self.gate(c, account, false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
@@ -308,6 +310,11 @@ impl Fs {
                 Ok(Key::Scratch(arc(&join(path, name))))
             }
             Key::Scratch(dir) => self.scratch_child(c, dir, name),
+            Key::Dir(path) if name == inbox::INBOX && inbox::is_user(path) => {
+                self.gate(c, Self::account_of(path), false)?;
+                Ok(Key::Inbox(arc(&join(path, name))))
+            }
+            Key::Inbox(dir) => self.inbox_child(c, dir, name),
             Key::Versions(_) | Key::VersionDir { .. } => self.versions_child(c, parent, name),
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;

@@ -57,6 +57,16 @@ impl Fs {
     pub fn rmdir(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         match self.key_of(parent)? {
             Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
+            // Like an empty scratchpad, an empty inbox is "removed" and
+            // shows again, so `rm -r` of a user directory works.
+            Key::Dir(p) if inbox::is_user(&p) && name == inbox::INBOX => {
+                self.gate(c, Self::account_of(&p), true)?;
+                let dir = join(&p, inbox::INBOX);
+                if !self.inbox_list(c, &dir)?.is_empty() {
+                    return Err(Error::NotEmpty);
+                }
+                return Ok(());
+            }
             // Like structural directories, an empty scratchpad is
             // "removed" and shows again, so `rm -r` of a project works.
             Key::Dir(p) if scratch::is_project(&p) && name == names::SCRATCHPAD => {
@@ -219,6 +229,9 @@ impl Fs {
         }
         if let Key::Scratch(dir) = &pkey {
             return self.scratch_unlink(c, dir, name, false);
+        }
+        if let Key::Inbox(dir) = &pkey {
+            return self.inbox_unlink(c, dir, name);
         }
         let Key::Dir(node) = &pkey else {
             return Err(Error::NotPermitted("virtual directory"));

@@ -1,0 +1,1200 @@
+//! Memory from conversations: `accounts/{a}/users/{u}/inbox/`.
+//!
+//! A writer writes a conversation (`NAME.json` / `NAME.jsonl`) and closes
+//! it: the file is checked, stored read-only and queued as a job, and the
+//! close returns. Extraction threads (`ctxfs-extract`) take the jobs: the
+//! LLM proposes candidate memories, the merge policies place them, existing
+//! nodes are merged by the LLM into a new version, near-duplicates found by
+//! the search index are merged instead of created, and the result is
+//! committed as one batch through the ordinary commit, as the writer
+//! (or held as a proposal in `NAME.review` for accounts in review mode).
+//! `NAME.status` shows the job.
+//!
+//! Stored rows (the scratch table, keyed by path, account first):
+//! `{inbox}/NAME.json` the conversation, `{inbox}/.jobs/NAME.json` its job,
+//! `{inbox}/.hashes/{sha256}` the file that content was first ingested as.
+
+use super::{inodes::Key, lock, Attr, Caller, Fs, Handle, Kind, Opened};
+use crate::config::LlmSection;
+use crate::error::{Error, Result};
+use crate::extract::{self, llm, policy, prompt, Candidate, Conversation};
+use crate::schema::counters::llm_tokens_key;
+use crate::schema::place;
+use crate::schema::time::{day_of, now_ns, rfc3339_ms};
+use crate::store::{Op, ScratchRec};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, SystemTime};
+
+pub const INBOX: &str = "inbox";
+const JOBS: &str = ".jobs";
+const HASHES: &str = ".hashes";
+const STATUS_EXT: &str = ".status";
+const REVIEW_EXT: &str = ".review";
+
+/// A near-duplicate: an existing memory at least this similar (cosine of
+/// the embeddings) to a candidate takes the candidate as a merge.
+pub const DUPLICATE_SIMILARITY: f32 = 0.65;
+/// An event or case this similar to an existing one is the same one.
+pub const SAME_EVENT_SIMILARITY: f32 = 0.85;
+/// How often idle extraction threads look for work queued by other daemons.
+const RESCAN: Duration = Duration::from_secs(5);
+
+/// Is `path` (under `accounts/`) a user directory `{a}/users/{u}`?
+pub fn is_user(path: &str) -> bool {
+    let c = place::split(path);
+    c.len() == 3 && c[1] == "users"
+}
+
+/// `{a}/users/{u}` of an inbox path.
+fn user_dir(path: &str) -> &str {
+    let mut n = 0;
+    for (i, b) in path.bytes().enumerate() {
+        if b == b'/' {
+            n += 1;
+            if n == 3 {
+                return &path[..i];
+            }
+        }
+    }
+    path
+}
+
+fn split_name(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+/// What a name in an inbox is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Conversation,
+    Status,
+    Review,
+}
+
+fn entry_of(name: &str) -> Option<(Entry, String)> {
+    if extract::is_conversation_name(name) {
+        return Some((Entry::Conversation, name.to_string()));
+    }
+    for (ext, e) in [(STATUS_EXT, Entry::Status), (REVIEW_EXT, Entry::Review)] {
+        if let Some(stem) = name.strip_suffix(ext) {
+            if !stem.is_empty() && !stem.contains('.') {
+                return Some((e, stem.to_string()));
+            }
+        }
+    }
+    None
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Waiting for an extraction thread (or its next try).
+    Queued,
+    Running,
+    /// The account's daily LLM token budget is spent: waits for the next UTC day.
+    Waiting,
+    /// Extracted; the changes wait for a writer (`NAME.review`).
+    Review,
+    Done,
+    /// Retries exhausted or a permanent error: nothing was committed.
+    Failed,
+    /// A writer dropped the proposal.
+    Dropped,
+}
+
+impl State {
+    fn finished(self) -> bool {
+        matches!(self, State::Done | State::Failed | State::Dropped)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tokens {
+    pub prompt: u64,
+    pub completion: u64,
+    pub total: u64,
+}
+
+/// One decision about one candidate memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChangeRec {
+    /// created, merged, appended, skipped (in review: the action proposed).
+    pub action: String,
+    pub kind: String,
+    /// Node path under the account (empty when skipped without a place).
+    pub path: String,
+    pub uri: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    pub why: String,
+    /// Message indexes of the conversation it came from.
+    pub messages: Vec<usize>,
+}
+
+/// A conversation's job, as stored; `NAME.status` shows it without the
+/// fields marked internal.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    pub file: String,
+    pub state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub attempts: u32,
+    pub queued_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate_of: Option<String>,
+    pub messages: usize,
+    pub tokens: Tokens,
+    pub changes: Vec<ChangeRec>,
+    /// Candidates the checks dropped, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
+    // internal
+    pub uid: u32,
+    pub gid: u32,
+    pub sha256: String,
+    #[serde(default)]
+    pub next_try_ms: u64,
+    /// In review: the batch lines committed when a writer accepts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proposal: Vec<String>,
+}
+
+impl Job {
+    fn status_json(&self) -> Vec<u8> {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            for k in ["uid", "gid", "next_try_ms", "proposal"] {
+                o.remove(k);
+            }
+        }
+        let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+}
+
+/// `inbox/NAME.json` being written: its bytes, queued at close.
+pub(crate) struct InboxHandle {
+    path: String,
+    caller: Caller,
+    buf: Mutex<Vec<u8>>,
+    /// `NAME.review` (a decision) rather than a conversation.
+    review: bool,
+}
+
+/// The extraction service of a daemon: its settings, its queue, its threads.
+pub struct Inbox {
+    client: llm::Client,
+    concurrency: usize,
+    max_attempts: u32,
+    backoff_ms: u64,
+    review: BTreeSet<String>,
+    fs: Mutex<Weak<Fs>>,
+    /// Set by `notify`: look for work now.
+    wake: (Mutex<bool>, Condvar),
+    running: Mutex<HashSet<String>>,
+    /// Conversation files open for writing, not stored before their close.
+    writing: Mutex<HashSet<String>>,
+    stop: AtomicBool,
+    /// Threads holding the file system right now (`shutdown` waits for none).
+    busy: AtomicUsize,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Inbox {
+    pub fn new(s: &LlmSection, review: BTreeSet<String>) -> anyhow::Result<Inbox> {
+        let api_key = match &s.api_key_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                anyhow::anyhow!(
+                    "[llm] api_key_env names {var}, which is not set in the environment"
+                )
+            })?),
+            None => None,
+        };
+        if !(s.url.starts_with("http://") || s.url.starts_with("https://")) {
+            anyhow::bail!(
+                "[llm] url must start with http:// or https://, not {:?}",
+                s.url
+            );
+        }
+        Ok(Inbox {
+            client: llm::Client::new(llm::LlmSettings {
+                url: s.url.clone(),
+                model: s.model.clone(),
+                api_key,
+                timeout: Duration::from_secs(s.timeout_s.unwrap_or(120).max(1)),
+                max_tokens: s.max_tokens.unwrap_or(1024).max(64),
+            }),
+            concurrency: s.concurrency.unwrap_or(1).clamp(1, 16),
+            max_attempts: s.max_attempts.unwrap_or(4).clamp(1, 100),
+            backoff_ms: s.retry_backoff_ms.unwrap_or(2000),
+            review,
+            fs: Mutex::new(Weak::new()),
+            wake: (Mutex::new(false), Condvar::new()),
+            running: Mutex::new(HashSet::new()),
+            writing: Mutex::new(HashSet::new()),
+            stop: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+            threads: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn notify(&self) {
+        *lock(&self.wake.0) = true;
+        self.wake.1.notify_all();
+    }
+
+    /// Run `f` with the file system, unless the daemon is stopping.
+    fn with_fs<R>(&self, f: impl FnOnce(&Arc<Fs>) -> R) -> Option<R> {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        let r = if self.stop.load(Ordering::SeqCst) {
+            None
+        } else {
+            let fs = lock(&self.fs).upgrade();
+            fs.map(|fs| f(&fs))
+        };
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// Stop the threads: none holds the file system when this returns (a
+    /// request to the LLM under way is abandoned; its job runs again at the
+    /// next start).
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.notify();
+        while self.busy.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Threads waiting on the condition variable end now; threads in a
+        // request end when it returns (they hold no file system).
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Message indexes as the provenance of a node version.
+fn provenance(user: &str, file: &str, conv: &Conversation, messages: &[usize]) -> Value {
+    let mut p = json!({
+        "inbox": format!("users/{user}/inbox/{file}"),
+        "messages": messages,
+    });
+    if let Some(s) = &conv.session {
+        p["session"] = json!(s);
+    }
+    if let Some(g) = &conv.agent {
+        p["agent"] = json!(g);
+    }
+    p
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Fs {
+    pub fn set_inbox(self: &Arc<Self>, inbox: Arc<Inbox>) {
+        *lock(&inbox.fs) = Arc::downgrade(self);
+        let _ = self.inbox.set(inbox);
+    }
+
+    // ---- the files ----------------------------------------------------------
+
+    fn job_path(inbox: &str, file: &str) -> String {
+        format!("{inbox}/{JOBS}/{file}")
+    }
+
+    fn get_job(&self, inbox: &str, file: &str) -> Result<Option<Job>> {
+        match self.store.get_scratch(&Self::job_path(inbox, file))? {
+            Some(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| Error::store_from("corrupt inbox job", e)),
+            None => Ok(None),
+        }
+    }
+
+    fn job_op(inbox: &str, job: &Job) -> Op {
+        Op::PutScratch {
+            path: Self::job_path(inbox, &job.file),
+            data: serde_json::to_vec(job).unwrap_or_default(),
+        }
+    }
+
+    fn save_job(&self, inbox: &str, job: &Job) -> Result<()> {
+        self.store.apply(vec![Self::job_op(inbox, job)], true)
+    }
+
+    /// The job of stem `stem`, whichever extension its file has.
+    fn job_of_stem(&self, inbox: &str, stem: &str) -> Result<Option<Job>> {
+        for ext in [".json", ".jsonl"] {
+            if let Some(j) = self.get_job(inbox, &format!("{stem}{ext}"))? {
+                return Ok(Some(j));
+            }
+        }
+        Ok(None)
+    }
+
+    fn inbox_there(&self, c: Caller, inbox: &str, write: bool) -> Result<()> {
+        self.gate(c, Self::account_of(inbox), write)?;
+        Ok(())
+    }
+
+    pub(super) fn inbox_dir_attr(&self, c: Caller, inbox: &str, ino: u64) -> Result<Attr> {
+        self.inbox_there(c, inbox, false)?;
+        Ok(self.dir_attr(ino, 0o755, self.started, false))
+    }
+
+    pub(super) fn inbox_child(&self, c: Caller, inbox: &str, name: &str) -> Result<Key> {
+        self.inbox_there(c, inbox, false)?;
+        entry_of(name).ok_or(Error::NotFound)?;
+        Ok(Key::InboxFile(format!("{inbox}/{name}").into()))
+    }
+
+    pub(super) fn inbox_attr(&self, c: Caller, path: &str, ino: u64) -> Result<Attr> {
+        let (inbox, name) = split_name(path);
+        self.inbox_there(c, inbox, false)?;
+        let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;
+        let mtime = |ms: i128| super::time_of(ms);
+        match entry {
+            Entry::Conversation => {
+                let r = self
+                    .store
+                    .get_scratch(path)?
+                    .map(|b| ScratchRec::decode(&b))
+                    .transpose()?;
+                match r {
+                    Some(r) => Ok(self.file_attr(
+                        ino,
+                        r.data.len() as u64,
+                        0o444,
+                        mtime(r.mtime_ns),
+                        false,
+                    )),
+                    None if self
+                        .inbox
+                        .get()
+                        .is_some_and(|ib| lock(&ib.writing).contains(path)) =>
+                    {
+                        Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
+                    }
+                    None => Err(Error::NotFound),
+                }
+            }
+            Entry::Status => {
+                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                let n = j.status_json().len() as u64;
+                Ok(self.file_attr(ino, n, 0o444, SystemTime::now(), false))
+            }
+            Entry::Review => match self.job_of_stem(inbox, &stem)? {
+                Some(j) if j.state == State::Review => {
+                    let n = review_text(&j).len() as u64;
+                    Ok(self.file_attr(ino, n, 0o644, SystemTime::now(), false))
+                }
+                _ => Err(Error::NotFound),
+            },
+        }
+    }
+
+    pub(super) fn inbox_list(&self, c: Caller, inbox: &str) -> Result<Vec<(String, Kind)>> {
+        self.inbox_there(c, inbox, false)?;
+        let mut out = Vec::new();
+        for (name, _) in self.store.list_scratch(inbox)? {
+            if extract::is_conversation_name(&name) {
+                out.push((name, Kind::File));
+            }
+        }
+        for (file, b) in self.store.list_scratch(&format!("{inbox}/{JOBS}"))? {
+            let stem = extract::stem(&file).to_string();
+            out.push((format!("{stem}{STATUS_EXT}"), Kind::File));
+            if serde_json::from_slice::<Job>(&b).is_ok_and(|j| j.state == State::Review) {
+                out.push((format!("{stem}{REVIEW_EXT}"), Kind::File));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Why the inbox cannot take a conversation from `c` now, if it cannot.
+    fn inbox_writable(&self, c: Caller, inbox: &str) -> Result<()> {
+        self.inbox_there(c, inbox, true)?;
+        if self.inbox.get().is_none() {
+            return Err(Error::Unsupported);
+        }
+        let account = Self::account_of(inbox);
+        if let Some(max) = self.quota(account).and_then(|q| q.llm_tokens_per_day) {
+            let used = self
+                .store
+                .counter(&llm_tokens_key(account, day_of(now_ns())))?
+                .max(0) as u64;
+            if used >= max {
+                return Err(Error::Quota(format!(
+                    "account {account} spent its {max} LLM tokens of today; conversations are taken again tomorrow (UTC)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn inbox_create(&self, c: Caller, inbox: &str, name: &str) -> Result<Opened> {
+        self.inbox_there(c, inbox, true)?;
+        match entry_of(name) {
+            Some((Entry::Conversation, _)) => {}
+            Some(_) => {
+                return Err(Error::NotPermitted(
+                    "status and review files are the daemon's",
+                ))
+            }
+            None => {
+                return Err(Error::Invalid(format!(
+                    "{}: the inbox takes conversations named NAME.json or NAME.jsonl",
+                    crate::schema::excerpt(name)
+                )))
+            }
+        }
+        place::check_name(extract::stem(name))?;
+        self.inbox_writable(c, inbox)?;
+        let path = format!("{inbox}/{name}");
+        if self.store.get_scratch(&path)?.is_some()
+            || self.job_of_stem(inbox, extract::stem(name))?.is_some()
+        {
+            return Err(Error::NotPermitted(
+                "a queued conversation is read-only; write a new NAME",
+            ));
+        }
+        if let Some(ib) = self.inbox.get() {
+            lock(&ib.writing).insert(path.clone());
+        }
+        Ok(self.inbox_handle(c, path, false))
+    }
+
+    /// The handle is gone: a conversation never closed with bytes is no more.
+    pub(super) fn inbox_released(&self, h: &InboxHandle) {
+        if let Some(ib) = self.inbox.get() {
+            lock(&ib.writing).remove(&h.path);
+        }
+    }
+
+    fn inbox_handle(&self, c: Caller, path: String, review: bool) -> Opened {
+        let fh = self.new_handle(Handle::Inbox(InboxHandle {
+            path,
+            caller: c,
+            buf: Mutex::new(Vec::new()),
+            review,
+        }));
+        Opened {
+            fh,
+            direct_io: true,
+            keep_cache: false,
+            no_flush: false,
+        }
+    }
+
+    pub(super) fn inbox_open(&self, c: Caller, path: &str, flags: i32) -> Result<Opened> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let (inbox, name) = split_name(path);
+        self.inbox_there(c, inbox, write)?;
+        let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;
+        let data = |bytes: Vec<u8>| {
+            let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+            Opened {
+                fh,
+                direct_io: true,
+                keep_cache: false,
+                no_flush: true,
+            }
+        };
+        match entry {
+            Entry::Conversation => {
+                let r = self
+                    .store
+                    .get_scratch(path)?
+                    .map(|b| ScratchRec::decode(&b))
+                    .transpose()?
+                    .ok_or(Error::NotFound)?;
+                if write {
+                    return Err(Error::NotPermitted(
+                        "a queued conversation is read-only; write a new NAME",
+                    ));
+                }
+                Ok(data(r.data))
+            }
+            Entry::Status => {
+                if write {
+                    return Err(Error::NotPermitted("read-only virtual file"));
+                }
+                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                Ok(data(j.status_json()))
+            }
+            Entry::Review => {
+                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                if j.state != State::Review {
+                    return Err(Error::NotFound);
+                }
+                if write {
+                    return Ok(self.inbox_handle(c, path.to_string(), true));
+                }
+                Ok(data(review_text(&j)))
+            }
+        }
+    }
+
+    pub(super) fn inbox_write(&self, h: &InboxHandle, offset: u64, data: &[u8]) -> Result<u32> {
+        let mut buf = lock(&h.buf);
+        let end = offset as usize + data.len();
+        if end > extract::MAX_CONVERSATION_BYTES {
+            return Err(Error::TooBig);
+        }
+        if buf.len() < end {
+            buf.resize(end, 0);
+        }
+        buf[offset as usize..end].copy_from_slice(data);
+        Ok(data.len() as u32)
+    }
+
+    /// `close`: queue the conversation (or apply the review decision).
+    pub(super) fn inbox_flush(&self, h: &InboxHandle) -> Result<()> {
+        let bytes = std::mem::take(&mut *lock(&h.buf));
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if h.review {
+            return self.inbox_decide(h, &bytes);
+        }
+        let (inbox, name) = split_name(&h.path);
+        self.inbox_writable(h.caller, inbox)?;
+        let conv = extract::parse(name, &bytes)
+            .map_err(|e| Error::Invalid(format!("{name} is not a conversation: {e}")))?;
+        let _g = lock(&self.scratch_lock);
+        if self.store.get_scratch(&h.path)?.is_some() {
+            return Err(Error::NotPermitted(
+                "a queued conversation is read-only; write a new NAME",
+            ));
+        }
+        let sha = sha256_hex(&bytes);
+        let hash_path = format!("{inbox}/{HASHES}/{sha}");
+        let first = self.store.get_scratch(&hash_path)?;
+        let now = now_ns();
+        let mut job = Job {
+            file: name.to_string(),
+            state: State::Queued,
+            error: None,
+            attempts: 0,
+            queued_at: rfc3339_ms(now),
+            finished_at: None,
+            duplicate_of: None,
+            messages: conv.messages.len(),
+            tokens: Tokens::default(),
+            changes: Vec::new(),
+            dropped: Vec::new(),
+            uid: h.caller.uid,
+            gid: h.caller.gid,
+            sha256: sha.clone(),
+            next_try_ms: 0,
+            proposal: Vec::new(),
+        };
+        let mut ops = vec![Op::PutScratch {
+            path: h.path.clone(),
+            data: ScratchRec {
+                dir: false,
+                data: bytes,
+                mode: 0o444,
+                mtime_ns: now,
+            }
+            .encode()?,
+        }];
+        match first {
+            // The same bytes were ingested before: nothing to extract.
+            Some(other) => {
+                job.state = State::Done;
+                job.finished_at = Some(rfc3339_ms(now));
+                job.duplicate_of = Some(String::from_utf8_lossy(&other).into_owned());
+            }
+            None => ops.push(Op::PutScratch {
+                path: hash_path,
+                data: name.as_bytes().to_vec(),
+            }),
+        }
+        ops.push(Self::job_op(inbox, &job));
+        self.store.apply(ops, true)?;
+        drop(_g);
+        if let Some(ib) = self.inbox.get() {
+            ib.notify();
+        }
+        Ok(())
+    }
+
+    /// `unlink` in an inbox: a finished conversation and its status go.
+    pub(super) fn inbox_unlink(&self, c: Caller, inbox: &str, name: &str) -> Result<()> {
+        self.inbox_there(c, inbox, true)?;
+        match entry_of(name) {
+            Some((Entry::Conversation, _)) => {}
+            Some(_) => {
+                return Err(Error::NotPermitted(
+                    "status and review files are the daemon's",
+                ))
+            }
+            None => return Err(Error::NotFound),
+        }
+        let _g = lock(&self.scratch_lock);
+        let path = format!("{inbox}/{name}");
+        if self.store.get_scratch(&path)?.is_none() {
+            return Err(Error::NotFound);
+        }
+        let mut ops = vec![Op::DelScratch { path }];
+        if let Some(j) = self.get_job(inbox, name)? {
+            if !j.state.finished() {
+                return Err(Error::Busy(
+                    "the conversation is queued, being extracted or in review",
+                ));
+            }
+            ops.push(Op::DelScratch {
+                path: Self::job_path(inbox, name),
+            });
+        }
+        self.store.apply(ops, true)
+    }
+
+    /// `accept` or `drop` written to `NAME.review`.
+    fn inbox_decide(&self, h: &InboxHandle, bytes: &[u8]) -> Result<()> {
+        let (inbox, name) = split_name(&h.path);
+        self.inbox_there(h.caller, inbox, true)?;
+        let stem = name.strip_suffix(REVIEW_EXT).unwrap_or(name);
+        let word = String::from_utf8_lossy(bytes).trim().to_string();
+        let _g = lock(&self.scratch_lock);
+        let mut job = self.job_of_stem(inbox, stem)?.ok_or(Error::NotFound)?;
+        if job.state != State::Review {
+            return Err(Error::NotFound);
+        }
+        let now = now_ns();
+        match word.as_str() {
+            "accept" => {
+                let lines = job.proposal.join("\n");
+                let account = Self::account_of(inbox);
+                let (result, _) = self.commit_batch(h.caller, account, lines.as_bytes())?;
+                record_results(&mut job, &result);
+                job.state = State::Done;
+            }
+            "drop" => {
+                for ch in &mut job.changes {
+                    if ch.action != "skipped" {
+                        ch.why = format!("dropped in review ({})", ch.why);
+                        ch.action = "dropped".into();
+                    }
+                }
+                job.state = State::Dropped;
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "write accept or drop to {name}, not {}",
+                    crate::schema::excerpt(&word)
+                )))
+            }
+        }
+        job.proposal.clear();
+        job.finished_at = Some(rfc3339_ms(now));
+        self.save_job(inbox, &job)
+    }
+
+    // ---- the jobs -----------------------------------------------------------
+
+    /// Every inbox of the store (accounts, then their users).
+    fn inboxes(&self) -> Result<Vec<String>> {
+        let mut accounts: BTreeSet<String> = self.store.list_dirs("")?.into_iter().collect();
+        accounts.extend(self.tenancy.configured());
+        let mut out = Vec::new();
+        for a in accounts {
+            for u in self.store.list_dirs(&format!("{a}/users"))? {
+                out.push(format!("{a}/users/{u}/{INBOX}"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The next job to run now: (inbox, file), marked running in memory.
+    fn next_job(&self, ib: &Inbox) -> Result<Option<(String, String)>> {
+        let now_ms = (now_ns() / 1_000_000) as u64;
+        for inbox in self.inboxes()? {
+            for (file, b) in self.store.list_scratch(&format!("{inbox}/{JOBS}"))? {
+                let Ok(j) = serde_json::from_slice::<Job>(&b) else {
+                    continue;
+                };
+                let runnable = match j.state {
+                    State::Queued | State::Waiting => j.next_try_ms <= now_ms,
+                    // Running in the store but not here: a daemon stopped
+                    // during it; run it again.
+                    State::Running => true,
+                    _ => false,
+                };
+                let key = format!("{inbox}/{file}");
+                if runnable && lock(&ib.running).insert(key) {
+                    return Ok(Some((inbox, file)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Start the extraction threads.
+    pub fn start_inbox(self: &Arc<Self>) -> Result<()> {
+        let Some(ib) = self.inbox.get().cloned() else {
+            return Ok(());
+        };
+        for i in 0..ib.concurrency {
+            let ib2 = ib.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("ctxfs-extract-{i}"))
+                .spawn(move || extract_loop(ib2))
+                .map_err(|e| Error::store_from("cannot start an extraction thread", e))?;
+            lock(&ib.threads).push(t);
+        }
+        Ok(())
+    }
+}
+
+fn review_text(j: &Job) -> Vec<u8> {
+    let v = json!({
+        "file": j.file,
+        "proposed": j.changes.iter().filter(|c| c.action != "skipped").collect::<Vec<_>>(),
+        "skipped": j.changes.iter().filter(|c| c.action == "skipped").collect::<Vec<_>>(),
+        "nodes": j.proposal.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect::<Vec<_>>(),
+        "decide": "write accept (commit every proposed node) or drop to this file",
+    });
+    let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// Fill versions (or errors) of a job's changes from a batch's result lines.
+fn record_results(job: &mut Job, result: &[u8]) {
+    for line in result.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let Ok(v) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        let node = v["node"].as_str().unwrap_or("");
+        for ch in job
+            .changes
+            .iter_mut()
+            .filter(|c| c.path == node && c.action != "skipped")
+        {
+            match (v["version"].as_u64(), v["error"].as_str()) {
+                (Some(ver), _) => ch.version = Some(ver as u32),
+                (_, Some(e)) => {
+                    ch.why = format!("refused by the commit: {e}");
+                    ch.action = "skipped".into();
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn extract_loop(ib: Arc<Inbox>) {
+    loop {
+        if ib.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let next = ib.with_fs(|fs| {
+            if fs.store.shared() && !fs.leads("extractor") {
+                return Ok(None);
+            }
+            fs.next_job(&ib)
+        });
+        match next {
+            None => return,
+            Some(Ok(Some((inbox, file)))) => {
+                run_job(&ib, &inbox, &file);
+                lock(&ib.running).remove(&format!("{inbox}/{file}"));
+                continue;
+            }
+            Some(Ok(None)) => {}
+            Some(Err(e)) => tracing::error!(error = %e.report(), "inbox: cannot look for work"),
+        }
+        let mut woken = lock(&ib.wake.0);
+        if !*woken {
+            woken = ib
+                .wake
+                .1
+                .wait_timeout(woken, RESCAN)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        *woken = false;
+    }
+}
+
+/// What one try of a job ended in.
+enum Outcome {
+    /// Committed, or proposed for review.
+    Finished,
+    Retry(String),
+    Fail(String),
+}
+
+fn run_job(ib: &Inbox, inbox: &str, file: &str) {
+    // Start: budget, attempts, state.
+    let start = ib.with_fs(|fs| -> Result<Option<(Job, Conversation)>> {
+        let _g = lock(&fs.scratch_lock);
+        let Some(mut job) = fs.get_job(inbox, file)? else {
+            return Ok(None);
+        };
+        let account = Fs::account_of(inbox);
+        let now = now_ns();
+        if let Some(max) = fs.quota(account).and_then(|q| q.llm_tokens_per_day) {
+            let used = fs
+                .store
+                .counter(&llm_tokens_key(account, day_of(now)))?
+                .max(0) as u64;
+            if used >= max {
+                let next_day = (day_of(now) + 1) * 86_400_000;
+                job.state = State::Waiting;
+                job.error = Some(format!(
+                    "the account's {max} LLM tokens of today are spent; waits for the next UTC day"
+                ));
+                job.next_try_ms = next_day;
+                fs.save_job(inbox, &job)?;
+                return Ok(None);
+            }
+        }
+        let Some(b) = fs.store.get_scratch(&format!("{inbox}/{file}"))? else {
+            job.state = State::Failed;
+            job.error = Some("the conversation file is gone".into());
+            fs.save_job(inbox, &job)?;
+            return Ok(None);
+        };
+        let data = ScratchRec::decode(&b)?.data;
+        let conv = match extract::parse(file, &data) {
+            Ok(c) => c,
+            Err(e) => {
+                job.state = State::Failed;
+                job.error = Some(e);
+                fs.save_job(inbox, &job)?;
+                return Ok(None);
+            }
+        };
+        job.state = State::Running;
+        job.attempts += 1;
+        job.error = None;
+        fs.save_job(inbox, &job)?;
+        Ok(Some((job, conv)))
+    });
+    let (mut job, conv) = match start {
+        Some(Ok(Some(x))) => x,
+        Some(Ok(None)) | None => return,
+        Some(Err(e)) => {
+            tracing::error!(inbox, file, error = %e.report(), "inbox: cannot start a job");
+            return;
+        }
+    };
+    let t0 = std::time::Instant::now();
+    let mut spent = llm::Usage::default();
+    let outcome = extract_job(ib, inbox, &mut job, &conv, &mut spent);
+    let account = Fs::account_of(inbox).to_string();
+    let saved = ib.with_fs(|fs| -> Result<()> {
+        let _g = lock(&fs.scratch_lock);
+        let now = now_ns();
+        job.tokens.prompt += spent.prompt;
+        job.tokens.completion += spent.completion;
+        job.tokens.total = job.tokens.prompt + job.tokens.completion;
+        match &outcome {
+            Outcome::Finished => {
+                job.finished_at = (job.state == State::Done).then(|| rfc3339_ms(now));
+            }
+            Outcome::Retry(e) if job.attempts < ib.max_attempts => {
+                job.state = State::Queued;
+                job.error = Some(format!("try {} of {}: {e}", job.attempts, ib.max_attempts));
+                let delay = ib
+                    .backoff_ms
+                    .saturating_mul(1 << (job.attempts - 1).min(16));
+                job.next_try_ms = (now / 1_000_000) as u64 + delay;
+            }
+            Outcome::Retry(e) | Outcome::Fail(e) => {
+                job.state = State::Failed;
+                job.error = Some(format!("after {} tries: {e}", job.attempts));
+                job.finished_at = Some(rfc3339_ms(now));
+                job.changes.clear();
+                job.proposal.clear();
+            }
+        }
+        let ops = vec![
+            Fs::job_op(inbox, &job),
+            Op::Count {
+                key: llm_tokens_key(&account, day_of(now)),
+                delta: spent.total() as i64,
+            },
+        ];
+        fs.store.apply(ops, true)
+    });
+    if let Some(Err(e)) = saved {
+        tracing::error!(inbox, file, error = %e.report(), "inbox: cannot save a job");
+    }
+    tracing::info!(
+        inbox, file, state = ?job.state, tokens = spent.total(),
+        ms = t0.elapsed().as_millis() as u64, "inbox: extraction"
+    );
+}
+
+/// Extract, place, merge and commit (or propose) one conversation.
+fn extract_job(
+    ib: &Inbox,
+    inbox: &str,
+    job: &mut Job,
+    conv: &Conversation,
+    spent: &mut llm::Usage,
+) -> Outcome {
+    let account = Fs::account_of(inbox).to_string();
+    let user = place::split(user_dir(inbox))[2].to_string();
+    let schema = prompt::extract_schema(conv.messages.len());
+    let answer = match ib.client.chat_json(prompt::extract_messages(conv), &schema) {
+        Ok((v, u)) => {
+            spent.add(u);
+            v
+        }
+        Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+        Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+    };
+    let (cands, dropped) = match extract::candidates(&answer, conv.messages.len()) {
+        Ok(x) => x,
+        Err(e) => return Outcome::Retry(e),
+    };
+    job.dropped = dropped;
+    job.changes.clear();
+    let mut placed = Vec::new();
+    for c in cands {
+        match policy::target(&c, &user, conv.agent.as_deref(), &job.file) {
+            Ok(t) => placed.push((t, c)),
+            Err(why) => job.changes.push(ChangeRec {
+                action: "skipped".into(),
+                kind: c.kind.as_str().into(),
+                path: String::new(),
+                uri: String::new(),
+                version: None,
+                why,
+                messages: c.messages,
+            }),
+        }
+    }
+    let mut lines = Vec::new();
+    for (mut t, c) in policy::combine(placed) {
+        // Where it lands: the slug's node, or a near-duplicate's.
+        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c));
+        let Some(found) = found else {
+            return Outcome::Retry("the daemon is stopping".into());
+        };
+        let found = match found {
+            Ok(f) => f,
+            Err(e) => return Outcome::Retry(e.to_string()),
+        };
+        let mut change = ChangeRec {
+            action: String::new(),
+            kind: c.kind.as_str().into(),
+            path: t.node.clone(),
+            uri: String::new(),
+            version: None,
+            why: String::new(),
+            messages: c.messages.clone(),
+        };
+        let (content, action, why) = match (t.mode, found) {
+            (policy::Mode::Append, Existing::Same(other, sim)) => {
+                change.path = other.clone();
+                (
+                    None,
+                    "skipped",
+                    format!(
+                        "the same {} is already in {other} (similarity {sim:.2})",
+                        c.kind.as_str()
+                    ),
+                )
+            }
+            (policy::Mode::Append, _) => (
+                Some(policy::content(&c.topic, c.kind, &c.text)),
+                "appended",
+                format!("a new {}", c.kind.as_str()),
+            ),
+            (policy::Mode::Merge, Existing::None | Existing::Same(..)) => (
+                Some(policy::content(&c.topic, c.kind, &c.text)),
+                "created",
+                format!("no {} on this subject yet", c.kind.as_str()),
+            ),
+            (policy::Mode::Merge, Existing::Node(node, _))
+                if lines.iter().any(|(n, _): &(String, String)| *n == node) =>
+            {
+                change.path = node;
+                (
+                    None,
+                    "skipped",
+                    "merged with another memory of this conversation".into(),
+                )
+            }
+            (policy::Mode::Merge, Existing::Node(node, stored)) => {
+                let dup = node != t.node;
+                t.node = node.clone();
+                change.path = node;
+                let old = policy::body(&stored).to_string();
+                match ib.client.chat_json(
+                    prompt::merge_messages(&old, &c.text),
+                    &prompt::merge_schema(),
+                ) {
+                    Ok((v, u)) => {
+                        spent.add(u);
+                        let text = v["text"].as_str().unwrap_or("").trim().to_string();
+                        let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
+                        if text.is_empty() || prompt::same_text(&text, &old) {
+                            (
+                                None,
+                                "skipped",
+                                format!("already known: {}", crate::schema::excerpt(&old)),
+                            )
+                        } else {
+                            let title = stored
+                                .strip_prefix("# ")
+                                .and_then(|r| r.split_once('\n'))
+                                .map(|(t, _)| t.to_string())
+                                .unwrap_or_else(|| c.topic.clone());
+                            (
+                                Some(policy::content(&title, c.kind, &text)),
+                                "merged",
+                                if dup {
+                                    format!("near-duplicate of this memory; {changed}")
+                                } else {
+                                    changed
+                                },
+                            )
+                        }
+                    }
+                    Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+                    Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+                }
+            }
+        };
+        change.action = action.into();
+        change.why = why;
+        change.uri = place::uri_of(&format!("{account}/{}", change.path));
+        if let Some(content) = content {
+            let meta = json!({
+                "status": "ACTIVE",
+                "source": "extraction",
+                "kind": c.kind.as_str(),
+                "provenance": provenance(&user, &job.file, conv, &c.messages),
+            });
+            let line = json!({"node": t.node, "content": content, "meta": meta}).to_string();
+            lines.push((t.node.clone(), line));
+        }
+        job.changes.push(change);
+    }
+    job.proposal = lines.into_iter().map(|(_, l)| l).collect();
+    if ib.review.contains(&account) {
+        job.state = State::Review;
+        return Outcome::Finished;
+    }
+    let caller = Caller {
+        uid: job.uid,
+        gid: job.gid,
+    };
+    let proposal = std::mem::take(&mut job.proposal);
+    if !proposal.is_empty() {
+        let r = ib.with_fs(|fs| fs.commit_batch(caller, &account, proposal.join("\n").as_bytes()));
+        match r {
+            None => return Outcome::Retry("the daemon is stopping".into()),
+            Some(Err(e @ (Error::AccessDenied | Error::ReadOnly))) => {
+                return Outcome::Fail(format!(
+                    "the conversation's writer may no longer write: {e}"
+                ))
+            }
+            Some(Err(e)) => return Outcome::Retry(e.to_string()),
+            Some(Ok((result, _))) => record_results(job, &result),
+        }
+    }
+    job.state = State::Done;
+    Outcome::Finished
+}
+
+/// What a candidate meets at its place.
+enum Existing {
+    None,
+    /// The node to merge into (the target's, or a near-duplicate found by
+    /// search) and its `content.md`.
+    Node(String, String),
+    /// For appends: the same event or case is already there (path, similarity).
+    Same(String, f32),
+}
+
+impl Fs {
+    /// The committed ACTIVE node at `node` (under the account) and its content.
+    fn active_content(&self, account: &str, node: &str) -> Result<Option<String>> {
+        let path = format!("{account}/{node}");
+        let Some(rec) = self.store.get_node(&path)? else {
+            return Ok(None);
+        };
+        if rec.status != crate::store::Status::Active || self.expired(&path) {
+            return Ok(None);
+        }
+        let Some(f) = rec.file(place::CONTENT) else {
+            return Ok(Some(String::new()));
+        };
+        let bytes = self.store.read_blob(account, f.blob, f.size)?;
+        Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    /// What candidate `c`, placed at `t`, meets: the node at its place, or
+    /// the most similar memory of its category when that is close enough.
+    fn existing_for(&self, account: &str, t: &policy::Target, c: &Candidate) -> Result<Existing> {
+        if t.mode == policy::Mode::Merge {
+            if let Some(content) = self.active_content(account, &t.node)? {
+                return Ok(Existing::Node(t.node.clone(), content));
+            }
+        }
+        if t.node == t.category_dir {
+            return Ok(Existing::None);
+        }
+        let Some(ix) = self.index() else {
+            return Ok(Existing::None);
+        };
+        let scope = format!("{account}/{}", t.category_dir);
+        let q = crate::index::Query {
+            text: c.text.clone(),
+            k: 3,
+            mode: crate::index::Mode::Vector,
+            expand: false,
+        };
+        // A category nobody wrote yet, or a graph still loading: nothing to compare.
+        let hits = match ix.search(&scope, &q) {
+            Ok(h) => h,
+            Err(Error::Unavailable(_)) | Err(Error::NotFound) => return Ok(Existing::None),
+            Err(e) => return Err(e),
+        };
+        for h in hits {
+            let sim = h.vector_score.unwrap_or(0.0);
+            let Some(node) = h.path.strip_prefix(&format!("{account}/")) else {
+                continue;
+            };
+            // Only siblings: a node of the same category directory.
+            if node.rsplit_once('/').map(|(d, _)| d) != Some(t.category_dir.as_str()) {
+                continue;
+            }
+            match t.mode {
+                policy::Mode::Append if sim >= SAME_EVENT_SIMILARITY => {
+                    return Ok(Existing::Same(node.to_string(), sim))
+                }
+                policy::Mode::Merge if sim >= DUPLICATE_SIMILARITY => {
+                    if let Some(content) = self.active_content(account, node)? {
+                        return Ok(Existing::Node(node.to_string(), content));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Existing::None)
+    }
+}

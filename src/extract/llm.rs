@@ -1,0 +1,232 @@
+//! An OpenAI-compatible chat-completions client (`POST {url}/chat/completions`):
+//! llama.cpp's server, Ollama, vLLM and hosted APIs. Answers are asked as
+//! JSON under a schema (`response_format: json_schema`) and checked here; an
+//! answer that is not JSON gets one repair request.
+
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Tokens one request spent (as the server counts them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
+impl Usage {
+    pub fn total(&self) -> u64 {
+        self.prompt + self.completion
+    }
+    pub fn add(&mut self, o: Usage) {
+        self.prompt += o.prompt;
+        self.completion += o.completion;
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LlmError {
+    /// Worth another try later: timeouts, refused connections, 429, 5xx,
+    /// an answer that stayed invalid after the repair request.
+    Transient(String),
+    /// Another try gives the same: 4xx other than 429 (bad key, unknown model).
+    Permanent(String),
+}
+
+impl std::fmt::Display for LlmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LlmError::Transient(s) | LlmError::Permanent(s) => f.write_str(s),
+        }
+    }
+}
+
+/// What `[llm]` in the config sets, resolved.
+#[derive(Debug, Clone)]
+pub struct LlmSettings {
+    /// Base URL (`http://127.0.0.1:8080/v1`) or the full `/chat/completions` address.
+    pub url: String,
+    pub model: String,
+    /// The API key (read from the environment variable the config names).
+    pub api_key: Option<String>,
+    pub timeout: Duration,
+    /// Completion tokens one request may produce.
+    pub max_tokens: u32,
+}
+
+pub struct Client {
+    s: LlmSettings,
+    url: String,
+    agent: ureq::Agent,
+}
+
+fn one_line(s: &str, n: usize) -> String {
+    s.chars()
+        .take(n)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+impl Client {
+    pub fn new(s: LlmSettings) -> Client {
+        let base = s.url.trim_end_matches('/');
+        let url = if base.ends_with("/chat/completions") {
+            base.to_string()
+        } else if base.ends_with("/v1") {
+            format!("{base}/chat/completions")
+        } else {
+            format!("{base}/v1/chat/completions")
+        };
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(s.timeout))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Client { s, url, agent }
+    }
+
+    pub fn model(&self) -> &str {
+        &self.s.model
+    }
+
+    /// One request: the answer's message content and the tokens spent.
+    fn complete(&self, messages: &[Value], schema: &Value) -> Result<(String, Usage), LlmError> {
+        let body = json!({
+            "model": self.s.model,
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": self.s.max_tokens,
+            "stream": false,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "strict": true, "schema": schema}
+            }
+        })
+        .to_string();
+        let mut req = self
+            .agent
+            .post(&self.url)
+            .header("Content-Type", "application/json");
+        if let Some(k) = &self.s.api_key {
+            req = req.header("Authorization", &format!("Bearer {k}"));
+        }
+        let mut resp = req
+            .send(body.as_bytes())
+            .map_err(|e| LlmError::Transient(format!("LLM server {}: {e}", self.url)))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(16 << 20)
+            .read_to_string()
+            .map_err(|e| LlmError::Transient(format!("LLM server {}: {e}", self.url)))?;
+        if status != 200 {
+            let msg = format!(
+                "LLM server {} answered {status}: {}",
+                self.url,
+                one_line(&text, 200)
+            );
+            return Err(if status == 429 || status >= 500 {
+                LlmError::Transient(msg)
+            } else {
+                LlmError::Permanent(msg)
+            });
+        }
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            LlmError::Transient(format!("LLM server: the response is not JSON: {e}"))
+        })?;
+        let content = v["choices"][0]["message"]["content"]
+            .as_str()
+            .ok_or_else(|| LlmError::Transient("LLM server: no choices[0].message.content".into()))?
+            .to_string();
+        let tokens = |k: &str, fallback: u64| v["usage"][k].as_u64().unwrap_or(fallback);
+        let usage = Usage {
+            prompt: tokens(
+                "prompt_tokens",
+                crate::schema::counters::tokens_of(&body.to_string()),
+            ),
+            completion: tokens(
+                "completion_tokens",
+                crate::schema::counters::tokens_of(&content),
+            ),
+        };
+        Ok((content, usage))
+    }
+
+    /// Ask for a JSON answer under `schema`; one repair request when the
+    /// answer is not a JSON object.
+    pub fn chat_json(
+        &self,
+        messages: Vec<Value>,
+        schema: &Value,
+    ) -> Result<(Value, Usage), LlmError> {
+        let mut spent = Usage::default();
+        let (content, u) = self.complete(&messages, schema)?;
+        spent.add(u);
+        let err = match parse_object(&content) {
+            Ok(v) => return Ok((v, spent)),
+            Err(e) => e,
+        };
+        tracing::warn!(error = %err, "LLM answer is not valid JSON; asking for a repair");
+        let mut again = messages;
+        again.push(json!({"role": "assistant", "content": content}));
+        again.push(json!({"role": "user", "content": format!(
+            "That answer is not valid JSON ({err}). Answer again with only the JSON object, nothing else."
+        )}));
+        let (content, u) = self.complete(&again, schema)?;
+        spent.add(u);
+        match parse_object(&content) {
+            Ok(v) => Ok((v, spent)),
+            Err(e) => Err(LlmError::Transient(format!(
+                "the model's answer is not valid JSON after a repair request: {e}"
+            ))),
+        }
+    }
+}
+
+/// A JSON object from a model's answer (a fenced block is unwrapped).
+pub fn parse_object(content: &str) -> Result<Value, String> {
+    let t = content.trim();
+    let t = t
+        .strip_prefix("```json")
+        .or_else(|| t.strip_prefix("```"))
+        .map(|r| r.trim_end().trim_end_matches("```"))
+        .unwrap_or(t);
+    match serde_json::from_str::<Value>(t) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err("not a JSON object".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_answers() {
+        assert!(parse_object("{\"a\":1}").is_ok());
+        assert!(parse_object("```json\n{\"a\":1}\n```").is_ok());
+        assert!(parse_object("[1]").is_err());
+        assert!(parse_object("{\"a\":").is_err());
+    }
+
+    #[test]
+    fn urls() {
+        let mk = |u: &str| {
+            Client::new(LlmSettings {
+                url: u.into(),
+                model: "m".into(),
+                api_key: None,
+                timeout: Duration::from_secs(1),
+                max_tokens: 10,
+            })
+            .url
+        };
+        assert_eq!(mk("http://h:1/v1"), "http://h:1/v1/chat/completions");
+        assert_eq!(mk("http://h:1/"), "http://h:1/v1/chat/completions");
+        assert_eq!(
+            mk("http://h:1/v1/chat/completions"),
+            "http://h:1/v1/chat/completions"
+        );
+    }
+}

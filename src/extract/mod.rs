@@ -1,0 +1,300 @@
+//! Memory from conversations (seed 002): a conversation file in
+//! `users/{u}/inbox/` becomes candidate memories (an LLM extracts them) and
+//! each candidate a decision (a merge policy places it: create, merge,
+//! append or skip). This module holds the parts without state: parsing the
+//! conversation, the prompts and their JSON schemas (`prompt.rs`), the
+//! policies (`policy.rs`), and the chat-completions client (`llm.rs`, the
+//! only I/O here). The core runs the jobs and commits the results.
+
+pub mod llm;
+pub mod policy;
+pub mod prompt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A conversation file holds at most this many bytes.
+pub const MAX_CONVERSATION_BYTES: usize = 1 << 20;
+/// And at most this many messages.
+pub const MAX_MESSAGES: usize = 1000;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ts: Option<Value>,
+}
+
+/// A conversation as written to the inbox.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Conversation {
+    pub messages: Vec<Message>,
+    /// The agent the conversation was with: its procedures go to `agents/{agent}/skills`.
+    pub agent: Option<String>,
+    pub session: Option<String>,
+}
+
+/// Is `name` a conversation file name (`NAME.json` or `NAME.jsonl`)?
+pub fn is_conversation_name(name: &str) -> bool {
+    let stem = name
+        .strip_suffix(".jsonl")
+        .or_else(|| name.strip_suffix(".json"));
+    stem.is_some_and(|s| !s.is_empty() && !s.contains('.'))
+}
+
+/// `NAME` of `NAME.json` / `NAME.jsonl`.
+pub fn stem(name: &str) -> &str {
+    name.strip_suffix(".jsonl")
+        .or_else(|| name.strip_suffix(".json"))
+        .unwrap_or(name)
+}
+
+fn message_of(i: usize, v: &Value) -> Result<Message, String> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("message {i} is not a JSON object"))?;
+    let role = obj
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("message {i} has no \"role\""))?;
+    if role != "user" && role != "assistant" {
+        return Err(format!(
+            "message {i}: role must be \"user\" or \"assistant\", not {}",
+            crate::schema::excerpt(role)
+        ));
+    }
+    let content = obj
+        .get("content")
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("message {i} has no string \"content\""))?;
+    Ok(Message {
+        role: role.to_string(),
+        content: content.to_string(),
+        ts: obj.get("ts").cloned(),
+    })
+}
+
+fn name_field(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<String>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => {
+            if key == "agent" {
+                crate::schema::place::check_name(s).map_err(|e| format!("\"agent\": {e}"))?;
+            } else if s.len() > 256 {
+                return Err(format!("\"{key}\" is longer than 256 bytes"));
+            }
+            Ok(Some(s.clone()))
+        }
+        Some(_) => Err(format!("\"{key}\" must be a string")),
+    }
+}
+
+/// Parse a conversation file: `NAME.json` holds `{"messages": [...],
+/// "agent"?, "session"?}` (or a bare array of messages); `NAME.jsonl` one
+/// message per line (a line may also carry `agent` / `session`).
+pub fn parse(name: &str, bytes: &[u8]) -> Result<Conversation, String> {
+    if bytes.len() > MAX_CONVERSATION_BYTES {
+        return Err(format!(
+            "a conversation holds at most {MAX_CONVERSATION_BYTES} bytes, not {}",
+            bytes.len()
+        ));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let mut conv = Conversation::default();
+    if name.ends_with(".jsonl") {
+        for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+            let v: Value = serde_json::from_str(line)
+                .map_err(|e| format!("line {} is not JSON: {e}", i + 1))?;
+            if let Some(obj) = v.as_object() {
+                if conv.agent.is_none() {
+                    conv.agent = name_field(obj, "agent")?;
+                }
+                if conv.session.is_none() {
+                    conv.session = name_field(obj, "session")?;
+                }
+                if !obj.contains_key("role") && !obj.contains_key("content") {
+                    continue;
+                }
+            }
+            conv.messages.push(message_of(conv.messages.len(), &v)?);
+        }
+    } else {
+        let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let list = match &v {
+            Value::Array(a) => a,
+            Value::Object(obj) => {
+                conv.agent = name_field(obj, "agent")?;
+                conv.session = name_field(obj, "session")?;
+                obj.get("messages")
+                    .and_then(Value::as_array)
+                    .ok_or("a conversation object needs a \"messages\" array")?
+            }
+            _ => return Err("a conversation is an object with \"messages\" or an array".into()),
+        };
+        for (i, m) in list.iter().enumerate() {
+            conv.messages.push(message_of(i, m)?);
+        }
+    }
+    if conv.messages.is_empty() {
+        return Err("the conversation has no messages".into());
+    }
+    if conv.messages.len() > MAX_MESSAGES {
+        return Err(format!(
+            "a conversation holds at most {MAX_MESSAGES} messages, not {}",
+            conv.messages.len()
+        ));
+    }
+    Ok(conv)
+}
+
+/// The kinds of candidate memories (seed 002's extractors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Who the user is: merged into the one profile node.
+    Profile,
+    /// What the user likes or wants: merged by topic.
+    Preference,
+    /// A person, project, place or thing the user deals with: merged by name.
+    Entity,
+    /// Something that happened, with its date when known: appended.
+    Event,
+    /// A problem the agent solved and how: appended (agent memory).
+    Case,
+    /// A recurring way of working that held: merged (agent memory).
+    Pattern,
+    /// A procedure the agent can repeat: one node per skill.
+    Skill,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Profile => "profile",
+            Kind::Preference => "preference",
+            Kind::Entity => "entity",
+            Kind::Event => "event",
+            Kind::Case => "case",
+            Kind::Pattern => "pattern",
+            Kind::Skill => "skill",
+        }
+    }
+}
+
+/// One memory the LLM found, checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub kind: Kind,
+    /// A short name of the subject (becomes the slug).
+    pub topic: String,
+    /// The memory itself, one or a few sentences.
+    pub text: String,
+    /// Indexes of the messages it came from.
+    pub messages: Vec<usize>,
+}
+
+/// Check the LLM's `{"memories": [...]}` against the conversation: unknown
+/// kinds, empty texts and message indexes out of range are dropped (with
+/// the reason), never trusted.
+pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<String>), String> {
+    let list = v
+        .get("memories")
+        .and_then(Value::as_array)
+        .ok_or("the model's answer has no \"memories\" array")?;
+    let mut out = Vec::new();
+    let mut dropped = Vec::new();
+    for (i, m) in list.iter().enumerate() {
+        let kind = match serde_json::from_value::<Kind>(m["kind"].clone()) {
+            Ok(k) => k,
+            Err(_) => {
+                dropped.push(format!("memory {i}: unknown kind {}", m["kind"]));
+                continue;
+            }
+        };
+        let text = m["text"].as_str().unwrap_or("").trim().to_string();
+        let topic = m["topic"].as_str().unwrap_or("").trim().to_string();
+        if text.is_empty() {
+            dropped.push(format!("memory {i}: empty text"));
+            continue;
+        }
+        let mut messages: Vec<usize> = m["messages"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_u64)
+                    .map(|x| x as usize)
+                    .filter(|&x| x < n_messages)
+                    .collect()
+            })
+            .unwrap_or_default();
+        messages.sort_unstable();
+        messages.dedup();
+        if messages.is_empty() {
+            dropped.push(format!(
+                "memory {i} ({}): names no message of the conversation",
+                crate::schema::excerpt(&text)
+            ));
+            continue;
+        }
+        out.push(Candidate {
+            kind,
+            topic,
+            text,
+            messages,
+        });
+    }
+    Ok((out, dropped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_both_shapes() {
+        let c = parse(
+            "a.json",
+            br#"{"agent":"coder","session":"s1","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello","ts":"2026-01-01"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.messages.len(), 2);
+        assert_eq!(c.agent.as_deref(), Some("coder"));
+        let c = parse(
+            "a.jsonl",
+            b"{\"role\":\"user\",\"content\":\"x\",\"agent\":\"g\"}\n\n{\"role\":\"assistant\",\"content\":\"y\"}\n",
+        )
+        .unwrap();
+        assert_eq!(c.messages.len(), 2);
+        assert_eq!(c.agent.as_deref(), Some("g"));
+        assert!(parse("a.json", b"[]").is_err());
+        assert!(parse("a.json", br#"[{"role":"system","content":"x"}]"#)
+            .unwrap_err()
+            .contains("role"));
+        assert!(parse(
+            "a.json",
+            br#"{"agent":"../x","messages":[{"role":"user","content":"x"}]}"#
+        )
+        .is_err());
+        assert!(parse("a.json", b"not json").is_err());
+        assert!(is_conversation_name("chat-1.json") && is_conversation_name("c.jsonl"));
+        assert!(!is_conversation_name(".json") && !is_conversation_name("a.status"));
+        assert!(!is_conversation_name("a.b.json"));
+    }
+
+    #[test]
+    fn candidates_are_checked() {
+        let v = json!({"memories": [
+            {"kind": "preference", "topic": "tea", "text": "Likes green tea", "messages": [1, 1, 9]},
+            {"kind": "bogus", "topic": "x", "text": "y", "messages": [0]},
+            {"kind": "event", "topic": "x", "text": "", "messages": [0]},
+            {"kind": "event", "topic": "x", "text": "z", "messages": [42]},
+        ]});
+        let (c, dropped) = candidates(&v, 3).unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].messages, vec![1]);
+        assert_eq!(dropped.len(), 3);
+        assert!(candidates(&json!({}), 3).is_err());
+    }
+}

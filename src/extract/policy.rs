@@ -1,0 +1,244 @@
+//! Merge policies (seed 002 `MergePolicy`): where a candidate memory goes
+//! and how it meets what is already there. Pure: the core looks up the
+//! existing node and asks the model to merge.
+
+use super::{Candidate, Kind};
+
+/// How a candidate meets an existing node at its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One node for the subject: a new version merges old and new.
+    Merge,
+    /// A new node every time, with a unique id (events, cases).
+    Append,
+}
+
+/// Where a candidate goes: a node path under the account, and its mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Node path relative to the account (`users/u/memories/preferences/tea`).
+    pub node: String,
+    /// The directory near-duplicates are searched in (relative to the account).
+    pub category_dir: String,
+    /// The subject's slug: candidates of one conversation with the same
+    /// directory and subject are one memory.
+    pub subject: String,
+    pub mode: Mode,
+}
+
+/// A URL-safe slug of a topic: lower-case ASCII letters and digits joined
+/// by `-`, at most 48 bytes; `memory` when nothing is left.
+pub fn slug(topic: &str) -> String {
+    let mut s = String::new();
+    let mut dash = false;
+    for ch in topic.chars().flat_map(|c| c.to_lowercase()) {
+        if ch.is_ascii_alphanumeric() {
+            if dash && !s.is_empty() {
+                s.push('-');
+            }
+            dash = false;
+            s.push(ch);
+            if s.len() >= 48 {
+                break;
+            }
+        } else {
+            dash = true;
+        }
+    }
+    if s.is_empty() {
+        "memory".into()
+    } else {
+        s
+    }
+}
+
+/// A short stable id for an appended node: from the inbox file and the
+/// first message index, so re-running one job gives the same node.
+pub fn append_id(source: &str, c: &Candidate) -> String {
+    let mut h: u32 = 0x811c9dc5;
+    for b in source
+        .bytes()
+        .chain(c.messages.first().copied().unwrap_or(0).to_le_bytes())
+        .chain(c.text.bytes())
+    {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x01000193);
+    }
+    format!("{h:08x}")
+}
+
+/// The place of candidate `c` extracted for user `user` (and agent `agent`,
+/// when the conversation names one); `Err` says why it has none.
+pub fn target(
+    c: &Candidate,
+    user: &str,
+    agent: Option<&str>,
+    source: &str,
+) -> Result<Target, String> {
+    let mem = format!("users/{user}/memories");
+    let s = slug(&c.topic);
+    let subject = s.clone();
+    let (dir, name, mode) = match c.kind {
+        Kind::Profile => {
+            return Ok(Target {
+                node: format!("{mem}/profile"),
+                category_dir: format!("{mem}/profile"),
+                subject: "profile".into(),
+                mode: Mode::Merge,
+            })
+        }
+        Kind::Preference => (format!("{mem}/preferences"), s, Mode::Merge),
+        Kind::Entity => (format!("{mem}/entities"), s, Mode::Merge),
+        Kind::Event => (
+            format!("{mem}/events"),
+            format!("{}-{}", trim(&s, 39), append_id(source, c)),
+            Mode::Append,
+        ),
+        Kind::Case | Kind::Pattern | Kind::Skill => {
+            let Some(g) = agent else {
+                return Err(format!(
+                    "a {} belongs to an agent, and the conversation names none (\"agent\")",
+                    c.kind.as_str()
+                ));
+            };
+            match c.kind {
+                Kind::Skill => (format!("agents/{g}/skills"), s, Mode::Merge),
+                Kind::Pattern => (format!("agents/{g}/memories/patterns"), s, Mode::Merge),
+                _ => (
+                    format!("agents/{g}/memories/cases"),
+                    format!("{}-{}", trim(&s, 39), append_id(source, c)),
+                    Mode::Append,
+                ),
+            }
+        }
+    };
+    Ok(Target {
+        node: format!("{dir}/{name}"),
+        category_dir: dir,
+        subject,
+        mode,
+    })
+}
+
+fn trim(s: &str, n: usize) -> &str {
+    let t = &s[..s.len().min(n)];
+    t.trim_end_matches('-')
+}
+
+/// Candidates of one conversation with the same target become one: their
+/// texts joined, their messages united (a profile said in three turns is
+/// one merge, not three).
+pub fn combine(mut items: Vec<(Target, Candidate)>) -> Vec<(Target, Candidate)> {
+    let mut out: Vec<(Target, Candidate)> = Vec::new();
+    for (t, c) in items.drain(..) {
+        let same = |o: &Target| {
+            o.node == t.node || (o.category_dir == t.category_dir && o.subject == t.subject)
+        };
+        match out.iter_mut().find(|(o, _)| same(o)) {
+            Some((_, prev)) => {
+                if !prev.text.contains(&c.text) {
+                    prev.text = format!("{}\n{}", prev.text, c.text);
+                }
+                prev.messages.extend(c.messages);
+                prev.messages.sort_unstable();
+                prev.messages.dedup();
+            }
+            None => out.push((t, c)),
+        }
+    }
+    out
+}
+
+/// The `content.md` of a node made from a candidate (or a merge).
+pub fn content(topic: &str, kind: Kind, text: &str) -> String {
+    let title = if kind == Kind::Profile {
+        "Profile".to_string()
+    } else if topic.trim().is_empty() {
+        kind.as_str().to_string()
+    } else {
+        topic.trim().to_string()
+    };
+    format!("# {title}\n\n{}\n", text.trim())
+}
+
+/// The body of a node's `content.md`: without its `# title` line.
+pub fn body(content: &str) -> &str {
+    match content.strip_prefix("# ") {
+        Some(rest) => rest.split_once('\n').map_or("", |(_, b)| b).trim(),
+        None => content.trim(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(kind: Kind, topic: &str, text: &str, m: &[usize]) -> Candidate {
+        Candidate {
+            kind,
+            topic: topic.into(),
+            text: text.into(),
+            messages: m.to_vec(),
+        }
+    }
+
+    #[test]
+    fn places() {
+        assert_eq!(slug("Green Tea, hot!"), "green-tea-hot");
+        assert_eq!(slug("  "), "memory");
+        assert_eq!(slug("Über café"), "ber-caf");
+        let p = target(&cand(Kind::Profile, "x", "y", &[0]), "u", None, "f").unwrap();
+        assert_eq!(p.node, "users/u/memories/profile");
+        assert_eq!(p.mode, Mode::Merge);
+        let t = target(&cand(Kind::Preference, "Tea", "y", &[0]), "u", None, "f").unwrap();
+        assert_eq!(t.node, "users/u/memories/preferences/tea");
+        let e1 = target(&cand(Kind::Event, "Trip", "went", &[2]), "u", None, "f").unwrap();
+        let e2 = target(&cand(Kind::Event, "Trip", "went", &[2]), "u", None, "f").unwrap();
+        let e3 = target(&cand(Kind::Event, "Trip", "went", &[4]), "u", None, "f").unwrap();
+        assert_eq!(e1, e2);
+        assert_ne!(e1.node, e3.node);
+        assert!(e1.node.starts_with("users/u/memories/events/trip-"));
+        assert!(target(&cand(Kind::Skill, "deploy", "x", &[0]), "u", None, "f").is_err());
+        let s = target(&cand(Kind::Skill, "Deploy", "x", &[0]), "u", Some("g"), "f").unwrap();
+        assert_eq!(s.node, "agents/g/skills/deploy");
+        // Every place is a node place of the tree.
+        for t in [p, t, e1, s] {
+            let full = format!("acme/{}", t.node);
+            let comps = crate::schema::place::split(&full);
+            assert_eq!(
+                crate::schema::place::classify_dir(&comps).unwrap(),
+                crate::schema::place::DirPlace::Node
+            );
+        }
+    }
+
+    #[test]
+    fn combines_by_target() {
+        let t = |n: &str| Target {
+            node: n.into(),
+            category_dir: "d".into(),
+            subject: n.into(),
+            mode: Mode::Merge,
+        };
+        let out = combine(vec![
+            (t("p"), cand(Kind::Profile, "", "Lives in Lyon", &[0])),
+            (t("q"), cand(Kind::Preference, "", "tea", &[1])),
+            (t("p"), cand(Kind::Profile, "", "Is a nurse", &[3, 0])),
+        ]);
+        assert_eq!(out.len(), 2);
+        // Two events of one subject in one conversation are one event.
+        let e = |m: usize| {
+            let c = cand(Kind::Event, "Outage", &format!("part {m}"), &[m]);
+            (target(&c, "u", None, "f").unwrap(), c)
+        };
+        let ev = combine(vec![e(6), e(7)]);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].1.messages, vec![6, 7]);
+        assert_eq!(out[0].1.text, "Lives in Lyon\nIs a nurse");
+        assert_eq!(out[0].1.messages, vec![0, 3]);
+        assert_eq!(
+            body(&content("Tea", Kind::Preference, "likes it")),
+            "likes it"
+        );
+    }
+}

@@ -1,0 +1,190 @@
+//! The prompts and the JSON schemas of their answers. Schemas bound every
+//! array and string (`maxItems`, `maxLength`): a server that constrains
+//! decoding to the schema (llama.cpp, vLLM, hosted APIs) then cannot run
+//! away, and every answer is checked again here whatever the server did.
+
+use super::{Conversation, Kind};
+use serde_json::{json, Value};
+
+/// Candidates one conversation may yield.
+pub const MAX_CANDIDATES: usize = 16;
+/// Characters of one memory's text.
+pub const MAX_TEXT: usize = 400;
+
+pub const EXTRACT_SYSTEM: &str = "You extract long-term memories from a conversation between a user and an AI assistant. \
+Keep only facts worth remembering in later conversations, each stated on its own, in the third person (\"The user ...\"). \
+Kinds:\n\
+- profile: who the user is (name, job, where they live, family).\n\
+- preference: what the user likes, dislikes or wants; topic = the subject (\"coffee\", \"code style\").\n\
+- entity: a named person, pet, project, company or place in the user's life, not the user themselves \
+(the user's own name, job and city are profile); topic = its name.\n\
+- event: something that happened or is planned, with its date if said; topic = a short title.\n\
+- case: a problem the assistant solved for the user and how.\n\
+- pattern: a way of working that worked well with this user.\n\
+- skill: a procedure the assistant can repeat, as steps; topic = the procedure's name.\n\
+For each memory give the numbers of the messages it comes from. \
+Skip greetings, small talk and anything only true during this conversation. \
+If a later message corrects an earlier one, keep only the corrected fact.";
+
+const EXAMPLE_USER: &str = "[0] user: Hi, I'm Dana, I teach chemistry in Leeds.\n\
+[1] assistant: Nice to meet you, Dana! How can I help?\n\
+[2] user: I hate long emails, keep replies short. My cat Miso is sick, vet visit on 3 May.\n\
+[3] assistant: Sorry to hear that. Short replies it is.";
+
+fn example_answer() -> Value {
+    json!({"memories": [
+        {"kind": "profile", "topic": "profile", "text": "The user is Dana, a chemistry teacher in Leeds.", "messages": [0]},
+        {"kind": "preference", "topic": "reply length", "text": "The user wants short replies and dislikes long emails.", "messages": [2]},
+        {"kind": "entity", "topic": "Miso", "text": "Miso is the user's cat.", "messages": [2]},
+        {"kind": "event", "topic": "vet visit", "text": "The user's cat Miso is sick and has a vet visit on 3 May.", "messages": [2]}
+    ]})
+}
+
+/// The conversation as numbered lines (`[i] role: content`).
+pub fn transcript(conv: &Conversation) -> String {
+    let mut out = String::new();
+    for (i, m) in conv.messages.iter().enumerate() {
+        let ts = match &m.ts {
+            Some(Value::String(s)) => format!(" ({s})"),
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "[{i}] {}{ts}: {}\n",
+            m.role,
+            m.content.replace('\n', " ")
+        ));
+    }
+    out
+}
+
+/// The chat messages of an extraction request.
+pub fn extract_messages(conv: &Conversation) -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": EXTRACT_SYSTEM}),
+        json!({"role": "user", "content": EXAMPLE_USER}),
+        json!({"role": "assistant", "content": example_answer().to_string()}),
+        json!({"role": "user", "content": transcript(conv)}),
+    ]
+}
+
+pub fn extract_schema(n_messages: usize) -> Value {
+    let kinds: Vec<&str> = [
+        Kind::Profile,
+        Kind::Preference,
+        Kind::Entity,
+        Kind::Event,
+        Kind::Case,
+        Kind::Pattern,
+        Kind::Skill,
+    ]
+    .iter()
+    .map(|k| k.as_str())
+    .collect();
+    json!({
+        "type": "object",
+        "properties": {
+            "memories": {
+                "type": "array",
+                "maxItems": MAX_CANDIDATES,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"type": "string", "enum": kinds},
+                        "topic": {"type": "string", "maxLength": 40},
+                        "text": {"type": "string", "maxLength": MAX_TEXT},
+                        "messages": {
+                            "type": "array",
+                            "maxItems": 8,
+                            "items": {"type": "integer", "minimum": 0, "maximum": n_messages.saturating_sub(1)}
+                        }
+                    },
+                    "required": ["kind", "topic", "text", "messages"]
+                }
+            }
+        },
+        "required": ["memories"]
+    })
+}
+
+pub const MERGE_SYSTEM: &str = "You update one memory note about a user with new information from a later conversation. \
+Rules: keep every fact of the note that the new information does not contradict; add new facts; \
+when the new information contradicts a fact of the note (a new job, a new city, a changed preference), \
+drop the old fact and write only the new one. Write short plain sentences. \
+\"changed\" says in a few words what changed.";
+
+const MERGE_EXAMPLE_USER: &str = "NOTE:\nThe user is Tom, a nurse in Lyon. Tom has two kids.\n\n\
+NEW INFORMATION:\nThe user moved to Paris and works as a paramedic now.";
+
+/// The chat messages of a merge request (with one worked example).
+pub fn merge_messages(stored: &str, new: &str) -> Vec<Value> {
+    let example = json!({
+        "text": "The user is Tom, a paramedic in Paris. Tom has two kids.",
+        "changed": "job nurse -> paramedic; city Lyon -> Paris"
+    });
+    vec![
+        json!({"role": "system", "content": MERGE_SYSTEM}),
+        json!({"role": "user", "content": MERGE_EXAMPLE_USER}),
+        json!({"role": "assistant", "content": example.to_string()}),
+        json!({"role": "user", "content": format!("NOTE:\n{}\n\nNEW INFORMATION:\n{}", stored.trim(), new.trim())}),
+    ]
+}
+
+pub fn merge_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "maxLength": 2000},
+            "changed": {"type": "string", "maxLength": 120}
+        },
+        "required": ["text", "changed"]
+    })
+}
+
+/// Texts equal but for case, spacing and punctuation.
+pub fn same_text(a: &str, b: &str) -> bool {
+    let norm = |s: &str| -> String {
+        s.chars()
+            .filter(|c| c.is_alphanumeric())
+            .flat_map(char::to_lowercase)
+            .collect()
+    };
+    norm(a) == norm(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extract::Message;
+
+    #[test]
+    fn transcript_numbers_messages() {
+        let conv = Conversation {
+            messages: vec![
+                Message {
+                    role: "user".into(),
+                    content: "a\nb".into(),
+                    ts: Some(json!("2026-05-01")),
+                },
+                Message {
+                    role: "assistant".into(),
+                    content: "c".into(),
+                    ts: None,
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            transcript(&conv),
+            "[0] user (2026-05-01): a b\n[1] assistant: c\n"
+        );
+        assert_eq!(extract_messages(&conv).len(), 4);
+        assert_eq!(
+            extract_schema(2)["properties"]["memories"]["items"]["properties"]["messages"]["items"]
+                ["maximum"],
+            1
+        );
+        // The example answer passes the same checks as a real one.
+        let (c, dropped) = crate::extract::candidates(&example_answer(), 4).unwrap();
+        assert_eq!((c.len(), dropped.len()), (4, 0));
+    }
+}
