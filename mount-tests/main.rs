@@ -9,6 +9,7 @@ mod fronts;
 mod harness;
 mod hostile;
 mod hosts;
+mod inbox;
 mod lifecycle;
 mod ops;
 mod search;

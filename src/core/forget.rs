@@ -84,6 +84,11 @@ impl Fs {
                 ]
             })
             .collect();
+        // A user's inbox: conversations, their jobs and content hashes.
+        for u in dirs.iter().filter(|d| super::inbox::is_user(d)) {
+            let inbox = format!("{u}/{}", super::inbox::INBOX);
+            sstack.extend(super::inbox::stored_dirs(&inbox));
+        }
         while let Some(s) = sstack.pop() {
             for (name, _) in self.store.list_scratch(&s)? {
                 sstack.push(format!("{s}/{name}"));

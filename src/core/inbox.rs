@@ -49,6 +49,15 @@ pub fn is_user(path: &str) -> bool {
     c.len() == 3 && c[1] == "users"
 }
 
+/// The parents of every row an inbox keeps (what a delete must empty).
+pub fn stored_dirs(inbox: &str) -> [String; 3] {
+    [
+        inbox.to_string(),
+        format!("{inbox}/{JOBS}"),
+        format!("{inbox}/{HASHES}"),
+    ]
+}
+
 /// `{a}/users/{u}` of an inbox path.
 fn user_dir(path: &str) -> &str {
     let mut n = 0;
@@ -167,6 +176,27 @@ pub struct Job {
 }
 
 impl Job {
+    fn new(file: &str, c: Caller, sha256: String, messages: usize, now: i128, state: State) -> Job {
+        Job {
+            file: file.to_string(),
+            state,
+            error: None,
+            attempts: 0,
+            queued_at: rfc3339_ms(now),
+            finished_at: None,
+            duplicate_of: None,
+            messages,
+            tokens: Tokens::default(),
+            changes: Vec::new(),
+            dropped: Vec::new(),
+            uid: c.uid,
+            gid: c.gid,
+            sha256,
+            next_try_ms: 0,
+            proposal: Vec::new(),
+        }
+    }
+
     fn status_json(&self) -> Vec<u8> {
         let mut v = serde_json::to_value(self).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
@@ -466,9 +496,11 @@ impl Fs {
         place::check_name(extract::stem(name))?;
         self.inbox_writable(c, inbox)?;
         let path = format!("{inbox}/{name}");
-        if self.store.get_scratch(&path)?.is_some()
-            || self.job_of_stem(inbox, extract::stem(name))?.is_some()
-        {
+        let stem = extract::stem(name);
+        let taken = |n: String| -> Result<bool> {
+            Ok(self.store.get_scratch(&format!("{inbox}/{n}"))?.is_some())
+        };
+        if taken(format!("{stem}.json"))? || taken(format!("{stem}.jsonl"))? {
             return Err(Error::NotPermitted(
                 "a queued conversation is read-only; write a new NAME",
             ));
@@ -551,6 +583,23 @@ impl Fs {
     }
 
     pub(super) fn inbox_write(&self, h: &InboxHandle, offset: u64, data: &[u8]) -> Result<u32> {
+        if h.review {
+            // The decision is applied when a line is complete, so the
+            // writer's `write` gets its error (a shell reports no close).
+            let line = {
+                let mut buf = lock(&h.buf);
+                if buf.len() + data.len() > 64 {
+                    return Err(Error::Invalid("write accept or drop".into()));
+                }
+                buf.extend_from_slice(data);
+                if !buf.contains(&b'\n') {
+                    return Ok(data.len() as u32);
+                }
+                std::mem::take(&mut *buf)
+            };
+            self.inbox_decide(h, &line)?;
+            return Ok(data.len() as u32);
+        }
         let mut buf = lock(&h.buf);
         let end = offset as usize + data.len();
         if end > extract::MAX_CONVERSATION_BYTES {
@@ -574,36 +623,41 @@ impl Fs {
         }
         let (inbox, name) = split_name(&h.path);
         self.inbox_writable(h.caller, inbox)?;
-        let conv = extract::parse(name, &bytes)
-            .map_err(|e| Error::Invalid(format!("{name} is not a conversation: {e}")))?;
+        let parsed = extract::parse(name, &bytes);
         let _g = lock(&self.scratch_lock);
         if self.store.get_scratch(&h.path)?.is_some() {
             return Err(Error::NotPermitted(
                 "a queued conversation is read-only; write a new NAME",
             ));
         }
+        let now = now_ns();
+        let conv = match parsed {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing is stored but the reason, in NAME.status; the
+                // name stays free for a corrected file.
+                let why = format!("{name} is not a conversation: {e}");
+                let job = Job::new(name, h.caller, String::new(), 0, now, State::Failed);
+                let job = Job {
+                    error: Some(why.clone()),
+                    finished_at: Some(rfc3339_ms(now)),
+                    ..job
+                };
+                self.save_job(inbox, &job)?;
+                return Err(Error::Invalid(why));
+            }
+        };
         let sha = sha256_hex(&bytes);
         let hash_path = format!("{inbox}/{HASHES}/{sha}");
         let first = self.store.get_scratch(&hash_path)?;
-        let now = now_ns();
-        let mut job = Job {
-            file: name.to_string(),
-            state: State::Queued,
-            error: None,
-            attempts: 0,
-            queued_at: rfc3339_ms(now),
-            finished_at: None,
-            duplicate_of: None,
-            messages: conv.messages.len(),
-            tokens: Tokens::default(),
-            changes: Vec::new(),
-            dropped: Vec::new(),
-            uid: h.caller.uid,
-            gid: h.caller.gid,
-            sha256: sha.clone(),
-            next_try_ms: 0,
-            proposal: Vec::new(),
-        };
+        let mut job = Job::new(
+            name,
+            h.caller,
+            sha.clone(),
+            conv.messages.len(),
+            now,
+            State::Queued,
+        );
         let mut ops = vec![Op::PutScratch {
             path: h.path.clone(),
             data: ScratchRec {
@@ -649,11 +703,13 @@ impl Fs {
         }
         let _g = lock(&self.scratch_lock);
         let path = format!("{inbox}/{name}");
-        if self.store.get_scratch(&path)?.is_none() {
+        let stored = self.store.get_scratch(&path)?.is_some();
+        let job = self.get_job(inbox, name)?;
+        if !stored && job.is_none() {
             return Err(Error::NotFound);
         }
         let mut ops = vec![Op::DelScratch { path }];
-        if let Some(j) = self.get_job(inbox, name)? {
+        if let Some(j) = job {
             if !j.state.finished() {
                 return Err(Error::Busy(
                     "the conversation is queued, being extracted or in review",

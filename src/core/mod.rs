@@ -620,6 +620,27 @@ impl Fs {
         self.send_inval(t, wait);
     }
 
+    /// After a batch: the listings of every directory above its nodes, up
+    /// to the account (a batch may make containers nobody made with
+    /// `mkdir`, such as a new agent: the kernel may hold its parent's
+    /// listing without them).
+    fn invalidate_ancestors<'a>(&self, nodes: impl Iterator<Item = &'a str>) {
+        let mut dirs = std::collections::BTreeSet::new();
+        for n in nodes {
+            let mut d = n;
+            while let Some((parent, _)) = d.rsplit_once('/') {
+                if !dirs.insert(parent) {
+                    break;
+                }
+                d = parent;
+            }
+        }
+        let dirs: Vec<&str> = dirs.into_iter().collect();
+        // Batches commit at a close or from a background thread: no
+        // directory lock is held, so waiting cannot deadlock.
+        self.send_inval(self.listing_targets(&dirs), true);
+    }
+
     // ---- persistence of drafts --------------------------------------------
 
     fn persist_draft_op(&self, node: &str, d: &Draft) -> Result<Op> {

@@ -134,6 +134,7 @@ impl Fs {
             }
         }
         drop(guards);
+        self.invalidate_ancestors(done.iter().map(|(_, p, _, _)| p.as_str()));
         for (line, path, v, _) in &done {
             self.invalidate_commit(path, false);
             let node = path.split_once('/').map_or("", |(_, r)| r);

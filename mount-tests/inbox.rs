@@ -1,0 +1,506 @@
+//! Memory from conversations through the inbox, end to end: a real small
+//! instruct model behind llama.cpp's server (`scripts/llm-setup.sh`) for
+//! what extraction finds, and a canned server for the error cases
+//! (server errors, invalid JSON, timeouts, a refused key, the token budget).
+
+use crate::harness::*;
+use serde_json::Value;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+const INBOX: &str = "accounts/acme/users/priya/inbox";
+
+/// Ten turns: a profile, a preference, a pet, an outage, and a procedure
+/// for the agent.
+const CONVERSATION: &str = r#"{"agent": "helper", "session": "s1", "messages": [
+ {"role": "user", "content": "Hi! I'm Priya Raman. I work as a data engineer at a logistics startup in Austin."},
+ {"role": "assistant", "content": "Nice to meet you, Priya! What can I help you with today?"},
+ {"role": "user", "content": "I prefer answers with Python examples, and please never use Java in examples."},
+ {"role": "assistant", "content": "Got it: Python examples only, no Java."},
+ {"role": "user", "content": "My dog Biscuit is a golden retriever, he turns 3 next week."},
+ {"role": "assistant", "content": "Happy early birthday to Biscuit!"},
+ {"role": "user", "content": "Last Friday our Airflow cluster went down during the quarterly migration and I spent the weekend fixing it."},
+ {"role": "assistant", "content": "That sounds stressful. What was the root cause?"},
+ {"role": "user", "content": "The scheduler ran out of memory. We fixed it by raising the worker memory limit to 8 GB and restarting the scheduler, then clearing the stuck tasks."},
+ {"role": "assistant", "content": "To recover a stuck Airflow scheduler: 1) check scheduler memory, 2) raise the worker memory limit, 3) restart the scheduler, 4) clear the stuck task instances. I'll remember this procedure."}
+]}"#;
+
+/// A later conversation that contradicts the profile (new job, new city).
+const CONTRADICTION: &str = r#"{"messages": [
+ {"role": "user", "content": "Quick update about me: I left the logistics startup. I now work as a data engineer at a bank in Denver, I moved there last month."},
+ {"role": "assistant", "content": "Congratulations on the new job in Denver, Priya!"}
+]}"#;
+
+/// The real model's server, started once (and kept) for every test.
+fn llm_url() -> String {
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URL.get_or_init(|| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/llm-setup.sh");
+        let out = Command::new("flock")
+            .args(["-o", "/tmp/ctxfs-llm-setup.lock", script, "start"])
+            .output()
+            .expect("run scripts/llm-setup.sh");
+        assert!(
+            out.status.success(),
+            "scripts/llm-setup.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    })
+    .clone()
+}
+
+fn config(url: &str, extra: &str) -> String {
+    format!(
+        "{CONFIG}\n{extra}\n[llm]\nurl = \"{url}\"\nmodel = \"test\"\ntimeout_s = 5\nmax_attempts = 3\nretry_backoff_ms = 100\n"
+    )
+}
+
+fn real_config(extra: &str) -> String {
+    config(&llm_url(), extra).replace("timeout_s = 5", "timeout_s = 300")
+}
+
+/// Write `text` as `uid` to `path` (under the mount) with `cp`.
+fn put(m: &Mount, uid: u32, path: &str, text: &str) {
+    let src = m.shared_file(&format!("src-{}", path.replace('/', "_")));
+    std::fs::write(&src, text).unwrap();
+    m.ok(uid, &format!("cp {} \"$M/{path}\"", src.display()));
+}
+
+/// Poll `NAME.status` until its state is one of `states`.
+fn wait_state(m: &Mount, status: &str, states: &[&str], limit: Duration) -> Value {
+    let mut last = Value::Null;
+    let done = within(limit, || {
+        let o = m.sh(WRITER, &format!("cat \"$M/{status}\""));
+        if let Ok(v) = serde_json::from_slice::<Value>(&o.stdout) {
+            let hit = states.iter().any(|s| v["state"] == *s);
+            last = v;
+            return hit;
+        }
+        false
+    });
+    assert!(
+        done.is_some(),
+        "{status} did not reach {states:?} in {limit:?}: {last:#}"
+    );
+    last
+}
+
+fn meta(m: &Mount, node: &str) -> Value {
+    m.json(
+        WRITER,
+        &format!("cat \"$M/accounts/acme/{node}/.meta.json\""),
+    )
+}
+
+fn changes<'a>(status: &'a Value, kind: &str) -> Vec<&'a Value> {
+    status["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == kind)
+        .collect()
+}
+
+#[test]
+fn a_conversation_becomes_memories_and_a_contradiction_a_new_version() {
+    let m = Mount::with_args(
+        Some(&real_config("")),
+        &["--model-dir", model_dir().to_str().unwrap()],
+    );
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    put(&m, WRITER, &format!("{INBOX}/chat1.json"), CONVERSATION);
+    // Closing returned at once; the file is now read-only and queued.
+    m.fails(
+        WRITER,
+        &format!("echo x >> \"$M/{INBOX}/chat1.json\""),
+        "Operation not permitted",
+    );
+    let s = wait_state(
+        &m,
+        &format!("{INBOX}/chat1.status"),
+        &["done", "failed"],
+        Duration::from_secs(300),
+    );
+    assert_eq!(s["state"], "done", "{s:#}");
+    assert!(s["tokens"]["total"].as_u64().unwrap() > 0, "{s:#}");
+    // The profile: one node, from message 0.
+    let profile = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/profile/content.md\"",
+    );
+    assert!(profile.contains("Austin"), "{profile}");
+    let p = meta(&m, "users/priya/memories/profile");
+    assert_eq!(p["provenance"]["inbox"], "users/priya/inbox/chat1.json");
+    assert!(
+        p["provenance"]["messages"]
+            .as_array()
+            .unwrap()
+            .contains(&0.into()),
+        "{p:#}"
+    );
+    assert_eq!(p["source"], "extraction");
+    // A preference about Python examples, from message 2.
+    let prefs = changes(&s, "preference");
+    assert!(
+        prefs
+            .iter()
+            .any(|c| c["messages"].as_array().unwrap().contains(&2.into())),
+        "{s:#}"
+    );
+    let grep = m.ok(
+        WRITER,
+        "grep -ril python \"$M/accounts/acme/users/priya/memories/preferences\" | grep content.md",
+    );
+    assert!(!grep.is_empty());
+    // The outage as an event (appended), from message 6.
+    let events = changes(&s, "event");
+    assert!(
+        events
+            .iter()
+            .any(|c| c["action"] == "appended"
+                && c["messages"].as_array().unwrap().contains(&6.into())),
+        "{s:#}"
+    );
+    // The procedure as the agent's skill, from messages 8-9.
+    let skills = m.ok(WRITER, "ls \"$M/accounts/acme/agents/helper/skills\"");
+    let skill = skills.lines().next().expect("a skill node");
+    let sm = meta(&m, &format!("agents/helper/skills/{skill}"));
+    let msgs = sm["provenance"]["messages"].as_array().unwrap();
+    assert!(
+        msgs.contains(&8.into()) || msgs.contains(&9.into()),
+        "{sm:#}"
+    );
+    let body = m.ok(
+        WRITER,
+        &format!("cat \"$M/accounts/acme/agents/helper/skills/{skill}/content.md\""),
+    );
+    assert!(body.to_lowercase().contains("scheduler"), "{body}");
+    // Every change names a node that is there, at the version it says.
+    for c in s["changes"].as_array().unwrap() {
+        if c["action"] == "skipped" {
+            continue;
+        }
+        let v = meta(&m, c["path"].as_str().unwrap());
+        assert_eq!(v["version"], c["version"], "{c}");
+    }
+    // The same bytes again: a no-op, no tokens spent.
+    put(&m, WRITER, &format!("{INBOX}/again.json"), CONVERSATION);
+    let again = wait_state(
+        &m,
+        &format!("{INBOX}/again.status"),
+        &["done"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(again["duplicate_of"], "chat1.json");
+    assert_eq!(again["tokens"]["total"], 0);
+
+    // A contradiction: version 2 of the same profile node, not a second node.
+    m.ok(WRITER, "cat \"$M/.ctxfs/sync\" >/dev/null");
+    put(&m, WRITER, &format!("{INBOX}/chat2.json"), CONTRADICTION);
+    let s2 = wait_state(
+        &m,
+        &format!("{INBOX}/chat2.status"),
+        &["done", "failed"],
+        Duration::from_secs(300),
+    );
+    assert_eq!(s2["state"], "done", "{s2:#}");
+    let p2 = meta(&m, "users/priya/memories/profile");
+    assert_eq!(p2["version"], 2, "{s2:#}");
+    assert_eq!(p2["provenance"]["inbox"], "users/priya/inbox/chat2.json");
+    let now = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/profile/content.md\"",
+    );
+    assert!(now.contains("Denver"), "{now}");
+    let old = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/profile/.versions/1/content.md\"",
+    );
+    assert!(old.contains("Austin"), "{old}");
+    let merged = changes(&s2, "profile");
+    assert!(merged.iter().any(|c| c["action"] == "merged"), "{s2:#}");
+
+    // Tenancy: the reader sees, cannot write; another account sees nothing.
+    m.fails(
+        READER,
+        &format!("cp /etc/hostname \"$M/{INBOX}/r.json\""),
+        "Read-only file system",
+    );
+    m.fails(
+        STRANGER,
+        &format!("cat \"$M/{INBOX}/chat1.status\""),
+        "Permission denied",
+    );
+    m.fails(STRANGER, &format!("ls \"$M/{INBOX}\""), "Permission denied");
+    m.umount_and_fsck();
+}
+
+#[test]
+fn review_mode_holds_everything_until_accepted() {
+    let extra = "[[account]]\nid = \"rev\"\nwriters = [1004]\nreaders = [1005]\nreview = true\n";
+    let m = Mount::with_args(
+        Some(&real_config(extra)),
+        &["--model-dir", model_dir().to_str().unwrap()],
+    );
+    let inbox = "accounts/rev/users/priya/inbox";
+    m.ok(1004, "mkdir -p \"$M/accounts/rev/users/priya\"");
+    put(&m, 1004, &format!("{inbox}/c1.json"), CONVERSATION);
+    let st = |m: &Mount| m.json(1004, &format!("cat \"$M/{inbox}/c1.status\""));
+    within(Duration::from_secs(300), || {
+        matches!(st(&m)["state"].as_str(), Some("review" | "failed" | "done"))
+    })
+    .expect("extraction ends");
+    assert_eq!(st(&m)["state"], "review", "{:#}", st(&m));
+    // Nothing reached readers or search.
+    let found = m.ok(
+        1005,
+        "find \"$M/accounts/rev\" -name content.md | wc -l; cat \"$M/accounts/rev/.search/Biscuit golden retriever\" | wc -l",
+    );
+    assert_eq!(found.split_whitespace().collect::<Vec<_>>(), ["0", "0"]);
+    let review = m.json(1004, &format!("cat \"$M/{inbox}/c1.review\""));
+    let proposed = review["nodes"].as_array().unwrap().len();
+    assert!(proposed >= 3, "{review:#}");
+    // A reader cannot decide.
+    m.fails(
+        1005,
+        &format!("echo accept > \"$M/{inbox}/c1.review\""),
+        "Read-only file system",
+    );
+    m.fails(
+        1004,
+        &format!("/bin/echo maybe > \"$M/{inbox}/c1.review\""),
+        "Invalid argument",
+    );
+    m.ok(1004, &format!("echo accept > \"$M/{inbox}/c1.review\""));
+    assert_eq!(st(&m)["state"], "done");
+    m.ok(1004, "cat \"$M/.ctxfs/sync\" >/dev/null");
+    let n = m.ok(1005, "find \"$M/accounts/rev\" -name content.md | wc -l");
+    assert_eq!(n.trim(), proposed.to_string(), "{:#}", st(&m));
+    // The review file is gone once decided.
+    m.fails(
+        1004,
+        &format!("cat \"$M/{inbox}/c1.review\""),
+        "No such file",
+    );
+}
+
+/// A canned server playing its replies (`scripts/canned-llm.py`).
+struct Canned {
+    url: String,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Canned {
+    fn new(replies: &Value) -> Canned {
+        let dir = tempfile::Builder::new()
+            .prefix("ctxfs-canned-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let script = dir.path().join("canned.json");
+        std::fs::write(&script, replies.to_string()).unwrap();
+        let portfile = dir.path().join("port");
+        let child = Command::new("/usr/bin/python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/canned-llm.py"
+            ))
+            .arg(&script)
+            .arg(&portfile)
+            .spawn()
+            .expect("start the canned server");
+        within(Duration::from_secs(10), || portfile.exists()).expect("canned server up");
+        let port = std::fs::read_to_string(&portfile).unwrap();
+        Canned {
+            url: format!("http://127.0.0.1:{port}/v1"),
+            child,
+            dir,
+        }
+    }
+
+    /// The request bodies it received.
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("port.requests"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Canned {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+const ONE_MEMORY: &str = r#"{"memories":[{"kind":"preference","topic":"tea","text":"The user likes green tea.","messages":[0]}]}"#;
+const TEA: &str = r#"[{"role":"user","content":"I like green tea."}]"#;
+
+#[test]
+fn server_errors_and_invalid_json_are_retried_then_dead_lettered() {
+    // A 500, then an answer that is not JSON, then the repair: committed.
+    let replies = serde_json::json!([
+        {"status": 500, "raw": "overloaded"},
+        {"content": "Sure! Here are the memories: {oops"},
+        {"content": ONE_MEMORY},
+    ]);
+    let server = Canned::new(&replies);
+    let m = Mount::with_config(Some(&config(&server.url, "")));
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    put(&m, WRITER, &format!("{INBOX}/t.json"), TEA);
+    let s = wait_state(
+        &m,
+        &format!("{INBOX}/t.status"),
+        &["done", "failed"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(s["state"], "done", "{s:#}");
+    assert_eq!(s["attempts"], 2, "{s:#}");
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 3);
+    // The repair request shows the model its invalid answer.
+    let last = reqs[2]["messages"].as_array().unwrap();
+    assert!(last[last.len() - 1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("not valid JSON"));
+    assert_eq!(
+        reqs[0]["response_format"]["type"], "json_schema",
+        "answers are asked under a schema"
+    );
+    let tea = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/preferences/tea/content.md\"",
+    );
+    assert!(tea.contains("green tea"));
+
+    // A server that never answers in time: three tries, then failed, nothing committed.
+    let slow = Canned::new(&serde_json::json!([{"delay": 8, "content": ONE_MEMORY}]));
+    let m2 = Mount::with_config(Some(&config(&slow.url, "")));
+    m2.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    put(&m2, WRITER, &format!("{INBOX}/slow.json"), TEA);
+    let s = wait_state(
+        &m2,
+        &format!("{INBOX}/slow.status"),
+        &["done", "failed"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(s["state"], "failed", "{s:#}");
+    assert_eq!(s["attempts"], 3, "{s:#}");
+    assert!(
+        s["error"].as_str().unwrap().contains("after 3 tries"),
+        "{s:#}"
+    );
+    let n = m2.ok(WRITER, "find \"$M/accounts/acme\" -name content.md | wc -l");
+    assert_eq!(n.trim(), "0");
+    // A finished conversation may be removed; its status goes with it.
+    m2.ok(WRITER, &format!("rm \"$M/{INBOX}/slow.json\""));
+    m2.fails(
+        WRITER,
+        &format!("cat \"$M/{INBOX}/slow.status\""),
+        "No such file",
+    );
+    drop(slow);
+}
+
+#[test]
+fn a_refused_key_fails_at_once_and_the_token_budget_waits() {
+    let server = Canned::new(&serde_json::json!([{"status": 401, "raw": "bad key"}]));
+    let m = Mount::with_config(Some(&config(&server.url, "")));
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    put(&m, WRITER, &format!("{INBOX}/k.json"), TEA);
+    let s = wait_state(
+        &m,
+        &format!("{INBOX}/k.status"),
+        &["done", "failed"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(s["state"], "failed");
+    assert_eq!(s["attempts"], 1, "a 401 is not retried: {s:#}");
+    assert!(s["error"].as_str().unwrap().contains("401"));
+    drop(server);
+
+    // A budget of 20 tokens a day: the first conversation spends 15 x 2,
+    // the second is refused at write (EDQUOT) with the reason.
+    let server = Canned::new(&serde_json::json!([{"content": ONE_MEMORY}]));
+    let cfg = config(&server.url, "").replace(
+        "writers = [1001]\nreaders = [1002]\n",
+        "writers = [1001]\nreaders = [1002]\n[account.quota]\nllm_tokens_per_day = 20\n",
+    );
+    let m = Mount::with_config(Some(&cfg));
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    put(&m, WRITER, &format!("{INBOX}/a.json"), TEA);
+    let s = wait_state(
+        &m,
+        &format!("{INBOX}/a.status"),
+        &["done", "failed"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(s["state"], "done", "{s:#}");
+    let usage = m.json(WRITER, "cat \"$M/accounts/acme/.ctxfs/usage\"");
+    assert_eq!(usage["llm_tokens_today"]["used"], 15, "{usage:#}");
+    let src = m.shared_file("b.json");
+    std::fs::write(&src, r#"[{"role":"user","content":"I like black tea."}]"#).unwrap();
+    // 15 < 20: taken; its extraction spends the rest.
+    m.ok(
+        WRITER,
+        &format!("cp {} \"$M/{INBOX}/b.json\"", src.display()),
+    );
+    wait_state(
+        &m,
+        &format!("{INBOX}/b.status"),
+        &["done"],
+        Duration::from_secs(30),
+    );
+    m.fails(
+        WRITER,
+        &format!("cp {} \"$M/{INBOX}/c.json\"", src.display()),
+        "Disk quota exceeded",
+    );
+    drop(server);
+}
+
+#[test]
+fn without_an_llm_the_inbox_refuses_and_bad_files_say_why() {
+    let m = Mount::with_config(Some(CONFIG));
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    m.ok(WRITER, &format!("ls \"$M/{INBOX}\""));
+    m.fails(
+        WRITER,
+        &format!("echo '[]' > \"$M/{INBOX}/x.json\""),
+        "Operation not supported",
+    );
+    let server = Canned::new(&serde_json::json!([{"content": ONE_MEMORY}]));
+    let m = Mount::with_config(Some(&config(&server.url, "")));
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    // Not a conversation: close fails (EINVAL), the reason is in the status.
+    let bad = m.shared_file("bad.json");
+    std::fs::write(&bad, r#"[{"role":"system","content":"x"}]"#).unwrap();
+    m.fails(
+        WRITER,
+        &format!("cp {} \"$M/{INBOX}/bad.json\"", bad.display()),
+        "Invalid argument",
+    );
+    let s = m.json(WRITER, &format!("cat \"$M/{INBOX}/bad.status\""));
+    assert_eq!(s["state"], "failed");
+    assert!(s["error"].as_str().unwrap().contains("role"), "{s:#}");
+    // Names other than NAME.json / NAME.jsonl are refused.
+    m.fails(
+        WRITER,
+        &format!("echo x > \"$M/{INBOX}/notes.txt\""),
+        "Invalid argument",
+    );
+    // The corrected file under the same name is taken.
+    put(&m, WRITER, &format!("{INBOX}/bad.json"), TEA);
+    let s = wait_state(
+        &m,
+        &format!("{INBOX}/bad.status"),
+        &["done", "failed"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(s["state"], "done", "{s:#}");
+    drop(server);
+}
