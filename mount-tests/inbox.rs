@@ -504,3 +504,31 @@ fn without_an_llm_the_inbox_refuses_and_bad_files_say_why() {
     assert_eq!(s["state"], "done", "{s:#}");
     drop(server);
 }
+
+#[test]
+fn on_postgres_one_daemon_extracts_for_all() {
+    let server = Canned::new(&serde_json::json!([{"content": ONE_MEMORY}]));
+    let db = PgDb::new();
+    let cfg = config(&server.url, "");
+    let a = db.mount(Some(&cfg), &["--embedder", "hash"]);
+    let b = db.mount(Some(&cfg), &["--embedder", "hash"]);
+    a.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    // Written through one daemon, extracted once (by the daemon leading
+    // "extractor"), seen through both.
+    put(&b, WRITER, &format!("{INBOX}/t.json"), TEA);
+    let s = wait_state(
+        &a,
+        &format!("{INBOX}/t.status"),
+        &["done", "failed"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(s["state"], "done", "{s:#}");
+    for m in [&a, &b] {
+        let tea = m.ok(
+            WRITER,
+            "cat \"$M/accounts/acme/users/priya/memories/preferences/tea/content.md\"",
+        );
+        assert!(tea.contains("green tea"));
+    }
+    assert_eq!(server.requests().len(), 1);
+}

@@ -112,7 +112,7 @@ pub struct PgStore {
     feed: Arc<Feed>,
     /// The session of this daemon's advisory locks (roles and `flock`s).
     session: Mutex<Option<Session>>,
-    last_try: Mutex<Option<Instant>>,
+    last_try: Mutex<std::collections::HashMap<String, Instant>>,
     stop: Arc<AtomicBool>,
     pruned: AtomicU64,
     cache: Arc<Cache>,
@@ -170,7 +170,7 @@ impl PgStore {
             local,
             feed: Arc::new(Feed::default()),
             session: Mutex::new(None),
-            last_try: Mutex::new(None),
+            last_try: Mutex::new(Default::default()),
             stop: Arc::new(AtomicBool::new(false)),
             pruned: AtomicU64::new(0),
             cache: Arc::new(Cache::default()),

@@ -31,11 +31,15 @@ impl PgStore {
             return true;
         }
         {
+            // At most one try a second per role (roles are tried by
+            // different threads: one role's tries must not starve another's).
             let mut t = lock(&self.last_try);
-            if t.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            if t.get(role)
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+            {
                 return false;
             }
-            *t = Some(Instant::now());
+            t.insert(role.to_string(), Instant::now());
         }
         match self.session_bool(
             "SELECT pg_try_advisory_lock($1)",
