@@ -208,6 +208,20 @@ fn a_conversation_becomes_memories_and_a_contradiction_a_new_version() {
     let p2 = meta(&m, "users/priya/memories/profile");
     assert_eq!(p2["version"], 2, "{s2:#}");
     assert_eq!(p2["provenance"]["inbox"], "users/priya/inbox/chat2.json");
+    // The merged text keeps facts of both conversations: both are its sources.
+    let sources: Vec<&str> = p2["sources"]
+        .as_array()
+        .expect("a merged version lists its sources")
+        .iter()
+        .map(|s| s["inbox"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            "users/priya/inbox/chat2.json",
+            "users/priya/inbox/chat1.json"
+        ]
+    );
     let now = m.ok(
         WRITER,
         "cat \"$M/accounts/acme/users/priya/memories/profile/content.md\"",

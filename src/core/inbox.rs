@@ -40,6 +40,8 @@ const REVIEW_EXT: &str = ".review";
 pub const DUPLICATE_SIMILARITY: f32 = 0.65;
 /// An event or case this similar to an existing one is the same one.
 pub const SAME_EVENT_SIMILARITY: f32 = 0.85;
+/// Sources a merged node's `.meta.json` keeps (the newest).
+const MAX_SOURCES: usize = 50;
 /// How often idle extraction threads look for work queued by other daemons.
 const RESCAN: Duration = Duration::from_secs(5);
 
@@ -1061,6 +1063,8 @@ fn extract_job(
             why: String::new(),
             messages: c.messages.clone(),
         };
+        // The sources of the text a merge keeps.
+        let mut earlier: Vec<Value> = Vec::new();
         let (content, action, why) = match (t.mode, found) {
             (policy::Mode::Append, Existing::Same(other, sim)) => {
                 change.path = other.clone();
@@ -1083,7 +1087,7 @@ fn extract_job(
                 "created",
                 format!("no {} on this subject yet", c.kind.as_str()),
             ),
-            (policy::Mode::Merge, Existing::Node(node, _))
+            (policy::Mode::Merge, Existing::Node(node, ..))
                 if lines.iter().any(|(n, _): &(String, String)| *n == node) =>
             {
                 change.path = node;
@@ -1093,7 +1097,8 @@ fn extract_job(
                     "merged with another memory of this conversation".into(),
                 )
             }
-            (policy::Mode::Merge, Existing::Node(node, stored)) => {
+            (policy::Mode::Merge, Existing::Node(node, stored, sources)) => {
+                earlier = sources;
                 let dup = node != t.node;
                 t.node = node.clone();
                 change.path = node;
@@ -1138,12 +1143,19 @@ fn extract_job(
         change.why = why;
         change.uri = place::uri_of(&format!("{account}/{}", change.path));
         if let Some(content) = content {
-            let meta = json!({
+            let here = provenance(&user, &job.file, conv, &c.messages);
+            let mut meta = json!({
                 "status": "ACTIVE",
                 "source": "extraction",
                 "kind": c.kind.as_str(),
-                "provenance": provenance(&user, &job.file, conv, &c.messages),
+                "provenance": here,
             });
+            if !earlier.is_empty() {
+                // Every conversation the merged text holds facts of, newest first.
+                let mut all = vec![meta["provenance"].clone()];
+                all.extend(earlier.into_iter().take(MAX_SOURCES - 1));
+                meta["sources"] = Value::Array(all);
+            }
             let line = json!({"node": t.node, "content": content, "meta": meta}).to_string();
             lines.push((t.node.clone(), line));
         }
@@ -1180,15 +1192,17 @@ fn extract_job(
 enum Existing {
     None,
     /// The node to merge into (the target's, or a near-duplicate found by
-    /// search) and its `content.md`.
-    Node(String, String),
+    /// search), its `content.md` and the sources of its text.
+    Node(String, String, Vec<Value>),
     /// For appends: the same event or case is already there (path, similarity).
     Same(String, f32),
 }
 
 impl Fs {
-    /// The committed ACTIVE node at `node` (under the account) and its content.
-    fn active_content(&self, account: &str, node: &str) -> Result<Option<String>> {
+    /// The committed ACTIVE node at `node` (under the account): its
+    /// content and the sources of its text (`sources` of its `.meta.json`,
+    /// or its `provenance` alone).
+    fn active_content(&self, account: &str, node: &str) -> Result<Option<(String, Vec<Value>)>> {
         let path = format!("{account}/{node}");
         let Some(rec) = self.store.get_node(&path)? else {
             return Ok(None);
@@ -1196,19 +1210,30 @@ impl Fs {
         if rec.status != crate::store::Status::Active || self.expired(&path) {
             return Ok(None);
         }
-        let Some(f) = rec.file(place::CONTENT) else {
-            return Ok(Some(String::new()));
+        let read = |name: &str| -> Result<String> {
+            match rec.file(name) {
+                Some(f) => Ok(String::from_utf8_lossy(
+                    &self.store.read_blob(account, f.blob, f.size)?,
+                )
+                .into_owned()),
+                None => Ok(String::new()),
+            }
         };
-        let bytes = self.store.read_blob(account, f.blob, f.size)?;
-        Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+        let meta: Value = serde_json::from_str(&read(place::META)?).unwrap_or_default();
+        let sources = match (&meta["sources"], &meta["provenance"]) {
+            (Value::Array(a), _) => a.clone(),
+            (_, p @ Value::Object(_)) => vec![p.clone()],
+            _ => Vec::new(),
+        };
+        Ok(Some((read(place::CONTENT)?, sources)))
     }
 
     /// What candidate `c`, placed at `t`, meets: the node at its place, or
     /// the most similar memory of its category when that is close enough.
     fn existing_for(&self, account: &str, t: &policy::Target, c: &Candidate) -> Result<Existing> {
         if t.mode == policy::Mode::Merge {
-            if let Some(content) = self.active_content(account, &t.node)? {
-                return Ok(Existing::Node(t.node.clone(), content));
+            if let Some((content, sources)) = self.active_content(account, &t.node)? {
+                return Ok(Existing::Node(t.node.clone(), content, sources));
             }
         }
         if t.node == t.category_dir {
@@ -1244,8 +1269,8 @@ impl Fs {
                     return Ok(Existing::Same(node.to_string(), sim))
                 }
                 policy::Mode::Merge if sim >= DUPLICATE_SIMILARITY => {
-                    if let Some(content) = self.active_content(account, node)? {
-                        return Ok(Existing::Node(node.to_string(), content));
+                    if let Some((content, sources)) = self.active_content(account, node)? {
+                        return Ok(Existing::Node(node.to_string(), content, sources));
                     }
                 }
                 _ => {}
