@@ -6,6 +6,7 @@
 #   make conformance  pjdfstest (scratchpad) and fsx (a node file) on a real mount
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
 #   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount
+#   make eval-inbox  memory from conversations: evidence recall, duplicates, tokens, time (real model)
 #   make model  fetch the embedding model into models/
 #   make llm    build llama.cpp's server and fetch a small instruct model (memory extraction tests)
 #   make install  the binary, the mount helper (mount -t fuse.ctxfs, fstab), completions, man page, systemd unit
@@ -87,6 +88,11 @@ bench: deps model build
 # Retrieval quality through the mount on BEIR SciFact (in datasets/scifact, or SCIFACT_DIR=...).
 eval: deps model build
 	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
+
+# Memory from conversations: extraction by a real model through the inbox,
+# answered by search, against one node per raw message.
+eval-inbox: deps model llm build
+	python3 scripts/eval_inbox.py --bin $(BIN) --model-dir $(MODEL)
 
 # Bytes an agent reads per SciFact query: summary-first through ctxfs against grep -rl.
 tokens: deps build

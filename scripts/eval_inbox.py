@@ -147,6 +147,7 @@ def main():
     ap.add_argument("--model-dir", default="models/all-MiniLM-L6-v2")
     ap.add_argument("--users", type=int, default=10)
     ap.add_argument("--llm-url", default=None)
+    ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     url = args.llm_url or subprocess.run([os.path.join(here, "llm-setup.sh"), "start"], check=True,
                                          capture_output=True, text=True).stdout.strip()
@@ -219,7 +220,12 @@ def main():
                 rep += 1
                 want = {(f"s{s}.json", m) for s, m in ev}
                 holders = [n for n in nodes if provenance(mnt, n) & want]
-                dup += len(holders) > 1
+                # The same fact twice: two nodes of one category directory.
+                dirs = [os.path.dirname(n) for n in holders]
+                twice = len(dirs) != len(set(dirs))
+                dup += twice
+                if twice or args.verbose:
+                    print(f"  {u}: the repeated fact is held by {holders}", file=sys.stderr)
         secs = sorted(stats["secs"])
         c = stats["conversations"]
         print(f"\n{args.users} users, {c} conversations ({stats['failed']} failed), {nq} questions, "

@@ -111,10 +111,10 @@ start() {
   build
   fetch
   log "starting llama-server on 127.0.0.1:$PORT"
-  # Two slots: the daemon's extraction concurrency is bounded by its config;
-  # the context is split between slots.
+  # One slot: requests are answered one at a time, each alone in its batch,
+  # so an answer does not depend on what else runs (tests run in parallel).
   setsid "$SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" \
-    --ctx-size 16384 --parallel 2 --threads "$(nproc)" --alias "$MODEL_NAME" \
+    --ctx-size 8192 --parallel 1 --threads "$(nproc)" --alias "$MODEL_NAME" \
     --no-webui >"$BASE/server.log" 2>&1 < /dev/null &
   echo $! > "$BASE/server.pid"
   for _ in $(seq 1 240); do

@@ -149,6 +149,29 @@ pub fn combine(mut items: Vec<(Target, Candidate)>) -> Vec<(Target, Candidate)> 
     out
 }
 
+/// Words that say nothing of a memory's subject.
+const STOP: &[&str] = &[
+    "user", "users", "their", "they", "them", "this", "that", "these", "with", "about", "from",
+    "have", "has", "had", "likes", "like", "loves", "love", "prefers", "prefer", "wants", "want",
+    "enjoys", "enjoy", "really", "very", "still", "also", "every", "some", "into", "when", "what",
+    "which", "will", "would", "were", "been", "being", "does", "there", "here", "just", "more",
+];
+
+/// The subject words of a text: lower-case alphanumeric words of four or
+/// more bytes, stop words aside.
+fn subject_words(text: &str) -> std::collections::HashSet<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .map(str::to_lowercase)
+        .filter(|w| w.len() >= 4 && !STOP.contains(&w.as_str()))
+        .collect()
+}
+
+/// Do two memory texts share a subject word (beside being close in embedding)?
+pub fn share_subject(a: &str, b: &str) -> bool {
+    let a = subject_words(a);
+    subject_words(b).iter().any(|w| a.contains(w))
+}
+
 /// The `content.md` of a node made from a candidate (or a merge).
 pub fn content(topic: &str, kind: Kind, text: &str) -> String {
     let title = if kind == Kind::Profile {
@@ -210,6 +233,18 @@ mod tests {
                 crate::schema::place::DirPlace::Node
             );
         }
+    }
+
+    #[test]
+    fn subjects() {
+        assert!(share_subject(
+            "The user loves green tea every morning.",
+            "# Green tea\n\nThe user still drinks green tea."
+        ));
+        assert!(!share_subject(
+            "The user loves green tea.",
+            "The user prefers short answers."
+        ));
     }
 
     #[test]

@@ -23,7 +23,7 @@ Kinds:\n\
 - pattern: a way of working that worked well with this user.\n\
 - skill: a procedure the assistant can repeat, as steps; topic = the procedure's name.\n\
 For each memory give the numbers of the messages it comes from. \
-Skip greetings, small talk and anything only true during this conversation. \
+Skip greetings, small talk, general-knowledge questions and anything only true during this conversation. \
 If a later message corrects an earlier one, keep only the corrected fact.";
 
 const EXAMPLE_USER: &str = "[0] user: Hi, I'm Dana, I teach chemistry in Leeds.\n\

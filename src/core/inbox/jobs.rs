@@ -1,0 +1,489 @@
+//! The inbox's jobs: finding runnable ones, the extraction threads, one
+//! job's try (extract, place, merge, commit or propose) and what a
+//! candidate meets in the store.
+
+use super::*;
+
+impl Fs {
+    // ---- the jobs -----------------------------------------------------------
+
+    /// Every inbox of the store (accounts, then their users).
+    fn inboxes(&self) -> Result<Vec<String>> {
+        let mut accounts: BTreeSet<String> = self.store.list_dirs("")?.into_iter().collect();
+        accounts.extend(self.tenancy.configured());
+        let mut out = Vec::new();
+        for a in accounts {
+            for u in self.store.list_dirs(&format!("{a}/users"))? {
+                out.push(format!("{a}/users/{u}/{INBOX}"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The next job to run now: (inbox, file), marked running in memory.
+    fn next_job(&self, ib: &Inbox) -> Result<Option<(String, String)>> {
+        let now_ms = (now_ns() / 1_000_000) as u64;
+        for inbox in self.inboxes()? {
+            for (file, b) in self.store.list_scratch(&format!("{inbox}/{JOBS}"))? {
+                let Ok(j) = serde_json::from_slice::<Job>(&b) else {
+                    continue;
+                };
+                let runnable = match j.state {
+                    State::Queued | State::Waiting => j.next_try_ms <= now_ms,
+                    // Running in the store but not here: a daemon stopped
+                    // during it; run it again.
+                    State::Running => true,
+                    _ => false,
+                };
+                let key = format!("{inbox}/{file}");
+                if runnable && lock(&ib.running).insert(key) {
+                    return Ok(Some((inbox, file)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Start the extraction threads.
+    pub fn start_inbox(self: &Arc<Self>) -> Result<()> {
+        let Some(ib) = self.inbox.get().cloned() else {
+            return Ok(());
+        };
+        for i in 0..ib.concurrency {
+            let ib2 = ib.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("ctxfs-extract-{i}"))
+                .spawn(move || extract_loop(ib2))
+                .map_err(|e| Error::store_from("cannot start an extraction thread", e))?;
+            lock(&ib.threads).push(t);
+        }
+        Ok(())
+    }
+}
+
+fn extract_loop(ib: Arc<Inbox>) {
+    loop {
+        if ib.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let next = ib.with_fs(|fs| {
+            if fs.store.shared() && !fs.leads("extractor") {
+                return Ok(None);
+            }
+            fs.next_job(&ib)
+        });
+        match next {
+            None => return,
+            Some(Ok(Some((inbox, file)))) => {
+                run_job(&ib, &inbox, &file);
+                lock(&ib.running).remove(&format!("{inbox}/{file}"));
+                continue;
+            }
+            Some(Ok(None)) => {}
+            Some(Err(e)) => tracing::error!(error = %e.report(), "inbox: cannot look for work"),
+        }
+        let mut woken = lock(&ib.wake.0);
+        if !*woken {
+            woken = ib
+                .wake
+                .1
+                .wait_timeout(woken, RESCAN)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        *woken = false;
+    }
+}
+
+/// What one try of a job ended in.
+enum Outcome {
+    /// Committed, or proposed for review.
+    Finished,
+    Retry(String),
+    Fail(String),
+}
+
+fn run_job(ib: &Inbox, inbox: &str, file: &str) {
+    // Start: budget, attempts, state.
+    let start = ib.with_fs(|fs| -> Result<Option<(Job, Conversation)>> {
+        let _g = lock(&fs.scratch_lock);
+        let Some(mut job) = fs.get_job(inbox, file)? else {
+            return Ok(None);
+        };
+        let account = Fs::account_of(inbox);
+        let now = now_ns();
+        if let Some(max) = fs.quota(account).and_then(|q| q.llm_tokens_per_day) {
+            let used = fs
+                .store
+                .counter(&llm_tokens_key(account, day_of(now)))?
+                .max(0) as u64;
+            if used >= max {
+                let next_day = (day_of(now) + 1) * 86_400_000;
+                job.state = State::Waiting;
+                job.error = Some(format!(
+                    "the account's {max} LLM tokens of today are spent; waits for the next UTC day"
+                ));
+                job.next_try_ms = next_day;
+                fs.save_job(inbox, &job)?;
+                return Ok(None);
+            }
+        }
+        let Some(b) = fs.store.get_scratch(&format!("{inbox}/{file}"))? else {
+            job.state = State::Failed;
+            job.error = Some("the conversation file is gone".into());
+            fs.save_job(inbox, &job)?;
+            return Ok(None);
+        };
+        let data = ScratchRec::decode(&b)?.data;
+        let conv = match extract::parse(file, &data) {
+            Ok(c) => c,
+            Err(e) => {
+                job.state = State::Failed;
+                job.error = Some(e);
+                fs.save_job(inbox, &job)?;
+                return Ok(None);
+            }
+        };
+        job.state = State::Running;
+        job.attempts += 1;
+        job.error = None;
+        fs.save_job(inbox, &job)?;
+        Ok(Some((job, conv)))
+    });
+    let (mut job, conv) = match start {
+        Some(Ok(Some(x))) => x,
+        Some(Ok(None)) | None => return,
+        Some(Err(e)) => {
+            tracing::error!(inbox, file, error = %e.report(), "inbox: cannot start a job");
+            return;
+        }
+    };
+    let t0 = std::time::Instant::now();
+    let mut spent = llm::Usage::default();
+    let outcome = extract_job(ib, inbox, &mut job, &conv, &mut spent);
+    let account = Fs::account_of(inbox).to_string();
+    let saved = ib.with_fs(|fs| -> Result<()> {
+        let _g = lock(&fs.scratch_lock);
+        let now = now_ns();
+        job.tokens.prompt += spent.prompt;
+        job.tokens.completion += spent.completion;
+        job.tokens.total = job.tokens.prompt + job.tokens.completion;
+        match &outcome {
+            Outcome::Finished => {
+                job.finished_at = (job.state == State::Done).then(|| rfc3339_ms(now));
+            }
+            Outcome::Retry(e) if job.attempts < ib.max_attempts => {
+                job.state = State::Queued;
+                job.error = Some(format!("try {} of {}: {e}", job.attempts, ib.max_attempts));
+                let delay = ib
+                    .backoff_ms
+                    .saturating_mul(1 << (job.attempts - 1).min(16));
+                job.next_try_ms = (now / 1_000_000) as u64 + delay;
+            }
+            Outcome::Retry(e) | Outcome::Fail(e) => {
+                job.state = State::Failed;
+                job.error = Some(format!("after {} tries: {e}", job.attempts));
+                job.finished_at = Some(rfc3339_ms(now));
+                job.changes.clear();
+                job.proposal.clear();
+            }
+        }
+        let ops = vec![
+            Fs::job_op(inbox, &job),
+            Op::Count {
+                key: llm_tokens_key(&account, day_of(now)),
+                delta: spent.total() as i64,
+            },
+        ];
+        fs.store.apply(ops, true)
+    });
+    if let Some(Err(e)) = saved {
+        tracing::error!(inbox, file, error = %e.report(), "inbox: cannot save a job");
+    }
+    tracing::info!(
+        inbox, file, state = ?job.state, tokens = spent.total(),
+        ms = t0.elapsed().as_millis() as u64, "inbox: extraction"
+    );
+}
+
+/// Extract, place, merge and commit (or propose) one conversation.
+fn extract_job(
+    ib: &Inbox,
+    inbox: &str,
+    job: &mut Job,
+    conv: &Conversation,
+    spent: &mut llm::Usage,
+) -> Outcome {
+    let account = Fs::account_of(inbox).to_string();
+    let user = place::split(user_dir(inbox))[2].to_string();
+    let schema = prompt::extract_schema(conv.messages.len());
+    let answer = match ib.client.chat_json(prompt::extract_messages(conv), &schema) {
+        Ok((v, u)) => {
+            spent.add(u);
+            v
+        }
+        Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+        Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+    };
+    let (cands, dropped) = match extract::candidates(&answer, conv.messages.len()) {
+        Ok(x) => x,
+        Err(e) => return Outcome::Retry(e),
+    };
+    job.dropped = dropped;
+    job.changes.clear();
+    let mut placed = Vec::new();
+    for c in cands {
+        match policy::target(&c, &user, conv.agent.as_deref(), &job.file) {
+            Ok(t) => placed.push((t, c)),
+            Err(why) => job.changes.push(ChangeRec {
+                action: "skipped".into(),
+                kind: c.kind.as_str().into(),
+                path: String::new(),
+                uri: String::new(),
+                version: None,
+                why,
+                messages: c.messages,
+            }),
+        }
+    }
+    let mut lines = Vec::new();
+    for (mut t, c) in policy::combine(placed) {
+        // Where it lands: the slug's node, or a near-duplicate's.
+        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c));
+        let Some(found) = found else {
+            return Outcome::Retry("the daemon is stopping".into());
+        };
+        let found = match found {
+            Ok(f) => f,
+            Err(e) => return Outcome::Retry(e.to_string()),
+        };
+        let mut change = ChangeRec {
+            action: String::new(),
+            kind: c.kind.as_str().into(),
+            path: t.node.clone(),
+            uri: String::new(),
+            version: None,
+            why: String::new(),
+            messages: c.messages.clone(),
+        };
+        // The sources of the text a merge keeps.
+        let mut earlier: Vec<Value> = Vec::new();
+        let (content, action, why) = match (t.mode, found) {
+            (policy::Mode::Append, Existing::Same(other, sim)) => {
+                change.path = other.clone();
+                (
+                    None,
+                    "skipped",
+                    format!(
+                        "the same {} is already in {other} (similarity {sim:.2})",
+                        c.kind.as_str()
+                    ),
+                )
+            }
+            (policy::Mode::Append, _) => (
+                Some(policy::content(&c.topic, c.kind, &c.text)),
+                "appended",
+                format!("a new {}", c.kind.as_str()),
+            ),
+            (policy::Mode::Merge, Existing::None | Existing::Same(..)) => (
+                Some(policy::content(&c.topic, c.kind, &c.text)),
+                "created",
+                format!("no {} on this subject yet", c.kind.as_str()),
+            ),
+            (policy::Mode::Merge, Existing::Node(node, ..))
+                if lines.iter().any(|(n, _): &(String, String)| *n == node) =>
+            {
+                change.path = node;
+                (
+                    None,
+                    "skipped",
+                    "merged with another memory of this conversation".into(),
+                )
+            }
+            (policy::Mode::Merge, Existing::Node(node, stored, sources)) => {
+                earlier = sources;
+                let dup = node != t.node;
+                t.node = node.clone();
+                change.path = node;
+                let old = policy::body(&stored).to_string();
+                match ib.client.chat_json(
+                    prompt::merge_messages(&old, &c.text),
+                    &prompt::merge_schema(),
+                ) {
+                    Ok((v, u)) => {
+                        spent.add(u);
+                        let text = v["text"].as_str().unwrap_or("").trim().to_string();
+                        let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
+                        if text.is_empty() || prompt::same_text(&text, &old) {
+                            (
+                                None,
+                                "skipped",
+                                format!("already known: {}", crate::schema::excerpt(&old)),
+                            )
+                        } else {
+                            let title = stored
+                                .strip_prefix("# ")
+                                .and_then(|r| r.split_once('\n'))
+                                .map(|(t, _)| t.to_string())
+                                .unwrap_or_else(|| c.topic.clone());
+                            (
+                                Some(policy::content(&title, c.kind, &text)),
+                                "merged",
+                                if dup {
+                                    format!("near-duplicate of this memory; {changed}")
+                                } else {
+                                    changed
+                                },
+                            )
+                        }
+                    }
+                    Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+                    Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+                }
+            }
+        };
+        change.action = action.into();
+        change.why = why;
+        change.uri = place::uri_of(&format!("{account}/{}", change.path));
+        if let Some(content) = content {
+            let here = provenance(&user, &job.file, conv, &c.messages);
+            let mut meta = json!({
+                "status": "ACTIVE",
+                "source": "extraction",
+                "kind": c.kind.as_str(),
+                "provenance": here,
+            });
+            if !earlier.is_empty() {
+                // Every conversation the merged text holds facts of, newest first.
+                let mut all = vec![meta["provenance"].clone()];
+                all.extend(earlier.into_iter().take(MAX_SOURCES - 1));
+                meta["sources"] = Value::Array(all);
+            }
+            let line = json!({"node": t.node, "content": content, "meta": meta}).to_string();
+            lines.push((t.node.clone(), line));
+        }
+        job.changes.push(change);
+    }
+    job.proposal = lines.into_iter().map(|(_, l)| l).collect();
+    if ib.review.contains(&account) {
+        job.state = State::Review;
+        return Outcome::Finished;
+    }
+    let caller = Caller {
+        uid: job.uid,
+        gid: job.gid,
+    };
+    let proposal = std::mem::take(&mut job.proposal);
+    if !proposal.is_empty() {
+        let r = ib.with_fs(|fs| fs.commit_batch(caller, &account, proposal.join("\n").as_bytes()));
+        match r {
+            None => return Outcome::Retry("the daemon is stopping".into()),
+            Some(Err(e @ (Error::AccessDenied | Error::ReadOnly))) => {
+                return Outcome::Fail(format!(
+                    "the conversation's writer may no longer write: {e}"
+                ))
+            }
+            Some(Err(e)) => return Outcome::Retry(e.to_string()),
+            Some(Ok((result, _))) => record_results(job, &result),
+        }
+    }
+    job.state = State::Done;
+    Outcome::Finished
+}
+
+/// What a candidate meets at its place.
+enum Existing {
+    None,
+    /// The node to merge into (the target's, or a near-duplicate found by
+    /// search), its `content.md` and the sources of its text.
+    Node(String, String, Vec<Value>),
+    /// For appends: the same event or case is already there (path, similarity).
+    Same(String, f32),
+}
+
+impl Fs {
+    /// The committed ACTIVE node at `node` (under the account): its
+    /// content and the sources of its text (`sources` of its `.meta.json`,
+    /// or its `provenance` alone).
+    fn active_content(&self, account: &str, node: &str) -> Result<Option<(String, Vec<Value>)>> {
+        let path = format!("{account}/{node}");
+        let Some(rec) = self.store.get_node(&path)? else {
+            return Ok(None);
+        };
+        if rec.status != crate::store::Status::Active || self.expired(&path) {
+            return Ok(None);
+        }
+        let read = |name: &str| -> Result<String> {
+            match rec.file(name) {
+                Some(f) => Ok(String::from_utf8_lossy(
+                    &self.store.read_blob(account, f.blob, f.size)?,
+                )
+                .into_owned()),
+                None => Ok(String::new()),
+            }
+        };
+        let meta: Value = serde_json::from_str(&read(place::META)?).unwrap_or_default();
+        let sources = match (&meta["sources"], &meta["provenance"]) {
+            (Value::Array(a), _) => a.clone(),
+            (_, p @ Value::Object(_)) => vec![p.clone()],
+            _ => Vec::new(),
+        };
+        Ok(Some((read(place::CONTENT)?, sources)))
+    }
+
+    /// What candidate `c`, placed at `t`, meets: the node at its place, or
+    /// the most similar memory of its category when that is close enough.
+    fn existing_for(&self, account: &str, t: &policy::Target, c: &Candidate) -> Result<Existing> {
+        if t.mode == policy::Mode::Merge {
+            if let Some((content, sources)) = self.active_content(account, &t.node)? {
+                return Ok(Existing::Node(t.node.clone(), content, sources));
+            }
+        }
+        if t.node == t.category_dir {
+            return Ok(Existing::None);
+        }
+        let Some(ix) = self.index() else {
+            return Ok(Existing::None);
+        };
+        let scope = format!("{account}/{}", t.category_dir);
+        let q = crate::index::Query {
+            text: c.text.clone(),
+            k: 3,
+            mode: crate::index::Mode::Vector,
+            expand: false,
+        };
+        // A category nobody wrote yet, or a graph still loading: nothing to compare.
+        let hits = match ix.search(&scope, &q) {
+            Ok(h) => h,
+            Err(Error::Unavailable(_)) | Err(Error::NotFound) => return Ok(Existing::None),
+            Err(e) => return Err(e),
+        };
+        for h in hits {
+            let sim = h.vector_score.unwrap_or(0.0);
+            let Some(node) = h.path.strip_prefix(&format!("{account}/")) else {
+                continue;
+            };
+            // Only siblings: a node of the same category directory.
+            if node.rsplit_once('/').map(|(d, _)| d) != Some(t.category_dir.as_str()) {
+                continue;
+            }
+            match t.mode {
+                policy::Mode::Append if sim >= SAME_EVENT_SIMILARITY => {
+                    return Ok(Existing::Same(node.to_string(), sim))
+                }
+                policy::Mode::Merge if sim >= DUPLICATE_SIMILARITY => {
+                    if let Some((content, sources)) = self.active_content(account, node)? {
+                        // Sentences about the user are alike to a small
+                        // embedder whatever they say: a near-duplicate must
+                        // also share a word that carries the subject.
+                        if policy::share_subject(&c.text, &content) {
+                            return Ok(Existing::Node(node.to_string(), content, sources));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Existing::None)
+    }
+}
