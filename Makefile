@@ -5,7 +5,7 @@
 #   make torture crash torture at a large size (a small one runs in make test)
 #   make conformance  pjdfstest (scratchpad) and fsx (a node file) on a real mount
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
-#   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount
+#   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount, then eval-inbox
 #   make eval-inbox  memory from conversations: evidence recall, duplicates, tokens, time (real model)
 #   make model  fetch the embedding model into models/
 #   make llm    build llama.cpp's server and fetch a small instruct model (memory extraction tests)
@@ -86,8 +86,9 @@ bench: deps model build
 	scripts/bench.sh
 
 # Retrieval quality through the mount on BEIR SciFact (in datasets/scifact, or SCIFACT_DIR=...).
-eval: deps model build
+eval: deps model llm build
 	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
+	python3 scripts/eval_inbox.py --bin $(BIN) --model-dir $(MODEL)
 
 # Memory from conversations: extraction by a real model through the inbox,
 # answered by search, against one node per raw message.

@@ -105,6 +105,32 @@ def gen_user(rng, i):
     return name.lower(), s1, s2, qs, repeated
 
 
+def words(text):
+    return [w for w in "".join(c.lower() if c.isalnum() else " " for c in text).split() if w]
+
+
+def bm25_rank(docs, query, k1=1.2, b=0.75):
+    """Indexes of `docs` by BM25 score for `query`, best first."""
+    import math
+    toks = [words(d) for d in docs]
+    avg = sum(len(t) for t in toks) / max(1, len(toks))
+    df = {}
+    for t in toks:
+        for w in set(t):
+            df[w] = df.get(w, 0) + 1
+    n = len(docs)
+    scores = []
+    for i, t in enumerate(toks):
+        s = 0.0
+        for w in set(words(query)):
+            f = t.count(w)
+            if f:
+                idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+                s += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * len(t) / avg))
+        scores.append((s, i))
+    return [i for s, i in sorted(scores, key=lambda x: (-x[0], x[1]))]
+
+
 def conv_json(msgs, session):
     return json.dumps({"session": session, "messages": [{"role": r, "content": c} for r, c in msgs]})
 
@@ -198,11 +224,18 @@ def main():
         ks = (1, 3, 10)
         hit = {("extracted", k): 0 for k in ks}
         hit.update({("raw", k): 0 for k in ks})
+        hit.update({("bm25", k): 0 for k in ks})
         nq = 0
-        for u, _, _, qs, _ in users:
+        for u, s1, s2, qs, _ in users:
+            turns = [(f"s{n}.json", i, f"{r}: {t}") for n, msgs in ((1, s1), (2, s2))
+                     for i, (r, t) in enumerate(msgs)]
             for q, ev in qs:
                 nq += 1
                 want = {(f"s{s}.json", m) for s, m in ev}
+                ranked = bm25_rank([t for _, _, t in turns], q)
+                for k in ks:
+                    if any((turns[i][0], turns[i][1]) in want for i in ranked[:k]):
+                        hit[("bm25", k)] += 1
                 for label, acct in (("extracted", "eval"), ("raw", "raw")):
                     paths = search(mnt, f"accounts/{acct}/users/{u}", q, 10)
                     for k in ks:
@@ -232,7 +265,9 @@ def main():
               f"{total:.0f} s in all")
         print("\n| memories searched | recall@1 | recall@3 | recall@10 |")
         print("|---|---|---|---|")
-        for label, what in (("extracted", "extracted by the inbox"), ("raw", "one node per raw message")):
+        for label, what in (("extracted", "extracted by the inbox (ctxfs search)"),
+                            ("raw", "one node per raw message (ctxfs search)"),
+                            ("bm25", "raw messages, BM25 (computed by this harness)")):
             print(f"| {what} | " + " | ".join(f"{hit[(label, k)] / nq:.3f}" for k in ks) + " |")
         print("\n| per conversation | value |")
         print("|---|---|")
