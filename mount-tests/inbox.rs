@@ -390,6 +390,16 @@ fn server_errors_and_invalid_json_are_retried_then_dead_lettered() {
         "cat \"$M/accounts/acme/users/priya/memories/preferences/tea/content.md\"",
     );
     assert!(tea.contains("green tea"));
+    // The operator sees the tries and the tokens (the 500 spent none).
+    let metrics = m.ok(0, "cat \"$M/.ctxfs/metrics\"");
+    for line in [
+        "ctxfs_extractions_total{account=\"acme\",kind=\"retry\"} 1",
+        "ctxfs_extractions_total{account=\"acme\",kind=\"done\"} 1",
+        "ctxfs_llm_tokens_total{account=\"acme\",kind=\"prompt\"} 20",
+        "ctxfs_llm_tokens_total{account=\"acme\",kind=\"completion\"} 10",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
 
     // A server that never answers in time: three tries, then failed, nothing committed.
     let slow = Canned::new(&serde_json::json!([{"delay": 8, "content": ONE_MEMORY}]));

@@ -58,6 +58,10 @@ pub struct Metrics {
     auth: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Refusals by quota: (account, "bytes" | "writes" | "searches") → count.
     quota: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Inbox jobs by how a try ended: (account, "done" | "review" | "retry" | "failed").
+    extractions: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// LLM tokens: (account, "prompt" | "completion").
+    llm_tokens: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 impl Default for Metrics {
@@ -74,6 +78,8 @@ impl Default for Metrics {
                 .collect(),
             auth: Mutex::new(BTreeMap::new()),
             quota: Mutex::new(BTreeMap::new()),
+            extractions: Mutex::new(BTreeMap::new()),
+            llm_tokens: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -130,6 +136,17 @@ impl Metrics {
     /// A quota refused a request of `account` (`kind`: bytes, writes, searches).
     pub fn quota_denial(&self, account: &str, kind: &'static str) {
         bump(&self.quota, account, kind);
+    }
+
+    /// One try of an inbox job of `account` ended (`how`: done, review,
+    /// retry, failed) after spending these tokens.
+    pub fn extraction(&self, account: &str, how: &'static str, prompt: u64, completion: u64) {
+        bump(&self.extractions, account, how);
+        let mut t = crate::locks::lock(&self.llm_tokens);
+        if t.len() < 10_000 || t.contains_key(&(account.to_string(), "prompt")) {
+            *t.entry((account.to_string(), "prompt")).or_default() += prompt;
+            *t.entry((account.to_string(), "completion")).or_default() += completion;
+        }
     }
 
     /// The request metrics in Prometheus text format.
@@ -194,6 +211,16 @@ impl Metrics {
         );
         out.push_str("# TYPE ctxfs_quota_denials_total counter\n");
         labelled(out, "ctxfs_quota_denials_total", &self.quota, accounts);
+        out.push_str(
+            "# HELP ctxfs_extractions_total Tries of inbox jobs by how they ended (done, review, retry, failed).\n",
+        );
+        out.push_str("# TYPE ctxfs_extractions_total counter\n");
+        labelled(out, "ctxfs_extractions_total", &self.extractions, accounts);
+        out.push_str(
+            "# HELP ctxfs_llm_tokens_total Tokens the LLM spent on inbox jobs (prompt, completion).\n",
+        );
+        out.push_str("# TYPE ctxfs_llm_tokens_total counter\n");
+        labelled(out, "ctxfs_llm_tokens_total", &self.llm_tokens, accounts);
     }
 }
 

@@ -197,6 +197,16 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
         ];
         fs.store.apply(ops, true)
     });
+    let how = match (&outcome, job.state) {
+        (_, State::Done) => "done",
+        (_, State::Review) => "review",
+        (_, State::Queued) => "retry",
+        _ => "failed",
+    };
+    ib.with_fs(|fs| {
+        fs.metrics
+            .extraction(&account, how, spent.prompt, spent.completion)
+    });
     if let Some(Err(e)) = saved {
         tracing::error!(inbox, file, error = %e.report(), "inbox: cannot save a job");
     }
