@@ -497,9 +497,21 @@ fn without_an_llm_the_inbox_refuses_and_bad_files_say_why() {
         &format!("echo '[]' > \"$M/{INBOX}/x.json\""),
         "Operation not supported",
     );
+    // The status says why, and what to do.
+    let st = m.json(WRITER, "cat \"$M/.ctxfs/status\"");
+    assert!(
+        st["inbox"]["llm"]
+            .as_str()
+            .unwrap()
+            .starts_with("not configured"),
+        "{st:#}"
+    );
     let server = Canned::new(&serde_json::json!([{"content": ONE_MEMORY}]));
     let m = Mount::with_config(Some(&config(&server.url, "")));
     m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    let st = m.json(WRITER, "cat \"$M/.ctxfs/status\"");
+    assert_eq!(st["inbox"]["llm"], "configured");
+    assert_eq!(st["inbox"]["model"], "test");
     // Not a conversation: close fails (EINVAL), the reason is in the status.
     let bad = m.shared_file("bad.json");
     std::fs::write(&bad, r#"[{"role":"system","content":"x"}]"#).unwrap();
@@ -555,4 +567,37 @@ fn on_postgres_one_daemon_extracts_for_all() {
         assert!(tea.contains("green tea"));
     }
     assert_eq!(server.requests().len(), 1);
+}
+
+#[test]
+fn a_silent_llm_is_named_at_mount() {
+    let dir = tempfile::Builder::new()
+        .prefix("ctxfs-test-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (mnt, data, cfg) = (
+        dir.path().join("mnt"),
+        dir.path().join("data"),
+        dir.path().join("config.toml"),
+    );
+    std::fs::create_dir(&mnt).unwrap();
+    // Port 1: nothing listens there.
+    std::fs::write(&cfg, config("http://127.0.0.1:1/v1", "")).unwrap();
+    let out = ctxfs(&[
+        "mount",
+        mnt.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--config",
+        cfg.to_str().unwrap(),
+        "--embedder",
+        "hash",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    ctxfs(&["umount", mnt.to_str().unwrap()]);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the LLM of [llm] does not answer"),
+        "mount said: {err}"
+    );
 }

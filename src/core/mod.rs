@@ -523,7 +523,9 @@ impl Fs {
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
             "version": env!("CARGO_PKG_VERSION"),
         });
-        if !self.tenancy.knows(caller.uid) {
+        if self.tenancy.knows(caller.uid) {
+            v["inbox"] = self.inbox_status();
+        } else {
             // A uid in no account learns nothing of the others' activity.
             v["index_lag_ms"] = serde_json::Value::Null;
             v["indexer"] = serde_json::json!({});

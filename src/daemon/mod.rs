@@ -149,6 +149,7 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
             );
             // Once mounted: a refusal stays a one-line reason.
             warn_if_no_model(&o, &settings);
+            warn_if_llm_silent(&settings);
             Ok(0)
         }
         "" => bail!(
@@ -191,6 +192,18 @@ fn warn_if_no_model(o: &MountOpts, s: &Settings) {
     }
     if let Some(note) = crate::index::missing_model_note(&s.index, &o.data) {
         eprintln!("ctxfs: warning: {note}");
+    }
+}
+
+/// Say on stderr, at mount, when the configured LLM does not answer:
+/// conversations are still taken, and wait for it.
+fn warn_if_llm_silent(s: &Settings) {
+    if let Some(l) = &s.llm {
+        if let Err(e) = crate::extract::llm::probe(&l.url) {
+            eprintln!(
+                "ctxfs: warning: the LLM of [llm] does not answer ({e}); conversations written to an inbox wait and are retried"
+            );
+        }
     }
 }
 
@@ -262,6 +275,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     // Run by hand in the foreground (no parent to tell): warn here, mounted.
     if ready.0.is_none() {
         warn_if_no_model(o, &settings);
+        warn_if_llm_silent(&settings);
     }
     ready.say("ok");
 

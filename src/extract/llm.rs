@@ -183,6 +183,29 @@ impl Client {
     }
 }
 
+/// Does the server at `url` (as in `[llm] url`) answer at all? `GET
+/// {base}/models` within 2 s; any HTTP answer counts (some servers want a
+/// key there). The reason when it does not.
+pub fn probe(url: &str) -> Result<(), String> {
+    let base = url.trim_end_matches('/');
+    let base = base.strip_suffix("/chat/completions").unwrap_or(base);
+    let models = if base.ends_with("/v1") {
+        format!("{base}/models")
+    } else {
+        format!("{base}/v1/models")
+    };
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(2)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    agent
+        .get(&models)
+        .call()
+        .map(|_| ())
+        .map_err(|e| format!("{models}: {e}"))
+}
+
 /// A JSON object from a model's answer (a fenced block is unwrapped).
 pub fn parse_object(content: &str) -> Result<Value, String> {
     let t = content.trim();

@@ -343,6 +343,21 @@ impl Fs {
         let _ = self.inbox.set(inbox);
     }
 
+    /// `inbox` of `.ctxfs/status`: whether conversations are taken, and by
+    /// which model.
+    pub(super) fn inbox_status(&self) -> Value {
+        match self.inbox.get() {
+            Some(ib) => json!({
+                "llm": "configured",
+                "model": ib.client.model(),
+                "extracting": lock(&ib.running).len(),
+            }),
+            None => json!({
+                "llm": "not configured: conversations written to users/U/inbox/ are refused (ENOTSUP); add [llm] to the config",
+            }),
+        }
+    }
+
     // ---- the files ----------------------------------------------------------
 
     fn job_path(inbox: &str, file: &str) -> String {
