@@ -86,6 +86,27 @@ fn wait_state(m: &Mount, status: &str, states: &[&str], limit: Duration) -> Valu
     last
 }
 
+/// Write conversation `name` into priya's inbox as the writer and wait
+/// until its job has finished (done or failed).
+fn ingest(m: &Mount, name: &str, text: &str, limit: Duration) -> Value {
+    put(m, WRITER, &format!("{INBOX}/{name}.json"), text);
+    wait_state(
+        m,
+        &format!("{INBOX}/{name}.status"),
+        &["done", "failed"],
+        limit,
+    )
+}
+
+/// A canned server playing `replies` and a mount using it (config edited
+/// by `edit`), with priya's user directory made.
+fn canned_mount(replies: Value, edit: impl Fn(String) -> String) -> (Canned, Mount) {
+    let server = Canned::new(&replies);
+    let m = Mount::with_config(Some(&edit(config(&server.url, ""))));
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    (server, m)
+}
+
 fn meta(m: &Mount, node: &str) -> Value {
     m.json(
         WRITER,
@@ -361,16 +382,8 @@ fn server_errors_and_invalid_json_are_retried_then_dead_lettered() {
         {"content": "Sure! Here are the memories: {oops"},
         {"content": ONE_MEMORY},
     ]);
-    let server = Canned::new(&replies);
-    let m = Mount::with_config(Some(&config(&server.url, "")));
-    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
-    put(&m, WRITER, &format!("{INBOX}/t.json"), TEA);
-    let s = wait_state(
-        &m,
-        &format!("{INBOX}/t.status"),
-        &["done", "failed"],
-        Duration::from_secs(30),
-    );
+    let (server, m) = canned_mount(replies, |c| c);
+    let s = ingest(&m, "t", TEA, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");
     assert_eq!(s["attempts"], 2, "{s:#}");
     let reqs = server.requests();
@@ -402,16 +415,11 @@ fn server_errors_and_invalid_json_are_retried_then_dead_lettered() {
     }
 
     // A server that never answers in time: three tries, then failed, nothing committed.
-    let slow = Canned::new(&serde_json::json!([{"delay": 8, "content": ONE_MEMORY}]));
-    let m2 = Mount::with_config(Some(&config(&slow.url, "")));
-    m2.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
-    put(&m2, WRITER, &format!("{INBOX}/slow.json"), TEA);
-    let s = wait_state(
-        &m2,
-        &format!("{INBOX}/slow.status"),
-        &["done", "failed"],
-        Duration::from_secs(60),
+    let (slow, m2) = canned_mount(
+        serde_json::json!([{"delay": 8, "content": ONE_MEMORY}]),
+        |c| c,
     );
+    let s = ingest(&m2, "slow", TEA, Duration::from_secs(60));
     assert_eq!(s["state"], "failed", "{s:#}");
     assert_eq!(s["attempts"], 3, "{s:#}");
     assert!(
@@ -432,16 +440,11 @@ fn server_errors_and_invalid_json_are_retried_then_dead_lettered() {
 
 #[test]
 fn a_refused_key_fails_at_once_and_the_token_budget_waits() {
-    let server = Canned::new(&serde_json::json!([{"status": 401, "raw": "bad key"}]));
-    let m = Mount::with_config(Some(&config(&server.url, "")));
-    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
-    put(&m, WRITER, &format!("{INBOX}/k.json"), TEA);
-    let s = wait_state(
-        &m,
-        &format!("{INBOX}/k.status"),
-        &["done", "failed"],
-        Duration::from_secs(30),
+    let (server, m) = canned_mount(
+        serde_json::json!([{"status": 401, "raw": "bad key"}]),
+        |c| c,
     );
+    let s = ingest(&m, "k", TEA, Duration::from_secs(30));
     assert_eq!(s["state"], "failed");
     assert_eq!(s["attempts"], 1, "a 401 is not retried: {s:#}");
     assert!(s["error"].as_str().unwrap().contains("401"));
@@ -449,20 +452,13 @@ fn a_refused_key_fails_at_once_and_the_token_budget_waits() {
 
     // A budget of 20 tokens a day: the first conversation spends 15 x 2,
     // the second is refused at write (EDQUOT) with the reason.
-    let server = Canned::new(&serde_json::json!([{"content": ONE_MEMORY}]));
-    let cfg = config(&server.url, "").replace(
-        "writers = [1001]\nreaders = [1002]\n",
-        "writers = [1001]\nreaders = [1002]\n[account.quota]\nllm_tokens_per_day = 20\n",
-    );
-    let m = Mount::with_config(Some(&cfg));
-    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
-    put(&m, WRITER, &format!("{INBOX}/a.json"), TEA);
-    let s = wait_state(
-        &m,
-        &format!("{INBOX}/a.status"),
-        &["done", "failed"],
-        Duration::from_secs(30),
-    );
+    let (server, m) = canned_mount(serde_json::json!([{"content": ONE_MEMORY}]), |c| {
+        c.replace(
+            "writers = [1001]\nreaders = [1002]\n",
+            "writers = [1001]\nreaders = [1002]\n[account.quota]\nllm_tokens_per_day = 20\n",
+        )
+    });
+    let s = ingest(&m, "a", TEA, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");
     let usage = m.json(WRITER, "cat \"$M/accounts/acme/.ctxfs/usage\"");
     assert_eq!(usage["llm_tokens_today"]["used"], 15, "{usage:#}");
@@ -506,9 +502,7 @@ fn without_an_llm_the_inbox_refuses_and_bad_files_say_why() {
             .starts_with("not configured"),
         "{st:#}"
     );
-    let server = Canned::new(&serde_json::json!([{"content": ONE_MEMORY}]));
-    let m = Mount::with_config(Some(&config(&server.url, "")));
-    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    let (server, m) = canned_mount(serde_json::json!([{"content": ONE_MEMORY}]), |c| c);
     let st = m.json(WRITER, "cat \"$M/.ctxfs/status\"");
     assert_eq!(st["inbox"]["llm"], "configured");
     assert_eq!(st["inbox"]["model"], "test");
@@ -530,13 +524,7 @@ fn without_an_llm_the_inbox_refuses_and_bad_files_say_why() {
         "Invalid argument",
     );
     // The corrected file under the same name is taken.
-    put(&m, WRITER, &format!("{INBOX}/bad.json"), TEA);
-    let s = wait_state(
-        &m,
-        &format!("{INBOX}/bad.status"),
-        &["done", "failed"],
-        Duration::from_secs(30),
-    );
+    let s = ingest(&m, "bad", TEA, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");
     drop(server);
 }

@@ -128,13 +128,13 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
                 return Ok(None);
             }
         }
-        let Some(b) = fs.store.get_scratch(&format!("{inbox}/{file}"))? else {
+        let Some(rec) = fs.conversation_rec(&format!("{inbox}/{file}"))? else {
             job.state = State::Failed;
             job.error = Some("the conversation file is gone".into());
             fs.save_job(inbox, &job)?;
             return Ok(None);
         };
-        let data = ScratchRec::decode(&b)?.data;
+        let data = rec.data;
         let conv = match extract::parse(file, &data) {
             Ok(c) => c,
             Err(e) => {
@@ -225,7 +225,8 @@ fn extract_job(
     spent: &mut llm::Usage,
 ) -> Outcome {
     let account = Fs::account_of(inbox).to_string();
-    let user = place::split(user_dir(inbox))[2].to_string();
+    // `{a}/users/{u}/inbox`
+    let user = place::split(inbox)[2].to_string();
     let schema = prompt::extract_schema(conv.messages.len());
     let answer = match ib.client.chat_json(prompt::extract_messages(conv), &schema) {
         Ok((v, u)) => {

@@ -60,20 +60,6 @@ pub fn stored_dirs(inbox: &str) -> [String; 3] {
     ]
 }
 
-/// `{a}/users/{u}` of an inbox path.
-fn user_dir(path: &str) -> &str {
-    let mut n = 0;
-    for (i, b) in path.bytes().enumerate() {
-        if b == b'/' {
-            n += 1;
-            if n == 3 {
-                return &path[..i];
-            }
-        }
-    }
-    path
-}
-
 fn split_name(path: &str) -> (&str, &str) {
     path.rsplit_once('/').unwrap_or(("", path))
 }
@@ -394,6 +380,14 @@ impl Fs {
         Ok(None)
     }
 
+    /// The stored conversation file at `path`.
+    fn conversation_rec(&self, path: &str) -> Result<Option<ScratchRec>> {
+        self.store
+            .get_scratch(path)?
+            .map(|b| ScratchRec::decode(&b))
+            .transpose()
+    }
+
     fn inbox_there(&self, c: Caller, inbox: &str, write: bool) -> Result<()> {
         self.gate(c, Self::account_of(inbox), write)?;
         Ok(())
@@ -416,30 +410,19 @@ impl Fs {
         let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;
         let mtime = |ms: i128| super::time_of(ms);
         match entry {
-            Entry::Conversation => {
-                let r = self
-                    .store
-                    .get_scratch(path)?
-                    .map(|b| ScratchRec::decode(&b))
-                    .transpose()?;
-                match r {
-                    Some(r) => Ok(self.file_attr(
-                        ino,
-                        r.data.len() as u64,
-                        0o444,
-                        mtime(r.mtime_ns),
-                        false,
-                    )),
-                    None if self
-                        .inbox
-                        .get()
-                        .is_some_and(|ib| lock(&ib.writing).contains(path)) =>
-                    {
-                        Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
-                    }
-                    None => Err(Error::NotFound),
+            Entry::Conversation => match self.conversation_rec(path)? {
+                Some(r) => {
+                    Ok(self.file_attr(ino, r.data.len() as u64, 0o444, mtime(r.mtime_ns), false))
                 }
-            }
+                None if self
+                    .inbox
+                    .get()
+                    .is_some_and(|ib| lock(&ib.writing).contains(path)) =>
+                {
+                    Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
+                }
+                None => Err(Error::NotFound),
+            },
             Entry::Status => {
                 let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
                 let n = j.status_json().len() as u64;
@@ -566,12 +549,7 @@ impl Fs {
         };
         match entry {
             Entry::Conversation => {
-                let r = self
-                    .store
-                    .get_scratch(path)?
-                    .map(|b| ScratchRec::decode(&b))
-                    .transpose()?
-                    .ok_or(Error::NotFound)?;
+                let r = self.conversation_rec(path)?.ok_or(Error::NotFound)?;
                 if write {
                     return Err(Error::NotPermitted(
                         "a queued conversation is read-only; write a new NAME",
