@@ -229,6 +229,10 @@ fn a_conversation_becomes_memories_and_a_contradiction_a_new_version() {
     let p2 = meta(&m, "users/priya/memories/profile");
     assert_eq!(p2["version"], 2, "{s2:#}");
     assert_eq!(p2["provenance"]["inbox"], "users/priya/inbox/chat2.json");
+    assert!(
+        !p2["changed"].as_str().unwrap_or("").is_empty(),
+        "a merged version says what changed: {p2:#}"
+    );
     // The merged text keeps facts of both conversations: both are its sources.
     let sources: Vec<&str> = p2["sources"]
         .as_array()

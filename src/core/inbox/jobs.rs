@@ -364,6 +364,10 @@ fn extract_job(
                 "kind": c.kind.as_str(),
                 "provenance": here,
             });
+            if action == "merged" {
+                // What this version changed, in the model's words.
+                meta["changed"] = json!(change.why);
+            }
             if !earlier.is_empty() {
                 // Every conversation the merged text holds facts of, newest first.
                 let mut all = vec![meta["provenance"].clone()];
