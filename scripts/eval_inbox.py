@@ -241,6 +241,8 @@ def main():
                     for k in ks:
                         if any(provenance(mnt, p) & want for p in paths[:k]):
                             hit[(label, k)] += 1
+                    if label == "extracted" and args.verbose and not any(provenance(mnt, p) & want for p in paths):
+                        print(f"  missed: {q} (evidence {sorted(want)}; top: {paths[:3]})", file=sys.stderr)
         # Duplicates: a fact said in both conversations, held by more than one node.
         dup = rep = 0
         for u, _, _, _, repeated in users:

@@ -247,6 +247,49 @@ pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<S
     Ok((out, dropped))
 }
 
+/// Point a candidate at the messages its words are in. Small models cite
+/// the wrong message often (the assistant's reply after the user's words,
+/// a neighbour): a cited message that shares no subject word with the
+/// memory is dropped, and when none is left the messages sharing the most
+/// are taken. Memories about the user come from the user's messages when
+/// any of them holds the words. A memory whose words are in no message
+/// keeps the model's citation.
+pub fn ground(c: &mut Candidate, conv: &Conversation) {
+    let words = policy::subject_words(&c.text);
+    let overlap: Vec<usize> = conv
+        .messages
+        .iter()
+        .map(|m| {
+            policy::subject_words(&m.content)
+                .intersection(&words)
+                .count()
+        })
+        .collect();
+    let about_user = matches!(
+        c.kind,
+        Kind::Profile | Kind::Preference | Kind::Entity | Kind::Event
+    );
+    let mut pool: Vec<usize> = (0..overlap.len()).filter(|&i| overlap[i] > 0).collect();
+    if about_user && pool.iter().any(|&i| conv.messages[i].role == "user") {
+        pool.retain(|&i| conv.messages[i].role == "user");
+    }
+    if pool.is_empty() {
+        return;
+    }
+    let cited: Vec<usize> = c
+        .messages
+        .iter()
+        .copied()
+        .filter(|i| pool.contains(i))
+        .collect();
+    c.messages = if cited.is_empty() {
+        let best = pool.iter().map(|&i| overlap[i]).max().unwrap_or(0);
+        pool.into_iter().filter(|&i| overlap[i] == best).collect()
+    } else {
+        cited
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +324,40 @@ mod tests {
         assert!(is_conversation_name("chat-1.json") && is_conversation_name("c.jsonl"));
         assert!(!is_conversation_name(".json") && !is_conversation_name("a.status"));
         assert!(!is_conversation_name("a.b.json"));
+    }
+
+    #[test]
+    fn grounding_moves_citations_to_the_words() {
+        let conv = parse(
+            "c.json",
+            br#"[{"role":"user","content":"Hi, I'm Aiko, a nurse in Osaka."},
+                 {"role":"assistant","content":"Nice to meet you!"},
+                 {"role":"user","content":"My dog Juno keeps me busy."},
+                 {"role":"assistant","content":"Juno sounds like great company!"},
+                 {"role":"user","content":"What's the capital of Australia?"}]"#,
+        )
+        .unwrap();
+        let cand = |kind, text: &str, m: &[usize]| Candidate {
+            kind,
+            topic: String::new(),
+            text: text.into(),
+            messages: m.to_vec(),
+        };
+        // The assistant's reply cited: the user's words are the source.
+        let mut c = cand(Kind::Entity, "Juno is the user's dog.", &[3]);
+        ground(&mut c, &conv);
+        assert_eq!(c.messages, vec![2]);
+        // A wrong neighbour: moved to the message holding the words.
+        let mut c = cand(Kind::Profile, "The user is Aiko, a nurse in Osaka.", &[1]);
+        ground(&mut c, &conv);
+        assert_eq!(c.messages, vec![0]);
+        // A right citation stays; words in no message keep the citation.
+        let mut c = cand(Kind::Profile, "Aiko works as a nurse.", &[0]);
+        ground(&mut c, &conv);
+        assert_eq!(c.messages, vec![0]);
+        let mut c = cand(Kind::Event, "Something else entirely.", &[4]);
+        ground(&mut c, &conv);
+        assert_eq!(c.messages, vec![4]);
     }
 
     #[test]

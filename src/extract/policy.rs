@@ -159,7 +159,7 @@ const STOP: &[&str] = &[
 
 /// The subject words of a text: lower-case alphanumeric words of four or
 /// more bytes, stop words aside.
-fn subject_words(text: &str) -> std::collections::HashSet<String> {
+pub fn subject_words(text: &str) -> std::collections::HashSet<String> {
     text.split(|c: char| !c.is_alphanumeric())
         .map(str::to_lowercase)
         .filter(|w| w.len() >= 4 && !STOP.contains(&w.as_str()))

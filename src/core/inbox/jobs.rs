@@ -241,6 +241,10 @@ fn extract_job(
         Err(e) => return Outcome::Retry(e),
     };
     job.dropped = dropped;
+    let mut cands = cands;
+    for c in &mut cands {
+        extract::ground(c, conv);
+    }
     job.changes.clear();
     let mut placed = Vec::new();
     for c in cands {
