@@ -68,14 +68,7 @@ fn one_line(s: &str, n: usize) -> String {
 
 impl Client {
     pub fn new(s: LlmSettings) -> Client {
-        let base = s.url.trim_end_matches('/');
-        let url = if base.ends_with("/chat/completions") {
-            base.to_string()
-        } else if base.ends_with("/v1") {
-            format!("{base}/chat/completions")
-        } else {
-            format!("{base}/v1/chat/completions")
-        };
+        let url = crate::schema::openai_endpoint(&s.url, "chat/completions");
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(s.timeout))
             .http_status_as_error(false)
@@ -189,11 +182,7 @@ impl Client {
 pub fn probe(url: &str) -> Result<(), String> {
     let base = url.trim_end_matches('/');
     let base = base.strip_suffix("/chat/completions").unwrap_or(base);
-    let models = if base.ends_with("/v1") {
-        format!("{base}/models")
-    } else {
-        format!("{base}/v1/models")
-    };
+    let models = crate::schema::openai_endpoint(base, "models");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(2)))
         .http_status_as_error(false)

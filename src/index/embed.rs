@@ -155,14 +155,7 @@ impl HttpEmbedder {
     /// `url` is the server's base (`http://127.0.0.1:11434`) or the full
     /// `/v1/embeddings` address; `dim` is the model's output size.
     pub fn new(url: &str, model: &str, dim: usize, timeout: Duration) -> Self {
-        let base = url.trim_end_matches('/');
-        let url = if base.ends_with("/embeddings") {
-            base.to_string()
-        } else if base.ends_with("/v1") {
-            format!("{base}/embeddings")
-        } else {
-            format!("{base}/v1/embeddings")
-        };
+        let url = crate::schema::openai_endpoint(url, "embeddings");
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             .http_status_as_error(false)

@@ -62,6 +62,21 @@ impl Status {
     }
 }
 
+/// The address of `endpoint` (`embeddings`, `chat/completions`, `models`)
+/// of an OpenAI-compatible server, from a configured URL that is the
+/// server's base (`http://h:8080`), its `/v1`, or already a full endpoint
+/// address (which stays as given when it ends in `endpoint`).
+pub fn openai_endpoint(url: &str, endpoint: &str) -> String {
+    let base = url.trim_end_matches('/');
+    if base.ends_with(&format!("/{endpoint}")) {
+        base.to_string()
+    } else if base.ends_with("/v1") {
+        format!("{base}/{endpoint}")
+    } else {
+        format!("{base}/v1/{endpoint}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,25 +20,47 @@ impl Fs {
         Ok(out)
     }
 
-    /// The next job to run now: (inbox, file), marked running in memory.
-    fn next_job(&self, ib: &Inbox) -> Result<Option<(String, String)>> {
-        let now_ms = (now_ns() / 1_000_000) as u64;
+    /// Every unfinished job of the store into `ib.pending`: once, and on a
+    /// shared store again every `RESCAN` (other daemons queue jobs there).
+    fn scan_jobs(&self, ib: &Inbox) -> Result<()> {
+        {
+            let mut last = lock(&ib.last_scan);
+            let due = match *last {
+                None => true,
+                Some(t) => self.store.shared() && t.elapsed() >= RESCAN,
+            };
+            if !due {
+                return Ok(());
+            }
+            *last = Some(std::time::Instant::now());
+        }
         for inbox in self.inboxes()? {
             for (file, b) in self.store.list_scratch(&format!("{inbox}/{JOBS}"))? {
-                let Ok(j) = serde_json::from_slice::<Job>(&b) else {
-                    continue;
-                };
-                let runnable = match j.state {
-                    State::Queued | State::Waiting => j.next_try_ms <= now_ms,
-                    // Running in the store but not here: a daemon stopped
-                    // during it; run it again.
-                    State::Running => true,
-                    _ => false,
-                };
-                let key = format!("{inbox}/{file}");
-                if runnable && lock(&ib.running).insert(key) {
-                    return Ok(Some((inbox, file)));
+                if serde_json::from_slice::<Job>(&b).is_ok_and(|j| runnable_state(j.state)) {
+                    lock(&ib.pending).insert((inbox.clone(), file));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next job to run now: (inbox, file), marked running in memory.
+    fn next_job(&self, ib: &Inbox) -> Result<Option<(String, String)>> {
+        self.scan_jobs(ib)?;
+        let now_ms = (now_ns() / 1_000_000) as u64;
+        let pending: Vec<(String, String)> = lock(&ib.pending).iter().cloned().collect();
+        for (inbox, file) in pending {
+            let job = self.get_job(&inbox, &file)?;
+            let Some(j) = job.filter(|j| runnable_state(j.state)) else {
+                // Finished, in review or removed: nothing more to run.
+                lock(&ib.pending).remove(&(inbox, file));
+                continue;
+            };
+            // Running in the store but not here: a daemon stopped during
+            // it; run it again.
+            let due = j.state == State::Running || j.next_try_ms <= now_ms;
+            if due && lock(&ib.running).insert(format!("{inbox}/{file}")) {
+                return Ok(Some((inbox, file)));
             }
         }
         Ok(None)
@@ -59,6 +81,11 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// A job in this state has work left for an extraction thread.
+fn runnable_state(s: State) -> bool {
+    matches!(s, State::Queued | State::Waiting | State::Running)
 }
 
 fn extract_loop(ib: Arc<Inbox>) {

@@ -218,6 +218,11 @@ pub struct Inbox {
     /// Set by `notify`: look for work now.
     wake: (Mutex<bool>, Condvar),
     running: Mutex<HashSet<String>>,
+    /// Jobs not finished yet, as (inbox, file): filled by one scan of the
+    /// store at the first look for work (and every `RESCAN` on a shared
+    /// store, where other daemons queue jobs) and by every queued close.
+    pending: Mutex<BTreeSet<(String, String)>>,
+    last_scan: Mutex<Option<std::time::Instant>>,
     /// Conversation files open for writing, not stored before their close.
     writing: Mutex<HashSet<String>>,
     stop: AtomicBool,
@@ -257,6 +262,8 @@ impl Inbox {
             fs: Mutex::new(Weak::new()),
             wake: (Mutex::new(false), Condvar::new()),
             running: Mutex::new(HashSet::new()),
+            pending: Mutex::new(BTreeSet::new()),
+            last_scan: Mutex::new(None),
             writing: Mutex::new(HashSet::new()),
             stop: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
@@ -679,6 +686,9 @@ impl Fs {
         self.store.apply(ops, true)?;
         drop(_g);
         if let Some(ib) = self.inbox.get() {
+            if job.state == State::Queued {
+                lock(&ib.pending).insert((inbox.to_string(), name.to_string()));
+            }
             ib.notify();
         }
         Ok(())

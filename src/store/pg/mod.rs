@@ -223,6 +223,22 @@ impl PgStore {
         })
     }
 
+    /// Rows of `(seq, json)` as stored events.
+    fn events(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<StoredEvent>> {
+        Ok(self
+            .query(sql, params)?
+            .iter()
+            .map(|r| StoredEvent {
+                seq: r.get::<_, i64>(0) as u64,
+                json: r.get(1),
+            })
+            .collect())
+    }
+
     fn bytes_opt(
         &self,
         sql: &str,
@@ -384,17 +400,10 @@ impl Store for PgStore {
     }
 
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
-        Ok(self
-            .query(
-                "SELECT seq, json FROM outbox WHERE account = $1 AND node_path = $2 ORDER BY seq",
-                &[&account_of(node_path), &node_path],
-            )?
-            .iter()
-            .map(|r| StoredEvent {
-                seq: r.get::<_, i64>(0) as u64,
-                json: r.get(1),
-            })
-            .collect())
+        self.events(
+            "SELECT seq, json FROM outbox WHERE account = $1 AND node_path = $2 ORDER BY seq",
+            &[&account_of(node_path), &node_path],
+        )
     }
 
     fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>> {
@@ -420,31 +429,17 @@ impl Store for PgStore {
     /// The daemon-wide head of the outbox (every account's events, for the
     /// one indexer of the cluster).
     fn outbox_head(&self, limit: usize) -> Result<Vec<StoredEvent>> {
-        Ok(self
-            .query(
-                "SELECT seq, json FROM outbox /* daemon-wide */ ORDER BY seq LIMIT $1",
-                &[&(limit as i64)],
-            )?
-            .iter()
-            .map(|r| StoredEvent {
-                seq: r.get::<_, i64>(0) as u64,
-                json: r.get(1),
-            })
-            .collect())
+        self.events(
+            "SELECT seq, json FROM outbox /* daemon-wide */ ORDER BY seq LIMIT $1",
+            &[&(limit as i64)],
+        )
     }
 
     fn dead_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
-        Ok(self
-            .query(
-                "SELECT seq, json FROM dlq WHERE account = $1 AND node_path = $2 ORDER BY seq",
-                &[&account_of(node_path), &node_path],
-            )?
-            .iter()
-            .map(|r| StoredEvent {
-                seq: r.get::<_, i64>(0) as u64,
-                json: r.get(1),
-            })
-            .collect())
+        self.events(
+            "SELECT seq, json FROM dlq WHERE account = $1 AND node_path = $2 ORDER BY seq",
+            &[&account_of(node_path), &node_path],
+        )
     }
 
     fn get_ix(&self, path: &str) -> Result<Option<Vec<u8>>> {
