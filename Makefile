@@ -5,7 +5,8 @@
 #   make torture crash torture at a large size (a small one runs in make test)
 #   make conformance  pjdfstest (scratchpad) and fsx (a node file) on a real mount
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
-#   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount, then eval-inbox
+#   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount, then eval-conv and eval-inbox
+#   make eval-conv  conversational memory: evidence recall of every chat turn as a node, against BM25
 #   make eval-inbox  memory from conversations: evidence recall, duplicates, tokens, time (real model)
 #   make model  fetch the embedding model into models/
 #   make llm    build llama.cpp's server and fetch a small instruct model (memory extraction tests)
@@ -21,7 +22,7 @@ MCP_PY ?= /var/tmp/ctxfs-py
 MCP_PY_VERSION := 2.3.0
 DESTDIR ?=
 
-.PHONY: deps model llm build run stop test lint unit mount-test torture bench eval eval-inbox tokens agents-doc conformance clean install
+.PHONY: deps model llm build run stop test lint unit mount-test torture bench eval eval-conv eval-inbox tokens agents-doc conformance clean install
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
@@ -88,7 +89,13 @@ bench: deps model build
 # Retrieval quality through the mount on BEIR SciFact (in datasets/scifact, or SCIFACT_DIR=...).
 eval: deps model llm build
 	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
+	python3 scripts/eval_conv.py --bin $(BIN) --model-dir $(MODEL)
 	python3 scripts/eval_inbox.py --bin $(BIN) --model-dir $(MODEL)
+
+# Conversational memory: generated multi-session chats, every turn a node,
+# questions answered by their evidence turns; ctxfs search against BM25.
+eval-conv: deps model build
+	python3 scripts/eval_conv.py --bin $(BIN) --model-dir $(MODEL)
 
 # Memory from conversations: extraction by a real model through the inbox,
 # answered by search, against one node per raw message.

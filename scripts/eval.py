@@ -183,7 +183,7 @@ def main():
         label = "hashing fallback" if emb == "hash" else "MiniLM"
         for mode, (n, r, p50) in res.items():
             what = {"vector": f"{label} alone", "lexical": "ctxfs BM25 channel alone",
-                    "hybrid": f"hybrid ({label} + BM25, RRF)"}[mode]
+                    "hybrid": f"hybrid ({label} + BM25, scaled scores)"}[mode]
             rows.append((what, emb, n, r, p50))
     print("\n| ranking | embedder | nDCG@10 | recall@100 | query p50 (ms, k=100) |")
     print("|---|---|---|---|---|")

@@ -207,15 +207,24 @@ impl Index {
             }
         }
         drop(st);
-        ann::insert(&graph, &missing);
+        // A small account needs no graph (its searches are exact): a dump
+        // left from when it was larger is dropped at the next dump.
+        let graphed = vecs.len() + missing.len() > self.cfg.exact_scope;
+        let (graph, dead) = if graphed {
+            ann::insert(&graph, &missing);
+            (graph, dead)
+        } else {
+            (ann::new_graph(&self.cfg.ann, 1024), HashSet::new())
+        };
         for (l, v) in missing.iter() {
             vecs.insert(*l, v.clone());
         }
         {
             let mut st = wlock(&ai.st);
-            st.dirty = !missing.is_empty() || !dead.is_empty();
+            st.dirty = !missing.is_empty() || !dead.is_empty() || (loaded > 0 && !graphed);
             st.dead = dead;
             st.vecs = vecs;
+            st.graphed = graphed;
             *wlock(&ai.graph) = Arc::new(graph);
             tracing::info!(
                 account,
@@ -224,6 +233,7 @@ impl Index {
                 from_dump = loaded,
                 inserted = missing.len(),
                 tombstones = st.dead.len(),
+                graph = graphed,
                 ms = t0.elapsed().as_millis() as u64,
                 "index loaded"
             );

@@ -283,8 +283,16 @@ impl Index {
         // batch counts as done when both are. A search in between may see a
         // node in one and not yet in the other, as for any node still being
         // indexed.
+        let touched: HashMap<String, Arc<AccountIndex>> = changes
+            .iter()
+            .map(|(ai, _)| (ai.name.clone(), ai.clone()))
+            .collect();
         let mut inserts: HashMap<String, (Arc<AccountIndex>, Vec<LabeledVec>)> = HashMap::new();
         for (ai, c) in &changes {
+            // Only the indexer thread (this one) changes `graphed`.
+            if !rlock(&ai.st).graphed {
+                continue;
+            }
             if let Change::Put { vecs, .. } = c {
                 inserts
                     .entry(ai.name.clone())
@@ -306,6 +314,16 @@ impl Index {
                 c.apply(&ai);
             }
         });
+        // An account that grew past the exact size gets its graph now.
+        for ai in touched.into_values() {
+            let grown = {
+                let st = rlock(&ai.st);
+                !st.graphed && st.vecs.len() > self.cfg.exact_scope
+            };
+            if grown {
+                self.rebuild(&ai);
+            }
+        }
         self.stats.events_done.fetch_add(n_done, Ordering::Relaxed);
         let now = SystemTime::now();
         let mut lags = lock(&self.lags);

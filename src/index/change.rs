@@ -137,8 +137,8 @@ impl Change {
     }
 }
 
-/// Forget the document at `path`; its vectors become tombstones, except
-/// the labels in `keep`.
+/// Forget the document at `path`; its vectors become tombstones in the
+/// graph (if the account has one), except the labels in `keep`.
 pub(super) fn remove_doc(st: &mut State, path: &str, keep: &HashSet<usize>) {
     let Some(old) = st.docs.remove(path) else {
         return;
@@ -149,7 +149,7 @@ pub(super) fn remove_doc(st: &mut State, path: &str, keep: &HashSet<usize>) {
             continue;
         }
         st.slots.remove(&l);
-        if st.vecs.remove(&l).is_some() {
+        if st.vecs.remove(&l).is_some() && st.graphed {
             st.dead.insert(l);
         }
     }

@@ -28,6 +28,9 @@ pub struct IndexConfig {
     pub vector_weight: Option<f32>,
     /// Embedding tokens per UTC day, by account (the quota; absent: unlimited).
     pub embed_tokens_per_day: HashMap<String, u64>,
+    /// Scopes of at most this many records are searched exactly, and an
+    /// account this small has no graph.
+    pub exact_scope: usize,
 }
 
 impl Default for IndexConfig {
@@ -40,6 +43,7 @@ impl Default for IndexConfig {
             dump_after: Duration::from_secs(30),
             vector_weight: None,
             embed_tokens_per_day: HashMap::new(),
+            exact_scope: super::EXACT_SCOPE,
         }
     }
 }
@@ -116,6 +120,7 @@ impl IndexConfig {
             dump_after: d.dump_after,
             vector_weight: sec.vector_weight,
             embed_tokens_per_day: HashMap::new(),
+            exact_scope: d.exact_scope,
         }
     }
 }

@@ -53,10 +53,9 @@ use xxhash_rust::xxh3::xxh3_128;
 const BATCH: usize = 256;
 /// Texts per embedder call.
 const EMBED_BATCH: usize = 32;
-/// Scopes with at most this many records are searched exactly.
-const EXACT_SCOPE: usize = 20_000;
-/// Reciprocal rank fusion constant.
-const RRF_K: f32 = 60.0;
+/// Scopes with at most this many records are searched exactly, and an
+/// account this small has no graph.
+pub(crate) const EXACT_SCOPE: usize = 20_000;
 /// Most results a query may ask for.
 pub const MAX_K: usize = 1000;
 /// Account indexes held in memory at most (least recently used first out).
@@ -169,6 +168,11 @@ struct State {
     vecs: ann::Vectors,
     /// Labels in the graph that no document holds any more.
     dead: HashSet<usize>,
+    /// The graph holds every live vector. An account of at most
+    /// `EXACT_SCOPE` records has no graph: its searches are exact, and its
+    /// commits cost no graph inserts (the indexer's largest share of CPU
+    /// beside the embedder). The graph is built when it grows past that.
+    graphed: bool,
     lex: lex::Lex,
     lex_path: Vec<Option<Arc<str>>>,
     next_label: usize,
@@ -420,7 +424,7 @@ mod tests {
     }
 
     impl T {
-        fn new() -> T {
+        fn with(cfg: IndexConfig) -> T {
             let dir = tempfile::tempdir().unwrap();
             let store = RedbStore::open(&dir.path().join("db.redb")).unwrap();
             let ix = Index::new(
@@ -428,7 +432,7 @@ mod tests {
                 &dir.path().join("index"),
                 Arc::new(embed::HashEmbedder::new(64)),
                 "test".into(),
-                IndexConfig::default(),
+                cfg,
             )
             .unwrap();
             ix.start().unwrap();
@@ -496,9 +500,63 @@ mod tests {
         }
     }
 
+    /// A graph from the first vector on (an account past the exact size).
+    fn graphed() -> IndexConfig {
+        IndexConfig {
+            exact_scope: 0,
+            ..IndexConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_small_account_has_no_graph_until_it_grows() {
+        let mut t = T::with(IndexConfig {
+            exact_scope: 30,
+            ..IndexConfig::default()
+        });
+        for i in 0..30 {
+            t.upsert(
+                &format!("a/users/u/memories/c/n{i}"),
+                &format!("note {i} about widget{i}"),
+            );
+        }
+        let ai = t.ix.account("a").unwrap();
+        {
+            let st = rlock(&ai.st);
+            assert!(!st.graphed);
+            assert_eq!(st.vecs.len(), 30);
+        }
+        assert_eq!(rlock(&ai.graph).get_nb_point(), 0);
+        assert_eq!(t.hits("widget7")[0], "accounts/a/users/u/memories/c/n7");
+        // Deletes leave no tombstones without a graph.
+        for i in 20..25 {
+            t.event(
+                "DELETE_CONTEXT",
+                &format!("a/users/u/memories/c/n{i}"),
+                json!({}),
+                None,
+            );
+        }
+        assert_eq!(rlock(&ai.st).dead.len(), 0);
+        assert!(!t.hits("widget21").iter().any(|p| p.ends_with("/c/n21")));
+        // Past the exact size: the graph holds every live vector.
+        for i in 30..40 {
+            t.upsert(
+                &format!("a/users/u/memories/c/n{i}"),
+                &format!("note {i} about widget{i}"),
+            );
+        }
+        let st = rlock(&ai.st);
+        assert!(st.graphed);
+        assert_eq!(st.vecs.len(), 35);
+        assert_eq!(rlock(&ai.graph).get_nb_point(), 35);
+        drop(st);
+        assert_eq!(t.hits("widget33")[0], "accounts/a/users/u/memories/c/n33");
+    }
+
     #[test]
     fn follows_events_and_survives_rebuild_and_reload() {
-        let mut t = T::new();
+        let mut t = T::with(graphed());
         for i in 0..40 {
             t.upsert(
                 &format!("a/users/u/memories/c/n{i}"),
@@ -549,7 +607,7 @@ mod tests {
             &t._dir.path().join("index"),
             Arc::new(embed::HashEmbedder::new(64)),
             "test".into(),
-            IndexConfig::default(),
+            graphed(),
         )
         .unwrap();
         t.ix = ix2;

@@ -179,7 +179,8 @@ impl Index {
         }
     }
 
-    /// Build a new graph from the live vectors and swap it in.
+    /// Build a new graph from the live vectors and swap it in (also the
+    /// first graph of an account that grew past `EXACT_SCOPE` records).
     pub fn rebuild(&self, ai: &AccountIndex) {
         let t0 = Instant::now();
         let items: Vec<LabeledVec> = {
@@ -192,6 +193,7 @@ impl Index {
         *wlock(&ai.graph) = Arc::new(g);
         let mut st = wlock(&ai.st);
         st.dead.clear();
+        st.graphed = true;
         st.dirty = true;
         tracing::info!(account = %ai.name, vectors = items.len(), ms = t0.elapsed().as_millis() as u64, "graph rebuilt");
     }
@@ -202,6 +204,19 @@ impl Index {
         for ai in accts {
             // Never dump a graph that is not loaded yet over the real one.
             if !ai.ready.load(Ordering::Acquire) || !rlock(&ai.st).dirty {
+                continue;
+            }
+            // No graph (a small account): nothing to dump, and a dump from
+            // when it was larger goes (its vectors are in the store).
+            if !rlock(&ai.st).graphed {
+                let dir = self.graph_dir(&ai.name);
+                if dir.exists() {
+                    if let Err(e) = std::fs::remove_dir_all(&dir) {
+                        tracing::error!(account = %ai.name, "cannot remove the old graph dump: {e}");
+                        continue;
+                    }
+                }
+                wlock(&ai.st).dirty = false;
                 continue;
             }
             let g = rlock(&ai.graph).clone();
