@@ -230,6 +230,8 @@ def main():
     ap.add_argument("--bin", default=os.environ.get("CTXFS_BIN", "target/release/ctxfs"))
     ap.add_argument("--model-dir", default="models/all-MiniLM-L6-v2")
     ap.add_argument("--users", type=int, default=10)
+    ap.add_argument("--embedder", default="minilm", choices=["minilm", "hash"],
+                    help="hash: the hashing fallback (no model)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     rng = random.Random(11)
@@ -244,8 +246,8 @@ def main():
     cfg = os.path.join(tmp, "config.toml")
     with open(cfg, "w") as f:
         f.write("".join(f'[[account]]\nid = "{a}"\nwriters = [0]\n' for a in layouts))
-    subprocess.run([args.bin, "mount", mnt, "--data", data, "--config", cfg,
-                    "--model-dir", os.path.abspath(args.model_dir)], check=True)
+    emb = ["--model-dir", os.path.abspath(args.model_dir)] if args.embedder == "minilm" else ["--embedder", "hash"]
+    subprocess.run([args.bin, "mount", mnt, "--data", data, "--config", cfg] + emb, check=True)
     try:
         t0 = time.time()
         texts = {}
@@ -293,7 +295,7 @@ def main():
                         top = [texts[(acct, u) + x][:60] for x in got["hybrid"][:2]]
                         print(f"  missed ({kind}): {q} -> {top}", file=sys.stderr)
         lat.sort()
-        print(f"\n{args.users} users, {nodes} turns and {nq['all']} questions per layout "
+        print(f"\n{args.embedder}: {args.users} users, {nodes} turns and {nq['all']} questions per layout "
               f"({nq['paraphrase']} in other words, {nq['shared words']} sharing words with the evidence); "
               f"search p50 {lat[len(lat) // 2] * 1e3:.1f} ms through the mount")
         print("\n| layout | ranking | recall@1 | recall@3 | recall@10 | @10 vs BM25 | @10 other words | @10 shared words |")
