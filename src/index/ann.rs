@@ -134,7 +134,7 @@ pub type Vectors = HashMap<usize, Vector>;
 /// The dump's base name. Dumps of f32 graphs (base name `hnsw`, before
 /// vectors were held in half precision) are not read: the graph is rebuilt
 /// from the store's vectors, and the next dump replaces them.
-const DUMP: &str = "hnsw16";
+pub(super) const DUMP: &str = "hnsw16";
 
 /// HNSW parameters (validated: hnsw_rs exits the process on some bad ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

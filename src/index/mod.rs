@@ -509,6 +509,40 @@ mod tests {
     }
 
     #[test]
+    fn a_dump_left_from_a_larger_account_is_dropped() {
+        let mut t = T::with(graphed());
+        for i in 0..10 {
+            t.upsert(
+                &format!("a/users/u/memories/c/n{i}"),
+                &format!("note {i} about widget{i}"),
+            );
+        }
+        t.ix.shutdown();
+        let dump = t._dir.path().join("index").join("a");
+        assert!(dump.join(format!("{}.hnsw.graph", ann::DUMP)).exists());
+        // The same store with the default exact size: 10 records need no graph.
+        t.ix = Index::new(
+            t.store.clone() as Arc<dyn Store>,
+            &t._dir.path().join("index"),
+            Arc::new(embed::HashEmbedder::new(64)),
+            "test".into(),
+            IndexConfig::default(),
+        )
+        .unwrap();
+        let ai = t.ix.account("a").unwrap();
+        t.ix.ensure_vectors(&ai).unwrap();
+        {
+            let st = rlock(&ai.st);
+            assert!(!st.graphed);
+            assert_eq!(st.vecs.len(), 10, "vectors from the dump");
+        }
+        assert_eq!(rlock(&ai.graph).get_nb_point(), 0);
+        assert_eq!(t.hits("widget4")[0], "accounts/a/users/u/memories/c/n4");
+        t.ix.dump_all();
+        assert!(!dump.exists(), "the stale dump is removed");
+    }
+
+    #[test]
     fn a_small_account_has_no_graph_until_it_grows() {
         let mut t = T::with(IndexConfig {
             exact_scope: 30,
