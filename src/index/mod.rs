@@ -427,14 +427,7 @@ mod tests {
         fn with(cfg: IndexConfig) -> T {
             let dir = tempfile::tempdir().unwrap();
             let store = RedbStore::open(&dir.path().join("db.redb")).unwrap();
-            let ix = Index::new(
-                store.clone() as Arc<dyn Store>,
-                &dir.path().join("index"),
-                Arc::new(embed::HashEmbedder::new(64)),
-                "test".into(),
-                cfg,
-            )
-            .unwrap();
+            let ix = T::index(&store, dir.path(), cfg);
             ix.start().unwrap();
             T {
                 _dir: dir,
@@ -442,6 +435,24 @@ mod tests {
                 ix,
                 seq: 0,
             }
+        }
+
+        /// An index over the store and graph dumps under `dir`, not started.
+        fn index(store: &Arc<RedbStore>, dir: &std::path::Path, cfg: IndexConfig) -> Arc<Index> {
+            Index::new(
+                store.clone() as Arc<dyn Store>,
+                &dir.join("index"),
+                Arc::new(embed::HashEmbedder::new(64)),
+                "test".into(),
+                cfg,
+            )
+            .unwrap()
+        }
+
+        /// The same store and dumps as a new daemon would find them (the
+        /// indexer thread not started: loads happen where the test asks).
+        fn reopen(&mut self, cfg: IndexConfig) {
+            self.ix = T::index(&self.store, self._dir.path(), cfg);
         }
 
         /// Store the node as ACTIVE (or remove it) with its event, then sync.
@@ -521,14 +532,7 @@ mod tests {
         let dump = t._dir.path().join("index").join("a");
         assert!(dump.join(format!("{}.hnsw.graph", ann::DUMP)).exists());
         // The same store with the default exact size: 10 records need no graph.
-        t.ix = Index::new(
-            t.store.clone() as Arc<dyn Store>,
-            &t._dir.path().join("index"),
-            Arc::new(embed::HashEmbedder::new(64)),
-            "test".into(),
-            IndexConfig::default(),
-        )
-        .unwrap();
+        t.reopen(IndexConfig::default());
         let ai = t.ix.account("a").unwrap();
         t.ix.ensure_vectors(&ai).unwrap();
         {
@@ -636,15 +640,7 @@ mod tests {
         assert_eq!(t.hits("gadgets")[0], "accounts/a/users/u/memories/c/n7");
         // Reload from the store and the dump: same answers.
         t.ix.shutdown();
-        let ix2 = Index::new(
-            t.store.clone() as Arc<dyn Store>,
-            &t._dir.path().join("index"),
-            Arc::new(embed::HashEmbedder::new(64)),
-            "test".into(),
-            graphed(),
-        )
-        .unwrap();
-        t.ix = ix2;
+        t.reopen(graphed());
         let ai = t.ix.account("a").unwrap();
         // Phase one: documents, lexical answers, no vectors yet.
         assert_eq!(rlock(&ai.st).docs.len(), 10);

@@ -203,12 +203,19 @@ impl Index {
         let accts = self.loaded_accounts();
         for ai in accts {
             // Never dump a graph that is not loaded yet over the real one.
-            if !ai.ready.load(Ordering::Acquire) || !rlock(&ai.st).dirty {
+            if !ai.ready.load(Ordering::Acquire) {
+                continue;
+            }
+            let (dirty, graphed) = {
+                let st = rlock(&ai.st);
+                (st.dirty, st.graphed)
+            };
+            if !dirty {
                 continue;
             }
             // No graph (a small account): nothing to dump, and a dump from
             // when it was larger goes (its vectors are in the store).
-            if !rlock(&ai.st).graphed {
+            if !graphed {
                 let dir = self.graph_dir(&ai.name);
                 if dir.exists() {
                     if let Err(e) = std::fs::remove_dir_all(&dir) {

@@ -1,0 +1,410 @@
+//! The inbox directory's files as the kernel sees them: its entries and
+//! their attributes, a conversation's create, write and the check and
+//! queueing at close, `NAME.status`, `NAME.review` and its decision, and
+//! unlink.
+
+use super::*;
+
+impl Fs {
+    fn inbox_there(&self, c: Caller, inbox: &str, write: bool) -> Result<()> {
+        self.gate(c, Self::account_of(inbox), write)?;
+        Ok(())
+    }
+
+    pub(in crate::core) fn inbox_dir_attr(&self, c: Caller, inbox: &str, ino: u64) -> Result<Attr> {
+        self.inbox_there(c, inbox, false)?;
+        Ok(self.dir_attr(ino, 0o755, self.started, false))
+    }
+
+    pub(in crate::core) fn inbox_child(&self, c: Caller, inbox: &str, name: &str) -> Result<Key> {
+        self.inbox_there(c, inbox, false)?;
+        entry_of(name).ok_or(Error::NotFound)?;
+        Ok(Key::InboxFile(format!("{inbox}/{name}").into()))
+    }
+
+    pub(in crate::core) fn inbox_attr(&self, c: Caller, path: &str, ino: u64) -> Result<Attr> {
+        let (inbox, name) = split_name(path);
+        self.inbox_there(c, inbox, false)?;
+        let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;
+        let mtime = |ms: i128| crate::core::time_of(ms);
+        match entry {
+            Entry::Conversation => match self.conversation_rec(path)? {
+                Some(r) => {
+                    Ok(self.file_attr(ino, r.data.len() as u64, 0o444, mtime(r.mtime_ns), false))
+                }
+                None if self
+                    .inbox
+                    .get()
+                    .is_some_and(|ib| lock(&ib.writing).contains(path)) =>
+                {
+                    Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
+                }
+                None => Err(Error::NotFound),
+            },
+            Entry::Status => {
+                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                let n = j.status_json().len() as u64;
+                Ok(self.file_attr(ino, n, 0o444, SystemTime::now(), false))
+            }
+            Entry::Review => match self.job_of_stem(inbox, &stem)? {
+                Some(j) if j.state == State::Review => {
+                    let n = review_text(&j).len() as u64;
+                    Ok(self.file_attr(ino, n, 0o644, SystemTime::now(), false))
+                }
+                _ => Err(Error::NotFound),
+            },
+        }
+    }
+
+    pub(in crate::core) fn inbox_list(
+        &self,
+        c: Caller,
+        inbox: &str,
+    ) -> Result<Vec<(String, Kind)>> {
+        self.inbox_there(c, inbox, false)?;
+        let mut out = Vec::new();
+        for (name, _) in self.store.list_scratch(inbox)? {
+            if extract::is_conversation_name(&name) {
+                out.push((name, Kind::File));
+            }
+        }
+        for (file, b) in self.store.list_scratch(&format!("{inbox}/{JOBS}"))? {
+            let stem = extract::stem(&file).to_string();
+            out.push((format!("{stem}{STATUS_EXT}"), Kind::File));
+            if serde_json::from_slice::<Job>(&b).is_ok_and(|j| j.state == State::Review) {
+                out.push((format!("{stem}{REVIEW_EXT}"), Kind::File));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Why the inbox cannot take a conversation from `c` now, if it cannot.
+    fn inbox_writable(&self, c: Caller, inbox: &str) -> Result<()> {
+        self.inbox_there(c, inbox, true)?;
+        if self.inbox.get().is_none() {
+            return Err(Error::Unsupported);
+        }
+        let account = Self::account_of(inbox);
+        if let Some(max) = self.quota(account).and_then(|q| q.llm_tokens_per_day) {
+            let used = self
+                .store
+                .counter(&llm_tokens_key(account, day_of(now_ns())))?
+                .max(0) as u64;
+            if used >= max {
+                return Err(Error::Quota(format!(
+                    "account {account} spent its {max} LLM tokens of today; conversations are taken again tomorrow (UTC)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub(in crate::core) fn inbox_create(
+        &self,
+        c: Caller,
+        inbox: &str,
+        name: &str,
+    ) -> Result<Opened> {
+        self.inbox_there(c, inbox, true)?;
+        conversation_only(name, || {
+            Error::Invalid(format!(
+                "{}: the inbox takes conversations named NAME.json or NAME.jsonl",
+                crate::schema::excerpt(name)
+            ))
+        })?;
+        place::check_name(extract::stem(name))?;
+        self.inbox_writable(c, inbox)?;
+        let path = format!("{inbox}/{name}");
+        let stem = extract::stem(name);
+        let taken = |n: String| -> Result<bool> {
+            Ok(self.store.get_scratch(&format!("{inbox}/{n}"))?.is_some())
+        };
+        if taken(format!("{stem}.json"))? || taken(format!("{stem}.jsonl"))? {
+            return Err(Error::NotPermitted(
+                "a queued conversation is read-only; write a new NAME",
+            ));
+        }
+        if let Some(ib) = self.inbox.get() {
+            lock(&ib.writing).insert(path.clone());
+        }
+        Ok(self.inbox_handle(c, path, false))
+    }
+
+    /// The handle is gone: a conversation never closed with bytes is no more.
+    pub(in crate::core) fn inbox_released(&self, h: &InboxHandle) {
+        if let Some(ib) = self.inbox.get() {
+            lock(&ib.writing).remove(&h.path);
+        }
+    }
+
+    fn inbox_handle(&self, c: Caller, path: String, review: bool) -> Opened {
+        let fh = self.new_handle(Handle::Inbox(InboxHandle {
+            path,
+            caller: c,
+            buf: Mutex::new(Vec::new()),
+            review,
+        }));
+        Opened {
+            fh,
+            direct_io: true,
+            keep_cache: false,
+            no_flush: false,
+        }
+    }
+
+    pub(in crate::core) fn inbox_open(&self, c: Caller, path: &str, flags: i32) -> Result<Opened> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let (inbox, name) = split_name(path);
+        self.inbox_there(c, inbox, write)?;
+        let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;
+        let data = |bytes: Vec<u8>| {
+            let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
+            Opened {
+                fh,
+                direct_io: true,
+                keep_cache: false,
+                no_flush: true,
+            }
+        };
+        match entry {
+            Entry::Conversation => {
+                let r = self.conversation_rec(path)?.ok_or(Error::NotFound)?;
+                if write {
+                    return Err(Error::NotPermitted(
+                        "a queued conversation is read-only; write a new NAME",
+                    ));
+                }
+                Ok(data(r.data))
+            }
+            Entry::Status => {
+                if write {
+                    return Err(Error::NotPermitted("read-only virtual file"));
+                }
+                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                Ok(data(j.status_json()))
+            }
+            Entry::Review => {
+                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                if j.state != State::Review {
+                    return Err(Error::NotFound);
+                }
+                if write {
+                    return Ok(self.inbox_handle(c, path.to_string(), true));
+                }
+                Ok(data(review_text(&j)))
+            }
+        }
+    }
+
+    pub(in crate::core) fn inbox_write(
+        &self,
+        h: &InboxHandle,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u32> {
+        if h.review {
+            // The decision is applied when a line is complete, so the
+            // writer's `write` gets its error (a shell reports no close).
+            let line = {
+                let mut buf = lock(&h.buf);
+                if buf.len() + data.len() > 64 {
+                    return Err(Error::Invalid("write accept or drop".into()));
+                }
+                buf.extend_from_slice(data);
+                if !buf.contains(&b'\n') {
+                    return Ok(data.len() as u32);
+                }
+                std::mem::take(&mut *buf)
+            };
+            self.inbox_decide(h, &line)?;
+            return Ok(data.len() as u32);
+        }
+        let mut buf = lock(&h.buf);
+        let end = offset as usize + data.len();
+        if end > extract::MAX_CONVERSATION_BYTES {
+            return Err(Error::TooBig);
+        }
+        if buf.len() < end {
+            buf.resize(end, 0);
+        }
+        buf[offset as usize..end].copy_from_slice(data);
+        Ok(data.len() as u32)
+    }
+
+    /// `close`: queue the conversation (or apply the review decision).
+    pub(in crate::core) fn inbox_flush(&self, h: &InboxHandle) -> Result<()> {
+        let bytes = std::mem::take(&mut *lock(&h.buf));
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if h.review {
+            return self.inbox_decide(h, &bytes);
+        }
+        let (inbox, name) = split_name(&h.path);
+        self.inbox_writable(h.caller, inbox)?;
+        let parsed = extract::parse(name, &bytes);
+        let _g = lock(&self.scratch_lock);
+        if self.store.get_scratch(&h.path)?.is_some() {
+            return Err(Error::NotPermitted(
+                "a queued conversation is read-only; write a new NAME",
+            ));
+        }
+        let now = now_ns();
+        let conv = match parsed {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing is stored but the reason, in NAME.status; the
+                // name stays free for a corrected file.
+                let why = format!("{name} is not a conversation: {e}");
+                let job = Job::new(name, h.caller, String::new(), 0, now, State::Failed);
+                let job = Job {
+                    error: Some(why.clone()),
+                    finished_at: Some(rfc3339_ms(now)),
+                    ..job
+                };
+                self.save_job(inbox, &job)?;
+                return Err(Error::Invalid(why));
+            }
+        };
+        let sha = sha256_hex(&bytes);
+        let hash_path = format!("{inbox}/{HASHES}/{sha}");
+        let first = self.store.get_scratch(&hash_path)?;
+        let mut job = Job::new(
+            name,
+            h.caller,
+            sha.clone(),
+            conv.messages.len(),
+            now,
+            State::Queued,
+        );
+        let mut ops = vec![Op::PutScratch {
+            path: h.path.clone(),
+            data: ScratchRec {
+                dir: false,
+                data: bytes,
+                mode: 0o444,
+                mtime_ns: now,
+            }
+            .encode()?,
+        }];
+        match first {
+            // The same bytes were ingested before: nothing to extract.
+            Some(other) => {
+                job.state = State::Done;
+                job.finished_at = Some(rfc3339_ms(now));
+                job.duplicate_of = Some(String::from_utf8_lossy(&other).into_owned());
+            }
+            None => ops.push(Op::PutScratch {
+                path: hash_path,
+                data: name.as_bytes().to_vec(),
+            }),
+        }
+        ops.push(Self::job_op(inbox, &job));
+        self.store.apply(ops, true)?;
+        drop(_g);
+        if let Some(ib) = self.inbox.get() {
+            if job.state == State::Queued {
+                lock(&ib.pending).insert((inbox.to_string(), name.to_string()));
+            }
+            ib.notify();
+        }
+        Ok(())
+    }
+
+    /// `unlink` in an inbox: a finished conversation and its status go.
+    pub(in crate::core) fn inbox_unlink(&self, c: Caller, inbox: &str, name: &str) -> Result<()> {
+        self.inbox_there(c, inbox, true)?;
+        conversation_only(name, || Error::NotFound)?;
+        let _g = lock(&self.scratch_lock);
+        let path = format!("{inbox}/{name}");
+        let stored = self.store.get_scratch(&path)?.is_some();
+        let job = self.get_job(inbox, name)?;
+        if !stored && job.is_none() {
+            return Err(Error::NotFound);
+        }
+        let mut ops = vec![Op::DelScratch { path }];
+        if let Some(j) = job {
+            if !j.state.finished() {
+                return Err(Error::Busy(
+                    "the conversation is queued, being extracted or in review",
+                ));
+            }
+            ops.push(Op::DelScratch {
+                path: Self::job_path(inbox, name),
+            });
+        }
+        self.store.apply(ops, true)
+    }
+
+    /// `accept` or `drop` written to `NAME.review`.
+    fn inbox_decide(&self, h: &InboxHandle, bytes: &[u8]) -> Result<()> {
+        let (inbox, name) = split_name(&h.path);
+        self.inbox_there(h.caller, inbox, true)?;
+        let stem = name.strip_suffix(REVIEW_EXT).unwrap_or(name);
+        let word = String::from_utf8_lossy(bytes).trim().to_string();
+        let _g = lock(&self.scratch_lock);
+        let mut job = self.job_of_stem(inbox, stem)?.ok_or(Error::NotFound)?;
+        if job.state != State::Review {
+            return Err(Error::NotFound);
+        }
+        let now = now_ns();
+        match word.as_str() {
+            "accept" => {
+                let lines = job.proposal.join("\n");
+                let account = Self::account_of(inbox);
+                let (result, _) = self.commit_batch(h.caller, account, lines.as_bytes())?;
+                record_results(&mut job, &result);
+                job.state = State::Done;
+            }
+            "drop" => {
+                for ch in &mut job.changes {
+                    if ch.action != "skipped" {
+                        ch.why = format!("dropped in review ({})", ch.why);
+                        ch.action = "dropped".into();
+                    }
+                }
+                job.state = State::Dropped;
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "write accept or drop to {name}, not {}",
+                    crate::schema::excerpt(&word)
+                )))
+            }
+        }
+        job.proposal.clear();
+        job.finished_at = Some(rfc3339_ms(now));
+        self.save_job(inbox, &job)
+    }
+}
+
+/// Writers create and remove only conversations: status and review files
+/// are the daemon's (`EPERM`); `unknown` is the error for any other name.
+fn conversation_only(name: &str, unknown: impl FnOnce() -> Error) -> Result<()> {
+    match entry_of(name) {
+        Some((Entry::Conversation, _)) => Ok(()),
+        Some(_) => Err(Error::NotPermitted(
+            "status and review files are the daemon's",
+        )),
+        None => Err(unknown()),
+    }
+}
+
+fn review_text(j: &Job) -> Vec<u8> {
+    let v = json!({
+        "file": j.file,
+        "proposed": j.changes.iter().filter(|c| c.action != "skipped").collect::<Vec<_>>(),
+        "skipped": j.changes.iter().filter(|c| c.action == "skipped").collect::<Vec<_>>(),
+        "nodes": j.proposal.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect::<Vec<_>>(),
+        "decide": "write accept (commit every proposed node) or drop to this file",
+    });
+    let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
