@@ -17,7 +17,10 @@
 # build and the weights are kept between runs on one machine.
 set -euo pipefail
 BASE=${CTXFS_LLM_DIR:-/var/tmp/ctxfs-llm}
-PORT=${CTXFS_LLM_PORT:-58080}
+# Below the kernel's ephemeral range (32768-60999 by default): a port in it
+# can be held for a moment by an outgoing connection of a test running beside
+# the start, and the server then fails to bind.
+PORT=${CTXFS_LLM_PORT:-28080}
 case "${1:-}" in start|url) PORT=${2:-$PORT} ;; esac
 
 LLAMA_VERSION=11434.0.0

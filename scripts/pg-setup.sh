@@ -17,7 +17,9 @@ set -euo pipefail
 VERSION=18.6.3
 BASE=${CTXFS_PG_DIR:-/var/tmp/ctxfs-pg}
 PGUSER_OS=ctxfs-pg
-PORT=${CTXFS_PG_PORT:-55432}
+# Below the kernel's ephemeral range (32768-60999 by default), like the LLM
+# server's port: see scripts/llm-setup.sh.
+PORT=${CTXFS_PG_PORT:-25432}
 case "${1:-}" in start|url) PORT=${2:-$PORT} ;; esac
 INSTALL=$BASE/install-$VERSION
 DATA=$BASE/data
