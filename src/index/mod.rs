@@ -455,6 +455,16 @@ mod tests {
             self.ix = T::index(&self.store, self._dir.path(), cfg);
         }
 
+        /// Nodes `a/users/u/memories/c/n{i}` holding "note {i} about widget{i}".
+        fn notes(&mut self, ids: std::ops::Range<usize>) {
+            for i in ids {
+                self.upsert(
+                    &format!("a/users/u/memories/c/n{i}"),
+                    &format!("note {i} about widget{i}"),
+                );
+            }
+        }
+
         /// Store the node as ACTIVE (or remove it) with its event, then sync.
         fn event(&mut self, etype: &str, path: &str, payload: Value, active: Option<&str>) {
             self.seq += 1;
@@ -522,12 +532,7 @@ mod tests {
     #[test]
     fn a_dump_left_from_a_larger_account_is_dropped() {
         let mut t = T::with(graphed());
-        for i in 0..10 {
-            t.upsert(
-                &format!("a/users/u/memories/c/n{i}"),
-                &format!("note {i} about widget{i}"),
-            );
-        }
+        t.notes(0..10);
         t.ix.shutdown();
         let dump = t._dir.path().join("index").join("a");
         assert!(dump.join(format!("{}.hnsw.graph", ann::DUMP)).exists());
@@ -552,12 +557,7 @@ mod tests {
             exact_scope: 30,
             ..IndexConfig::default()
         });
-        for i in 0..30 {
-            t.upsert(
-                &format!("a/users/u/memories/c/n{i}"),
-                &format!("note {i} about widget{i}"),
-            );
-        }
+        t.notes(0..30);
         let ai = t.ix.account("a").unwrap();
         {
             let st = rlock(&ai.st);
@@ -578,12 +578,7 @@ mod tests {
         assert_eq!(rlock(&ai.st).dead.len(), 0);
         assert!(!t.hits("widget21").iter().any(|p| p.ends_with("/c/n21")));
         // Past the exact size: the graph holds every live vector.
-        for i in 30..40 {
-            t.upsert(
-                &format!("a/users/u/memories/c/n{i}"),
-                &format!("note {i} about widget{i}"),
-            );
-        }
+        t.notes(30..40);
         let st = rlock(&ai.st);
         assert!(st.graphed);
         assert_eq!(st.vecs.len(), 35);
@@ -595,12 +590,7 @@ mod tests {
     #[test]
     fn follows_events_and_survives_rebuild_and_reload() {
         let mut t = T::with(graphed());
-        for i in 0..40 {
-            t.upsert(
-                &format!("a/users/u/memories/c/n{i}"),
-                &format!("note {i} about widget{i}"),
-            );
-        }
+        t.notes(0..40);
         assert_eq!(t.hits("widget7")[0], "accounts/a/users/u/memories/c/n7");
         // Update, move, delete.
         t.upsert("a/users/u/memories/c/n7", "now about gadgets");

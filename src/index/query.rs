@@ -383,7 +383,7 @@ impl Scale {
 /// node one channel did not return counts 0 there. Rank fusion (RRF)
 /// ignores how far apart scores are, so a node both channels list low
 /// beat a node one channel is sure of; the scores keep that distance
-/// (BENCHMARKS: SciFact nDCG@10 0.720 -> 0.731, conversational recall@10
+/// (BENCHMARKS: SciFact nDCG@10 0.720 -> 0.735, conversational recall@10
 /// 0.70 -> 0.88).
 fn fuse(wv: f32, v: Option<f32>, l: Option<f32>) -> f32 {
     (wv * v.unwrap_or(0.0) + l.unwrap_or(0.0)) / (wv + 1.0)
