@@ -2,6 +2,7 @@
 //! mount without one.
 
 use crate::harness::*;
+use std::process::Command;
 
 const N1: &str = "acme/users/alice/memories/events/e1";
 
@@ -124,4 +125,125 @@ fn without_config_only_the_mounting_uid_has_access() {
         "Permission denied",
     );
     assert_eq!(m.ok(WRITER, "ls $M/accounts"), "");
+}
+
+/// Every path under `root` (root itself included), as root sees it.
+fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        if out[i].is_dir() {
+            let mut kids: Vec<_> = std::fs::read_dir(&out[i])
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            kids.sort();
+            out.extend(kids);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// What the daemon and the offline commands leave on disk is the owner's
+/// alone, whatever the umask they were started with: a local uid in no
+/// account reads no byte of the data dir or of an export, after a commit, a
+/// search and an export (SEMANTICS "At rest").
+#[test]
+fn data_at_rest_is_owner_only_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    const UMASK0: &[&str] = &["/bin/sh", "-c", "umask 0; exec \"$0\" \"$@\""];
+    let mut m = Mount::with_prefix(Some(CONFIG), &[], &[], UMASK0);
+    m.ok(
+        WRITER,
+        &four_steps(N1, "the vault code is zebra4711", ACTIVE),
+    );
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let hits = m.ok(READER, "cat \"$M/accounts/acme/.search/vault code\"");
+    assert!(hits.contains("events/e1"), "{hits}");
+    m.umount();
+    let export = m.dir.path().join("export");
+    let out = Command::new("/bin/sh")
+        .args(["-c", "umask 0; exec \"$0\" \"$@\"", BIN, "export", "--data"])
+        .arg(&m.data)
+        .arg(&export)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files = 0;
+    for p in walk(&m.data).into_iter().chain(walk(&export)) {
+        let md = std::fs::symlink_metadata(&p).unwrap();
+        let mode = md.permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{} is mode {mode:o}", p.display());
+        if md.is_file() {
+            files += 1;
+            // The stranger can neither open it nor, through its directory, see it.
+            m.fails(4242, &format!("cat '{}'", p.display()), "Permission denied");
+        }
+    }
+    assert!(files >= 4, "store, log, lock and an exported file: {files}");
+    let o = m.sh(
+        4242,
+        &format!(
+            "grep -r zebra4711 '{}' '{}'",
+            m.data.display(),
+            export.display()
+        ),
+    );
+    assert!(o.stdout.is_empty() && !o.status.success(), "{o:?}");
+    // As root, the words are there: the test can see what it guards.
+    let o = m.sh(0, &format!("grep -rl zebra4711 '{}'", export.display()));
+    assert!(!o.stdout.is_empty(), "{o:?}");
+}
+
+/// A data dir that holds data and that group or others may read is refused
+/// at mount with the `chmod` that fixes it; an empty one made by `mkdir` is
+/// taken and set 0700, as initdb does.
+#[test]
+fn a_data_dir_others_may_read_is_refused_with_the_fix() {
+    let mut m = Mount::new();
+    m.umount();
+    chmod(&m.data, 0o755);
+    let out = Command::new(BIN)
+        .arg("mount")
+        .arg(&m.mnt)
+        .arg("--data")
+        .arg(&m.data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted a 0755 data dir: {err}");
+    assert!(
+        err.contains(&format!("chmod 0700 {}", m.data.display())),
+        "{err}"
+    );
+    let fsck = ctxfs(&["fsck", "--data", m.data.to_str().unwrap()]);
+    assert!(!fsck.status.success(), "offline commands refuse it too");
+    chmod(&m.data, 0o700);
+    m.mount();
+    m.umount();
+    // An empty directory someone made with the default umask.
+    let fresh = m.dir.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    chmod(&fresh, 0o755);
+    let mnt = m.mnt.to_str().unwrap();
+    let out = ctxfs(&["mount", mnt, "--data", fresh.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    let out = ctxfs(&["umount", mnt]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mode, 0o700);
 }

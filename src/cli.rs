@@ -341,6 +341,15 @@ pub fn run() -> i32 {
         }
     };
     let cli = Cli::parse_from(args);
+    // Everything at rest is the owner's alone, whatever the caller's umask
+    // (SEMANTICS "At rest"). The fronts write through the mount and the
+    // generators to stdout: they keep the caller's umask.
+    if !matches!(
+        cli.cmd,
+        Cmd::Completions { .. } | Cmd::Man | Cmd::Mcp { .. } | Cmd::Memtool { .. }
+    ) {
+        crate::data::owner_only_umask();
+    }
     let (writer, to_file) = crate::daemon::log_writer();
     tracing_subscriber::fmt()
         .with_env_filter(

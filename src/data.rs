@@ -64,11 +64,69 @@ pub fn open_index(
         .map_err(anyhow::Error::from)
 }
 
+/// Files and directories this process creates are its owner's alone
+/// (`0600`/`0700`), whatever the umask it was started with.
+pub fn owner_only_umask() {
+    // SAFETY: umask(2) only sets the process's file mode creation mask.
+    unsafe { libc::umask(0o077) };
+}
+
+/// The data dir, owner-only, as PostgreSQL treats its own: created `0700`;
+/// an existing empty one is taken and set `0700` (as initdb does); one that
+/// holds anything and that group or others may reach, or that another uid
+/// owns, is refused with the command that fixes it.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let md = match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| anyhow::anyhow!("cannot create data dir {}: {e}", dir.display()));
+        }
+        r => r.map_err(|e| anyhow::anyhow!("data dir {} is not usable: {e}", dir.display()))?,
+    };
+    if !md.is_dir() {
+        bail!("data dir {} is not a directory", dir.display());
+    }
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    if md.uid() != me {
+        bail!(
+            "data dir {} is owned by uid {}, not by uid {me} that runs ctxfs; \
+             fix it with: chown -R {me} {}",
+            dir.display(),
+            md.uid(),
+            dir.display()
+        );
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let empty = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("data dir {} is not readable: {e}", dir.display()))?
+        .next()
+        .is_none();
+    if empty {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| anyhow::anyhow!("cannot chmod data dir {}: {e}", dir.display()))?;
+        return Ok(());
+    }
+    bail!(
+        "data dir {} has group or other access (mode {mode:04o}): every local user could \
+         read its tenants' memories; fix it with: chmod 0700 {}",
+        dir.display(),
+        dir.display()
+    )
+}
+
 /// Exclusive hold of a data dir, released when the process ends (even by SIGKILL).
 pub struct DataLock(#[allow(dead_code)] File);
 
 pub fn lock_data_dir(data: &Path) -> Result<DataLock> {
-    std::fs::create_dir_all(data)?;
+    private_dir(data)?;
     let path = data.join(LOCK_FILE);
     let mut f = OpenOptions::new()
         .create(true)

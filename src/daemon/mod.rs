@@ -65,8 +65,7 @@ fn precheck(o: &MountOpts) -> Result<Settings> {
         o.embedder.as_ref(),
         o.model_dir.as_ref(),
     )?;
-    std::fs::create_dir_all(&o.data)
-        .map_err(|e| anyhow!("cannot create data dir {}: {e}", o.data.display()))?;
+    crate::data::private_dir(&o.data)?;
     Ok(s)
 }
 
