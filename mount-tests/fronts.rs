@@ -268,6 +268,46 @@ fn mcp_sessions_of_writer_reader_and_stranger_match_the_mount() {
     for (i, step) in s.iter().enumerate() {
         assert_eq!(step["structured"]["errno"], "EACCES", "step {i}: {step}");
     }
+    // Without a scope, search covers every account the caller may read
+    // (it failed with ENOENT on `.search/` above the accounts), and says
+    // plainly when there is none.
+    let s = session(
+        &m,
+        STRANGER,
+        None,
+        json!([tool("search", json!({"query": "sencha"}))]),
+    );
+    assert_eq!(s[0]["structured"]["accounts"], json!(["accounts/other"]));
+    assert_eq!(s[0]["structured"]["results"], json!([]), "{}", s[0]);
+    let s = session(
+        &m,
+        4242,
+        None,
+        json!([tool("search", json!({"query": "sencha"}))]),
+    );
+    assert_eq!(s[0]["error"], true, "{}", s[0]);
+    assert!(
+        s[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("may read no account"),
+        "{}",
+        s[0]
+    );
+    let r = session(
+        &m,
+        READER,
+        None,
+        json!([tool("search", json!({"query": "sencha morning", "k": 1}))]),
+    );
+    assert_eq!(r[0]["error"], false, "{}", r[0]);
+    let found = &r[0]["structured"];
+    assert_eq!(found["scope"], "accounts", "{found}");
+    assert_eq!(
+        found["results"][0]["uri"], "ctx://acme/users/alice/memories/prefs/tea",
+        "{found}"
+    );
+    assert_eq!(found["results"].as_array().unwrap().len(), 1);
     m.umount_and_fsck();
 }
 

@@ -593,3 +593,107 @@ fn a_silent_llm_is_named_at_mount() {
         "mount said: {err}"
     );
 }
+
+/// What was said stays findable where the model kept nothing of it: every
+/// message of a stored conversation is searchable (its conversation and
+/// number in PATH, role and time in the abstract), redacted as a commit
+/// is; a memory ranks above the message it came from; the messages go with
+/// the conversation and with an administrative delete; readers find them,
+/// strangers do not (SEMANTICS "Conversations in search").
+#[test]
+fn every_message_is_searchable_beside_the_memories() {
+    // The model keeps the tea and misses the dog.
+    let (_server, mut m) = canned_mount(serde_json::json!([{"content": ONE_MEMORY}]), |c| c);
+    let conv = r#"[{"role":"user","content":"I like green tea.","ts":"2026-03-04T10:00:00Z"},
+      {"role":"assistant","content":"Noted."},
+      {"role":"user","content":"My dog Biscuit is a golden retriever. My api_key: sk-abcdefghijklmnopqrstuvwx","ts":"2026-03-04T10:01:00Z"}]"#;
+    let s = ingest(&m, "c1", conv, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let dog = search(&m, READER, "users/priya", "golden retriever dog");
+    let first = dog.lines().next().unwrap_or("");
+    let cols: Vec<&str> = first.split('\t').collect();
+    assert_eq!(
+        cols.get(2).copied(),
+        Some("accounts/acme/users/priya/inbox/c1.json#2"),
+        "{dog}"
+    );
+    assert_eq!(
+        cols.get(3).copied(),
+        Some("ctx://acme/users/priya/inbox/c1.json#2")
+    );
+    assert!(
+        cols[4].starts_with("#2 user 2026-03-04T10:01:00Z: My dog Biscuit"),
+        "{dog}"
+    );
+    assert!(!dog.contains("sk-abcdefghij"), "redacted: {dog}");
+    assert!(dog.contains("[REDACTED]"), "{dog}");
+    let json = m.json(
+        READER,
+        "cat \"$M/accounts/acme/users/priya/.search/golden retriever?format=json\"",
+    );
+    let r0 = &json["results"][0];
+    assert_eq!(
+        r0["conversation"],
+        "accounts/acme/users/priya/inbox/c1.json"
+    );
+    assert_eq!(r0["message"], 2);
+    assert_eq!(r0["level"], 3);
+    // The memory made of message 0 ranks above message 0.
+    let tea = search(&m, WRITER, "users/priya", "green tea");
+    let paths: Vec<&str> = tea.lines().map(|l| l.split('\t').nth(2).unwrap()).collect();
+    let node = paths
+        .iter()
+        .position(|p| p.ends_with("memories/preferences/tea"));
+    let msg = paths.iter().position(|p| p.ends_with("c1.json#0"));
+    assert!(
+        node.is_some() && msg.is_some() && node < msg,
+        "memory above its message: {tea}"
+    );
+    // Searches inside memories/ hold memories only; strangers get nothing.
+    assert!(!search(&m, WRITER, "users/priya/memories", "golden retriever").contains("inbox"));
+    m.fails(
+        STRANGER,
+        "cat \"$M/accounts/acme/users/priya/.search/golden retriever\"",
+        "Permission denied",
+    );
+    // The assistant's words are searchable too.
+    assert!(search(&m, WRITER, "users", "Noted").contains("c1.json#1"));
+
+    // Removing the conversation forgets its messages.
+    m.ok(WRITER, &format!("rm \"$M/{INBOX}/c1.json\""));
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    assert!(!search(&m, WRITER, "users/priya", "golden retriever dog").contains("inbox"));
+
+    // So does an administrative delete of the user, offline.
+    // The same bytes again, once the first is gone, are no duplicate.
+    let s = ingest(&m, "c2", conv, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    assert!(s["duplicate_of"].is_null(), "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    assert!(search(&m, WRITER, "users", "golden retriever dog").contains("c2.json#2"));
+    m.umount();
+    let out = ctxfs(&[
+        "delete",
+        "--data",
+        m.data.to_str().unwrap(),
+        "--account",
+        "acme",
+        "--user",
+        "priya",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.mount();
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    let after = search(&m, WRITER, "", "golden retriever dog");
+    assert!(!after.contains("inbox"), "{after}");
+}
+
+fn search(m: &Mount, uid: u32, dir: &str, q: &str) -> String {
+    m.ok(uid, &format!("cat \"$M/accounts/acme/{dir}/.search/{q}\""))
+}

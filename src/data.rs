@@ -60,6 +60,7 @@ pub fn open_index(
     let (emb, note) = crate::index::choose_embedder(sec, data).map_err(|e| anyhow!("{e}"))?;
     tracing::info!(model = emb.id(), "{note}");
     cfg.ann = crate::index::ann_params(sec, emb.kind());
+    cfg.redaction = s.redaction.clone();
     crate::index::Index::new(store.clone(), &data.join("index"), emb, note, cfg)
         .map_err(anyhow::Error::from)
 }

@@ -98,6 +98,12 @@ impl Fs {
             }
         }
         for path in scratch {
+            // A stored conversation's messages leave the index with it.
+            if super::inbox::is_conversation_path(&path) {
+                if let Some(conv) = self.stored_conversation(&path)? {
+                    ops.extend(self.message_event_ops(&path, &conv, true)?);
+                }
+            }
             ops.push(Op::DelScratch { path });
             done.scratch_entries += 1;
         }

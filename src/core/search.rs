@@ -197,20 +197,23 @@ impl Fs {
         let qn = parse_query_name(name)?;
         self.check_search_rate(Self::account_of(dir))?;
         let ix = self.indexer()?;
+        // One more than asked, to say whether more results exist.
         let q = Query {
             text: qn.text.clone(),
-            k: qn.k,
+            k: qn.k + 1,
             mode: qn.mode,
             expand: qn.expand,
         };
         let t = std::time::Instant::now();
         let Answer {
-            judged,
+            mut judged,
             tried,
             answered_by,
             answerable,
             first_search_us: search_us,
         } = ix.answer(dir, &q, &|node| !self.expired(node))?;
+        let more = judged.len() > qn.k;
+        judged.truncate(qn.k);
         let tried: Vec<Value> = tried
             .iter()
             .map(|t| json!({"query": t.query, "results": t.results, "best": t.best.map(|b| b.as_str())}))
@@ -230,6 +233,7 @@ impl Fs {
                 "signal": if answerable { "ANSWERABLE" } else { "NOT_ANSWERABLE" },
                 "scope": format!("accounts/{dir}"),
                 "k": qn.k,
+                "more": more,
                 "mode": mode,
                 "model": ix.embedder().id(),
                 "took_us": {"total": total_us, "first_search": search_us,
@@ -242,6 +246,10 @@ impl Fs {
                     o["hits"] = j.hits.into();
                     o["coverage"] = json!((j.coverage * 100.0).round() / 100.0);
                     o["snippet"] = j.snippet.clone().into();
+                    if let Some((conv, m)) = crate::schema::event::message_of(&j.hit.path) {
+                        o["conversation"] = conv.into();
+                        o["message"] = m.into();
+                    }
                     o
                 }).collect::<Vec<_>>(),
             });

@@ -90,6 +90,53 @@ fn name_field(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<
     }
 }
 
+/// The search index's events for a conversation's messages, one per
+/// non-empty message: (message number, change). `redact` is the account's
+/// redaction, so no secret it catches reaches the index or an embedder.
+pub fn message_changes(
+    conv: &Conversation,
+    redact: &dyn Fn(&str) -> String,
+) -> Vec<(usize, crate::schema::event::Change)> {
+    conv.messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !m.content.trim().is_empty())
+        .map(|(i, m)| {
+            let ts = match &m.ts {
+                Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_string()),
+                Some(Value::Number(n)) => Some(n.to_string()),
+                _ => None,
+            };
+            let change = crate::schema::event::Change::UpsertMessage {
+                message: i as u32,
+                role: m.role.clone(),
+                ts,
+                text: redact(&m.content),
+            };
+            (i, change)
+        })
+        .collect()
+}
+
+/// How a message shows in search results (its abstract there): number,
+/// role and time, then the start of its text, on one line.
+pub fn message_label(i: u32, role: &str, ts: Option<&str>, text: &str) -> String {
+    let head = match ts {
+        Some(t) => format!("#{i} {role} {t}: "),
+        None => format!("#{i} {role}: "),
+    };
+    let body: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let room = 160usize.saturating_sub(head.chars().count()).max(40);
+    let mut out = head;
+    if body.chars().count() > room {
+        out.extend(body.chars().take(room - 1));
+        out.push('…');
+    } else {
+        out.push_str(&body);
+    }
+    out
+}
+
 /// Parse a conversation file: `NAME.json` holds `{"messages": [...],
 /// "agent"?, "session"?}` (or a bare array of messages); `NAME.jsonl` one
 /// message per line (a line may also carry `agent` / `session`).
@@ -293,6 +340,35 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_become_redacted_labelled_index_events() {
+        let c = parse(
+            "c.json",
+            br#"[{"role":"user","content":"my key sk-1","ts":"2026-03-04"},
+                 {"role":"assistant","content":"  "},
+                 {"role":"assistant","content":"ok","ts":1700000000}]"#,
+        )
+        .unwrap();
+        let ch = message_changes(&c, &|t: &str| t.replace("sk-1", "[REDACTED]"));
+        assert_eq!(ch.len(), 2, "the blank message is left out");
+        assert_eq!(ch[1].0, 2, "numbers are the conversation's");
+        let crate::schema::event::Change::UpsertMessage { text, ts, .. } = &ch[0].1 else {
+            panic!("{:?}", ch[0].1)
+        };
+        assert_eq!(
+            (text.as_str(), ts.as_deref()),
+            ("my key [REDACTED]", Some("2026-03-04"))
+        );
+        assert_eq!(
+            message_label(0, "user", Some("2026-03-04"), "a\n  b"),
+            "#0 user 2026-03-04: a b"
+        );
+        let long = message_label(7, "assistant", None, &"word ".repeat(100));
+        assert!(long.starts_with("#7 assistant: word"));
+        assert_eq!(long.chars().count(), 160);
+        assert!(long.ends_with('…'));
+    }
     use serde_json::json;
 
     #[test]

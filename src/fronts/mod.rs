@@ -199,11 +199,56 @@ impl Front {
         if q.is_empty() {
             return Err(FrontError::invalid("the query is empty"));
         }
-        let name = format!("{q}?k={}&format=json", k.clamp(1, 100));
-        let rel = format!("{}{SEARCH_DIR}/{name}", slash(&dir));
-        let text = self.read_text(&rel)?;
-        serde_json::from_str(&text)
-            .map_err(|e| FrontError::invalid(format!("search answered with no JSON: {e}")))
+        let k = k.clamp(1, 100);
+        let name = format!("{q}?k={k}&format=json");
+        let one = |dir: &str| -> FrontResult<Value> {
+            let rel = format!("{}{SEARCH_DIR}/{name}", slash(dir));
+            let text = self.read_text(&rel)?;
+            serde_json::from_str(&text)
+                .map_err(|e| FrontError::invalid(format!("search answered with no JSON: {e}")))
+        };
+        if !(dir.is_empty() || dir == "accounts") {
+            return one(&dir);
+        }
+        // Above the accounts (no scope): every account the caller may read,
+        // merged by score.
+        let mut accounts: Vec<String> = std::fs::read_dir(self.abs("accounts"))
+            .map_err(|e| FrontError::io("listing accounts", &e, None))?
+            .filter_map(|e| e.ok())
+            .map(|e| format!("accounts/{}", e.file_name().to_string_lossy()))
+            .collect();
+        accounts.sort();
+        if accounts.is_empty() {
+            return Err(FrontError::invalid(
+                "this uid may read no account: there is nothing to search \
+                 (give a scope such as accounts/A/users/U, as a uid listed in the config)",
+            ));
+        }
+        let mut out = Value::Null;
+        let mut results: Vec<Value> = Vec::new();
+        for a in &accounts {
+            let mut v = one(a)?;
+            if let Some(Value::Array(r)) = v.get_mut("results").map(Value::take) {
+                results.extend(r);
+            }
+            if out.is_null() {
+                out = v;
+            }
+        }
+        results.sort_by(|a, b| {
+            let s = |v: &Value| v["score"].as_f64().unwrap_or(0.0);
+            s(b).total_cmp(&s(a))
+        });
+        let more = results.len() > k || out["more"].as_bool().unwrap_or(false);
+        results.truncate(k);
+        for (i, r) in results.iter_mut().enumerate() {
+            r["rank"] = (i + 1).into();
+        }
+        out["scope"] = "accounts".into();
+        out["accounts"] = json!(accounts);
+        out["more"] = more.into();
+        out["results"] = Value::Array(results);
+        Ok(out)
     }
 
     /// A node's abstract, overview or content (optionally lines FROM..=TO of

@@ -10,6 +10,9 @@ pub(super) enum Work {
     Upsert {
         path: String,
         texts: Vec<(u8, String)>,
+        /// The document's abstract when it is not its L0 (a conversation's
+        /// message: number, role, time and text); not embedded.
+        label: Option<String>,
     },
     Relations {
         path: String,
@@ -38,23 +41,7 @@ pub(super) fn parse_event(ev: &StoredEvent) -> Option<Pending> {
     let event = OutboxEvent::decode(&ev.json).ok()?;
     let path = event.node()?.to_string();
     let account = path.split('/').next()?.to_string();
-    let work = match &event.change {
-        event::Change::UpsertContext { records } => Work::Upsert {
-            path: path.clone(),
-            texts: records.iter().map(|r| (r.level, r.text.clone())).collect(),
-        },
-        event::Change::UpsertRelation { edges } => Work::Relations {
-            path: path.clone(),
-            edges: edges_of(edges),
-        },
-        event::Change::ArchiveContext {} | event::Change::DeleteContext {} => {
-            Work::Remove { path: path.clone() }
-        }
-        event::Change::MoveContext { new_uri } => Work::Move {
-            from: path.clone(),
-            to: place::node_of_uri(new_uri)?.to_string(),
-        },
-    };
+    let work = work_of(&path, &event.change)?;
     // The store files an event under the node's path after the change (a
     // move's under its destination).
     let path = match &work {
@@ -67,6 +54,44 @@ pub(super) fn parse_event(ev: &StoredEvent) -> Option<Pending> {
         path,
         account,
         work,
+    })
+}
+
+/// The indexing work of a change to the document at `path`.
+pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
+    let path = path.to_string();
+    Some(match change {
+        event::Change::UpsertContext { records } => Work::Upsert {
+            path: path.clone(),
+            texts: records.iter().map(|r| (r.level, r.text.clone())).collect(),
+            label: None,
+        },
+        event::Change::UpsertMessage {
+            message,
+            role,
+            ts,
+            text,
+        } => Work::Upsert {
+            path: path.clone(),
+            texts: vec![(2, text.clone())],
+            label: Some(crate::extract::message_label(
+                *message,
+                role,
+                ts.as_deref(),
+                text,
+            )),
+        },
+        event::Change::UpsertRelation { edges } => Work::Relations {
+            path: path.clone(),
+            edges: edges_of(edges),
+        },
+        event::Change::ArchiveContext {} | event::Change::DeleteContext {} => {
+            Work::Remove { path: path.clone() }
+        }
+        event::Change::MoveContext { new_uri } => Work::Move {
+            from: path.clone(),
+            to: place::node_of_uri(new_uri)?.to_string(),
+        },
     })
 }
 
@@ -464,7 +489,7 @@ impl Index {
             }
         };
         Ok(match &p.work {
-            Work::Upsert { path, texts } => {
+            Work::Upsert { path, texts, label } => {
                 let old = cur_doc(path);
                 let next = label_hw
                     .entry(ai.name.clone())
@@ -481,6 +506,9 @@ impl Index {
                     if *level == 0 {
                         doc.abstract_ = text::one_line(t);
                     }
+                }
+                if let Some(l) = label {
+                    doc.abstract_ = l.clone();
                 }
                 if doc.abstract_.is_empty() {
                     let c = texts.iter().find(|t| t.0 == 2).map(|t| t.1.as_str());

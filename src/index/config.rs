@@ -31,6 +31,9 @@ pub struct IndexConfig {
     /// Scopes of at most this many records are searched exactly, and an
     /// account this small has no graph.
     pub exact_scope: usize,
+    /// The accounts' redaction, for conversation messages indexed from the
+    /// store (a reindex): the same as when they were stored.
+    pub redaction: crate::config::RedactionPolicy,
 }
 
 impl Default for IndexConfig {
@@ -44,6 +47,7 @@ impl Default for IndexConfig {
             vector_weight: None,
             embed_tokens_per_day: HashMap::new(),
             exact_scope: super::EXACT_SCOPE,
+            redaction: Default::default(),
         }
     }
 }
@@ -118,6 +122,7 @@ impl IndexConfig {
                 .map(Duration::from_secs)
                 .unwrap_or(d.sync_timeout),
             dump_after: d.dump_after,
+            redaction: d.redaction.clone(),
             vector_weight: sec.vector_weight,
             embed_tokens_per_day: HashMap::new(),
             exact_scope: d.exact_scope,

@@ -58,6 +58,11 @@ const EMBED_BATCH: usize = 32;
 pub(crate) const EXACT_SCOPE: usize = 20_000;
 /// Most results a query may ask for.
 pub const MAX_K: usize = 1000;
+/// A conversation's message scores this share of its fused score, so a
+/// memory holding the same words ranks above the message it came from.
+pub const MESSAGE_WEIGHT: f32 = 0.8;
+/// The `level` of a search hit that is a conversation's message.
+pub const MESSAGE_LEVEL: u8 = 3;
 /// Account indexes held in memory at most (least recently used first out).
 pub const MAX_LOADED_ACCOUNTS: usize = 256;
 

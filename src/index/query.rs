@@ -226,9 +226,14 @@ impl Index {
                         h.lexical_score.map(|s| scale_l.unit(s)),
                     ),
                 };
+                if p.contains('#') {
+                    // A conversation's message: below a memory saying the same.
+                    h.score *= MESSAGE_WEIGHT;
+                    h.level = MESSAGE_LEVEL;
+                }
                 if let Some(d) = st.docs.get(&p) {
                     h.abstract_ = d.ix.abstract_.clone();
-                    if h.line == 0 {
+                    if h.line == 0 && h.level != MESSAGE_LEVEL {
                         h.line =
                             d.ix.recs
                                 .iter()
@@ -242,18 +247,22 @@ impl Index {
             .collect();
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
 
-        // Only what is ACTIVE now (the index may lag a delete by a moment).
+        // Only what is ACTIVE now, and messages of conversations still
+        // stored (the index may lag a delete by a moment).
         let mut out: Vec<Hit> = Vec::new();
         for h in hits {
             if out.len() >= k {
                 break;
             }
             let node = &h.path["accounts/".len()..];
-            if self
-                .store
-                .get_node(node)?
-                .is_some_and(|r| r.status == Status::Active)
-            {
+            let live = match event::message_of(node) {
+                Some((conv, _)) => self.store.get_scratch(conv)?.is_some(),
+                None => self
+                    .store
+                    .get_node(node)?
+                    .is_some_and(|r| r.status == Status::Active),
+            };
+            if live {
                 out.push(h);
             }
         }

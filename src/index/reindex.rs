@@ -1,6 +1,7 @@
 //! Reindexing from the committed nodes: after a model change, for nodes
 //! never indexed, for given paths, or everything (`ctxfs reindex`).
 
+use super::batch::work_of;
 use super::*;
 
 /// The L0/L1/L2 texts of a committed node (for reindexing from the store).
@@ -27,6 +28,47 @@ pub fn node_texts(store: &dyn Store, rec: &NodeRec) -> Result<(Texts, Vec<Edge>)
 }
 
 impl Index {
+    /// The index paths (`{conversation}#{i}`) of every message of every
+    /// conversation stored in the users' inboxes.
+    fn message_paths(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for a in self.store.list_dirs("")? {
+            for u in self.store.list_dirs(&format!("{a}/users"))? {
+                let inbox = format!("{a}/users/{u}/{}", crate::core::inbox::INBOX);
+                for (name, _) in self.store.list_scratch(&inbox)? {
+                    if !crate::extract::is_conversation_name(&name) {
+                        continue;
+                    }
+                    let conv = format!("{inbox}/{name}");
+                    for (i, _) in self.message_changes(&conv)? {
+                        out.push(event::message_path(&conv, i));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The index events of the conversation stored at `conv` (none when it
+    /// is gone or unreadable), redacted as when it was stored.
+    fn message_changes(&self, conv: &str) -> Result<Vec<(usize, event::Change)>> {
+        let Some(b) = self.store.get_scratch(conv)? else {
+            return Ok(Vec::new());
+        };
+        let rec = crate::store::ScratchRec::decode(&b)?;
+        let name = conv.rsplit('/').next().unwrap_or("");
+        let Ok(c) = crate::extract::parse(name, &rec.data) else {
+            return Ok(Vec::new());
+        };
+        let account = conv.split('/').next().unwrap_or("");
+        let r = self.cfg.redaction.for_account(account);
+        let redact = |t: &str| match &r {
+            Some(r) => r.redact_text(t).0,
+            None => t.to_string(),
+        };
+        Ok(crate::extract::message_changes(&c, &redact))
+    }
+
     /// Re-embed the documents of accounts whose vectors came from another
     /// model (or of `only`, all of them).
     pub fn reindex_stale_models(&self, only: Option<&str>) -> Result<usize> {
@@ -69,7 +111,12 @@ impl Index {
                     crate::schema::Status::Active,
                 ))?
                 .max(0) as usize;
-            let docs = rlock(&self.account(&a)?.st).docs.len();
+            // Node documents only: conversation messages are documents too.
+            let docs = rlock(&self.account(&a)?.st)
+                .docs
+                .keys()
+                .filter(|p| !p.contains('#'))
+                .count();
             if docs < active {
                 short.insert(a);
             }
@@ -132,12 +179,24 @@ impl Index {
                     account: path.split('/').next().unwrap_or("").to_string(),
                     work,
                 };
+                if let Some((conv, i)) = event::message_of(path) {
+                    let found = self
+                        .message_changes(conv)?
+                        .into_iter()
+                        .find(|(m, _)| *m == i as usize);
+                    match found.and_then(|(_, c)| work_of(path, &c)) {
+                        Some(w) => batch.push(direct(w)),
+                        None => batch.push(direct(Work::Remove { path: path.clone() })),
+                    }
+                    continue;
+                }
                 match self.store.get_node(path)? {
                     Some(rec) if rec.status == Status::Active => {
                         let (texts, edges) = node_texts(&*self.store, &rec)?;
                         batch.push(direct(Work::Upsert {
                             path: path.clone(),
                             texts,
+                            label: None,
                         }));
                         batch.push(direct(Work::Relations {
                             path: path.clone(),
@@ -179,6 +238,7 @@ impl Index {
             }
             Ok(())
         })?;
+        paths.extend(self.message_paths()?);
         paths.sort();
         let n = paths.len();
         self.reindex_paths(paths, progress)?;

@@ -48,6 +48,19 @@ pub enum Change {
     MoveContext {
         new_uri: String,
     },
+    /// A message of a stored conversation (`users/U/inbox/NAME.json`),
+    /// indexed so that what was said is found even where no memory holds
+    /// it. The event's URI is the conversation's with `#MESSAGE`.
+    UpsertMessage {
+        /// Message number in the conversation, from 0.
+        message: u32,
+        role: String,
+        /// The message's `ts` as written, when it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ts: Option<String>,
+        /// The message's text, after the account's redaction.
+        text: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,8 +164,21 @@ impl OutboxEvent {
             Change::ArchiveContext {} => "ARCHIVE_CONTEXT",
             Change::DeleteContext {} => "DELETE_CONTEXT",
             Change::MoveContext { .. } => "MOVE_CONTEXT",
+            Change::UpsertMessage { .. } => "UPSERT_MESSAGE",
         }
     }
+}
+
+/// The index path of message `i` of the conversation stored at `conv`
+/// (`{a}/users/{u}/inbox/NAME.json`): `{conv}#{i}`.
+pub fn message_path(conv: &str, i: usize) -> String {
+    format!("{conv}#{i}")
+}
+
+/// A message's index path → (conversation path, message number).
+pub fn message_of(path: &str) -> Option<(&str, u32)> {
+    let (conv, i) = path.rsplit_once('#')?;
+    Some((conv, i.parse().ok()?))
 }
 
 /// `{seq:016x}`: the event's id and its file name stem.
@@ -197,6 +223,15 @@ mod tests {
         assert_eq!(e.account(), Some("acme"));
         assert_eq!(event_seq("000000000000001a.json"), Some(26));
         assert_eq!(event_seq("1a.json"), None);
+    }
+
+    #[test]
+    fn message_paths_name_the_conversation_and_the_number() {
+        let p = message_path("acme/users/u/inbox/c1.json", 12);
+        assert_eq!(p, "acme/users/u/inbox/c1.json#12");
+        assert_eq!(message_of(&p), Some(("acme/users/u/inbox/c1.json", 12)));
+        assert_eq!(message_of(N), None);
+        assert_eq!(message_of("a/b#x"), None);
     }
 
     #[test]

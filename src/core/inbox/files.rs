@@ -268,7 +268,21 @@ impl Fs {
         };
         let sha = sha256_hex(&bytes);
         let hash_path = format!("{inbox}/{HASHES}/{sha}");
-        let first = self.store.get_scratch(&hash_path)?;
+        // Only a conversation still stored, and not failed or dropped,
+        // makes the same bytes a duplicate (else they are extracted anew).
+        let first = match self.store.get_scratch(&hash_path)? {
+            Some(f) => {
+                let fname = String::from_utf8_lossy(&f).into_owned();
+                let live = self
+                    .conversation_rec(&format!("{inbox}/{fname}"))?
+                    .is_some()
+                    && self
+                        .get_job(inbox, &fname)?
+                        .is_some_and(|j| !matches!(j.state, State::Failed | State::Dropped));
+                live.then_some(f)
+            }
+            None => None,
+        };
         let mut job = Job::new(
             name,
             h.caller,
@@ -294,13 +308,18 @@ impl Fs {
                 job.finished_at = Some(rfc3339_ms(now));
                 job.duplicate_of = Some(String::from_utf8_lossy(&other).into_owned());
             }
-            None => ops.push(Op::PutScratch {
-                path: hash_path,
-                data: name.as_bytes().to_vec(),
-            }),
+            // Its messages become searchable (a duplicate's already are).
+            None => {
+                ops.push(Op::PutScratch {
+                    path: hash_path,
+                    data: name.as_bytes().to_vec(),
+                });
+                ops.extend(self.message_event_ops(&h.path, &conv, false)?);
+            }
         }
         ops.push(Self::job_op(inbox, &job));
         self.store.apply(ops, true)?;
+        self.notify_index();
         drop(_g);
         if let Some(ib) = self.inbox.get() {
             if job.state == State::Queued {
@@ -322,7 +341,11 @@ impl Fs {
         if !stored && job.is_none() {
             return Err(Error::NotFound);
         }
-        let mut ops = vec![Op::DelScratch { path }];
+        let mut ops = match self.stored_conversation(&path)? {
+            Some(conv) => self.message_event_ops(&path, &conv, true)?,
+            None => Vec::new(),
+        };
+        ops.push(Op::DelScratch { path });
         if let Some(j) = job {
             if !j.state.finished() {
                 return Err(Error::Busy(
@@ -333,7 +356,9 @@ impl Fs {
                 path: Self::job_path(inbox, name),
             });
         }
-        self.store.apply(ops, true)
+        self.store.apply(ops, true)?;
+        self.notify_index();
+        Ok(())
     }
 
     /// `accept` or `drop` written to `NAME.review`.

@@ -55,6 +55,12 @@ pub fn is_user(path: &str) -> bool {
     c.len() == 3 && c[1] == "users"
 }
 
+/// Is `path` a conversation stored in an inbox (`{a}/users/{u}/inbox/NAME.json`)?
+pub fn is_conversation_path(path: &str) -> bool {
+    let c = place::split(path);
+    c.len() == 5 && c[1] == "users" && c[3] == INBOX && extract::is_conversation_name(c[4])
+}
+
 /// The parents of every row an inbox keeps (what a delete must empty).
 pub fn stored_dirs(inbox: &str) -> [String; 3] {
     [
@@ -347,6 +353,60 @@ impl Fs {
                 "llm": "not configured: conversations written to users/U/inbox/ are refused (ENOTSUP); add [llm] to the config",
             }),
         }
+    }
+
+    /// The outbox events that index the messages of the conversation
+    /// stored at `path` (`remove`: that forget them), in the transaction
+    /// that stores (or removes) it, so search finds what was said even where
+    /// no memory holds it (SEMANTICS "Conversations in search").
+    pub(in crate::core) fn message_event_ops(
+        &self,
+        path: &str,
+        conv: &Conversation,
+        remove: bool,
+    ) -> Result<Vec<Op>> {
+        use crate::schema::event::{message_path, Change};
+        let account = Self::account_of(path).to_string();
+        let changes: Vec<(usize, Change)> = if remove {
+            (0..conv.messages.len())
+                .map(|i| (i, Change::DeleteContext {}))
+                .collect()
+        } else {
+            let r = self.redaction().for_account(&account);
+            let redact = |t: &str| match &r {
+                Some(r) => r.redact_text(t).0,
+                None => t.to_string(),
+            };
+            extract::message_changes(conv, &redact)
+        };
+        let mut ops = Vec::with_capacity(changes.len() + 1);
+        let mut max_seq = 0;
+        for (i, change) in changes {
+            let seq = self.event_seq()?;
+            max_seq = seq;
+            let doc = message_path(path, i);
+            ops.push(Op::PutEvent {
+                seq,
+                json: self.event(seq, &doc, change),
+                node_path: doc,
+                account: account.clone(),
+            });
+        }
+        if max_seq > 0 {
+            ops.push(Op::HighWater {
+                key: crate::schema::counters::EVENT_ID.into(),
+                value: max_seq,
+            });
+        }
+        Ok(ops)
+    }
+
+    /// The conversation stored at `path`, parsed (`None`: not there).
+    pub(in crate::core) fn stored_conversation(&self, path: &str) -> Result<Option<Conversation>> {
+        let name = path.rsplit('/').next().unwrap_or("");
+        Ok(self
+            .conversation_rec(path)?
+            .and_then(|rec| extract::parse(name, &rec.data).ok()))
     }
 
     // ---- the files ----------------------------------------------------------
