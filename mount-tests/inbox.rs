@@ -291,10 +291,11 @@ fn review_mode_holds_everything_until_accepted() {
     })
     .expect("extraction ends");
     assert_eq!(st(&m)["state"], "review", "{:#}", st(&m));
-    // Nothing reached readers or search.
+    // Nothing reached readers or search (but the conversation's own
+    // messages, which readers may read anyway).
     let found = m.ok(
         1005,
-        "find \"$M/accounts/rev\" -name content.md | wc -l; cat \"$M/accounts/rev/.search/Biscuit golden retriever\" | wc -l",
+        "find \"$M/accounts/rev\" -name content.md | wc -l; cat \"$M/accounts/rev/.search/Biscuit golden retriever\" | grep -vc '/inbox/c1.json#'; true",
     );
     assert_eq!(found.split_whitespace().collect::<Vec<_>>(), ["0", "0"]);
     let review = m.json(1004, &format!("cat \"$M/{inbox}/c1.review\""));
@@ -696,4 +697,75 @@ fn every_message_is_searchable_beside_the_memories() {
 
 fn search(m: &Mount, uid: u32, dir: &str, q: &str) -> String {
     m.ok(uid, &format!("cat \"$M/accounts/acme/{dir}/.search/{q}\""))
+}
+
+/// A memory says only what its sources say. A small model copies its
+/// prompt's worked example into memories ("a chemistry teacher in Leeds",
+/// seen in both profiles of a real two-person dialogue) or gives the user
+/// the other speaker's name: such sentences are dropped with the reason,
+/// and a merge that would replace a true fact with one no message says is
+/// refused, the stored version kept (before: each was committed).
+#[test]
+fn memories_hold_only_what_their_messages_say() {
+    let leak = serde_json::json!({"memories": [
+        {"kind": "profile", "topic": "profile", "text": "The user is Caroline, a counselor. The user is a chemistry teacher in Leeds.", "messages": [0]},
+        {"kind": "entity", "topic": "Miso", "text": "Miso is the user's cat.", "messages": [0]},
+        {"kind": "preference", "topic": "tea", "text": "The user likes green tea.", "messages": [2]},
+    ]});
+    let other = serde_json::json!({"memories": [
+        {"kind": "profile", "topic": "profile", "text": "The user is Mel.", "messages": [1]},
+        {"kind": "preference", "topic": "hiking", "text": "The user enjoys hiking on weekends.", "messages": [0]},
+    ]});
+    let merge = serde_json::json!({"text": "The user is Caroline, a chemistry teacher in Leeds.", "changed": "job counselor -> chemistry teacher"});
+    let replies = serde_json::json!([
+        {"content": leak.to_string()},
+        {"content": other.to_string()},
+        {"content": serde_json::json!({"memories": [
+            {"kind": "profile", "topic": "profile", "text": "The user is Caroline and she enjoys hiking.", "messages": [0]}
+        ]}).to_string()},
+        {"content": merge.to_string()},
+    ]);
+    let (_server, m) = canned_mount(replies, |c| c);
+    let c1 = r#"[{"role":"user","content":"Hi, I'm Caroline and I work as a counselor."},
+      {"role":"assistant","content":"Nice to meet you, Caroline."},
+      {"role":"user","content":"I like green tea."}]"#;
+    let s = ingest(&m, "c1", c1, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    let profile = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/profile/content.md\"",
+    );
+    assert!(profile.contains("Caroline, a counselor"), "{profile}");
+    assert!(!profile.contains("chemistry"), "{profile}");
+    let dropped = s["dropped"].to_string();
+    assert!(dropped.contains("Leeds is in no source"), "{dropped}");
+    assert!(dropped.contains("Miso is the user's cat"), "{dropped}");
+    m.fails(
+        WRITER,
+        "ls \"$M/accounts/acme/users/priya/memories/entities/miso\"",
+        "No such file",
+    );
+    // The other speaker's name is no fact about the user.
+    let c2 = r#"[{"role":"user","content":"I enjoy hiking on weekends."},
+      {"role":"assistant","content":"I'm Mel, I love hiking too!"}]"#;
+    let s = ingest(&m, "c2", c2, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    assert!(
+        s["dropped"].to_string().contains("The user is Mel"),
+        "{s:#}"
+    );
+    assert!(!changes(&s, "profile")
+        .iter()
+        .any(|c| c["action"] == "merged"));
+    // A merge that replaces the job with the example's is refused.
+    let c3 = r#"[{"role":"user","content":"I'm Caroline, and hiking is what I enjoy most."}]"#;
+    let s = ingest(&m, "c3", c3, Duration::from_secs(30));
+    let p = changes(&s, "profile");
+    assert_eq!(p[0]["action"], "skipped", "{s:#}");
+    assert!(
+        p[0]["why"].as_str().unwrap().contains("merge refused"),
+        "{s:#}"
+    );
+    let meta = meta(&m, "users/priya/memories/profile");
+    assert_eq!(meta["version"], 1, "the true version stays: {meta}");
 }

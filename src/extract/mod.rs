@@ -9,6 +9,7 @@
 pub mod llm;
 pub mod policy;
 pub mod prompt;
+pub mod support;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -251,7 +252,15 @@ pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<S
         .ok_or("the model's answer has no \"memories\" array")?;
     let mut out = Vec::new();
     let mut dropped = Vec::new();
-    for (i, m) in list.iter().enumerate() {
+    if list.len() > prompt::MAX_CANDIDATES {
+        dropped.push(format!(
+            "memories {}..{}: at most {} are taken from one conversation",
+            prompt::MAX_CANDIDATES,
+            list.len() - 1,
+            prompt::MAX_CANDIDATES
+        ));
+    }
+    for (i, m) in list.iter().enumerate().take(prompt::MAX_CANDIDATES) {
         let kind = match serde_json::from_value::<Kind>(m["kind"].clone()) {
             Ok(k) => k,
             Err(_) => {
@@ -335,6 +344,48 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
     } else {
         cited
     };
+}
+
+/// The texts a candidate may draw on: its cited messages (a profile only
+/// the user's own: it describes its user, not the other party).
+pub fn source_texts<'a>(c: &Candidate, conv: &'a Conversation) -> Vec<&'a str> {
+    c.messages
+        .iter()
+        .filter_map(|&i| conv.messages.get(i))
+        .filter(|m| c.kind != Kind::Profile || m.role == "user")
+        .map(|m| m.content.as_str())
+        .collect()
+}
+
+/// The candidate with only the sentences its sources support
+/// (`support`): its cited messages (`source_texts`) and `known`, the
+/// version of the node it would merge into (the user's name a profile
+/// holds already). `None` when no sentence is left. Each sentence dropped
+/// is said in `dropped`.
+pub fn faithful(
+    mut c: Candidate,
+    conv: &Conversation,
+    known: Option<&str>,
+    dropped: &mut Vec<String>,
+) -> Option<Candidate> {
+    let mut texts = source_texts(&c, conv);
+    texts.extend(known);
+    let (yes, no) = support::Sources::new(texts).split(&c.text);
+    for (s, why) in &no {
+        dropped.push(format!(
+            "{} sentence {} is not supported by messages {:?}: {why}",
+            c.kind.as_str(),
+            crate::schema::excerpt(s),
+            c.messages
+        ));
+    }
+    if yes.is_empty() {
+        return None;
+    }
+    if !no.is_empty() {
+        c.text = yes.join(" ");
+    }
+    Some(c)
 }
 
 #[cfg(test)]

@@ -272,6 +272,7 @@ fn extract_job(
     for c in &mut cands {
         extract::ground(c, conv);
     }
+
     job.changes.clear();
     let mut placed = Vec::new();
     for c in cands {
@@ -298,6 +299,24 @@ fn extract_job(
         let found = match found {
             Ok(f) => f,
             Err(e) => return Outcome::Retry(e.to_string()),
+        };
+        // Only what its messages (or the node it joins) say reaches a memory.
+        let known = match &found {
+            Existing::Node(_, stored, _) => Some(policy::body(stored)),
+            _ => None,
+        };
+        let (kind, messages) = (c.kind, c.messages.clone());
+        let Some(c) = extract::faithful(c, conv, known, &mut job.dropped) else {
+            job.changes.push(ChangeRec {
+                action: "skipped".into(),
+                kind: kind.as_str().into(),
+                path: t.node.clone(),
+                uri: String::new(),
+                version: None,
+                why: "no sentence of it is supported by the messages it cites (see dropped)".into(),
+                messages,
+            });
+            continue;
         };
         let mut change = ChangeRec {
             action: String::new(),
@@ -356,7 +375,26 @@ fn extract_job(
                         spent.add(u);
                         let text = v["text"].as_str().unwrap_or("").trim().to_string();
                         let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
-                        if text.is_empty() || prompt::same_text(&text, &old) {
+                        // Each sentence of the merged text from the cited
+                        // messages or the version it replaces, or no merge.
+                        let mut src = extract::source_texts(&c, conv);
+                        src.push(&old);
+                        let refused = extract::support::Sources::new(src)
+                            .split(&text)
+                            .1
+                            .into_iter()
+                            .next();
+                        if let Some((s, why)) = refused {
+                            (
+                                None,
+                                "skipped",
+                                format!(
+                                    "merge refused: the model wrote {} ({why}), which neither \
+                                     the messages it cites nor the version it replaces say",
+                                    crate::schema::excerpt(&s)
+                                ),
+                            )
+                        } else if text.is_empty() || prompt::same_text(&text, &old) {
                             (
                                 None,
                                 "skipped",

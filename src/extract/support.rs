@@ -1,0 +1,222 @@
+//! Faithfulness: every sentence a memory gains must be supported by the
+//! words it came from (the messages it cites, or the version a merge
+//! replaces). A small model copies its prompt's worked example ("a
+//! chemistry teacher in Leeds") or the other speaker's facts into a memory;
+//! an agent trusts what it reads, so a sentence no source supports is
+//! dropped, and a merge that would write one is refused.
+//!
+//! The check is lexical, so it is cheap and needs no second model call:
+//! a sentence is supported when every *marked* word of it (a capitalised
+//! word after the sentence's first, or a number) occurs in the sources,
+//! and at least half of its other subject terms (stemmed, stopwords aside,
+//! "user" aside) do.
+
+use std::collections::HashSet;
+
+/// Share of a sentence's subject terms its sources must hold (a third: a
+/// paraphrase keeps its key words, "moved there" may become "new city").
+pub const MIN_TERM_SHARE: f32 = 1.0 / 3.0;
+
+/// Common first words of a memory's sentence, capitalised only by place.
+const SENTENCE_STARTS: &[&str] = &[
+    "the", "a", "an", "she", "he", "they", "her", "his", "their", "this", "that", "these", "those",
+    "it", "its", "there", "when", "after", "before", "during", "on", "in", "at", "every", "each",
+    "both", "to", "for", "from", "since", "while", "also",
+];
+
+/// Words a memory uses for its own frame, never evidence of anything.
+const FRAME: &[&str] = &["user", "assist", "assistant", "memori", "memory"];
+
+/// The sentences of `text`: cut after `.`, `!` or `?` followed by a space
+/// or the end, and at line ends; blank ones and `# title` lines left out.
+pub fn sentences(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut start = 0;
+        let b = line.as_bytes();
+        for i in 0..b.len() {
+            let end = matches!(b[i], b'.' | b'!' | b'?')
+                && (i + 1 == b.len() || b[i + 1] == b' ')
+                // "e.g." and "3.5" stay whole: a cut needs a word before it.
+                && i > 0
+                && b[i - 1].is_ascii_alphanumeric()
+                && !(i >= 2 && b[i - 2] == b'.');
+            if end {
+                let s = line[start..=i].trim();
+                if !s.is_empty() {
+                    out.push(s.to_string());
+                }
+                start = i + 1;
+            }
+        }
+        let s = line[start..].trim();
+        if !s.is_empty() {
+            out.push(s.to_string());
+        }
+    }
+    out
+}
+
+/// What the sources of a memory say, ready to check sentences against.
+pub struct Sources {
+    /// Lower-case alphanumeric words, and every digit run on its own.
+    words: HashSet<String>,
+    /// Stemmed subject terms (as the search index stems them).
+    terms: HashSet<String>,
+}
+
+fn tokens(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+}
+
+/// The digit runs of a token ("3rd" → "3", "2026-05-03" is three tokens).
+fn digits(w: &str) -> Vec<String> {
+    w.split(|c: char| !c.is_ascii_digit())
+        .filter(|d| !d.is_empty())
+        .map(|d| d.trim_start_matches('0').to_string())
+        .collect()
+}
+
+impl Sources {
+    pub fn new<'a>(texts: impl IntoIterator<Item = &'a str>) -> Sources {
+        let mut words = HashSet::new();
+        let mut terms = HashSet::new();
+        for t in texts {
+            for w in tokens(t) {
+                words.insert(w.to_lowercase());
+                words.extend(digits(w));
+            }
+            terms.extend(crate::index::text::terms(t));
+        }
+        Sources { words, terms }
+    }
+
+    /// Why `sentence` is not supported, or `None` when it is.
+    pub fn unsupported(&self, sentence: &str) -> Option<String> {
+        for (i, w) in tokens(sentence).enumerate() {
+            let marked_number = w.chars().any(|c| c.is_ascii_digit());
+            let lower = w.to_lowercase();
+            // A capital marks a name, except on a sentence's first word when
+            // that is a common word ("The", "She", "User").
+            let marked_name = w.chars().next().is_some_and(char::is_uppercase)
+                && (i > 0
+                    || !(crate::index::text::is_stopword(&lower)
+                        || FRAME.contains(&lower.as_str())
+                        || SENTENCE_STARTS.contains(&lower.as_str())));
+            if marked_number {
+                if let Some(d) = digits(w).into_iter().find(|d| !self.words.contains(d)) {
+                    return Some(format!("{d} is in no source"));
+                }
+            } else if marked_name && !self.words.contains(&lower) {
+                // A possessive or plural of a source word is that word.
+                let base = lower.trim_end_matches('s');
+                if !self.words.contains(base) {
+                    return Some(format!("{w} is in no source"));
+                }
+            }
+        }
+        let terms: Vec<String> = crate::index::text::terms(sentence)
+            .into_iter()
+            .filter(|t| t.len() > 1 && !FRAME.contains(&t.as_str()))
+            .collect();
+        if terms.is_empty() {
+            return None;
+        }
+        let held = terms.iter().filter(|t| self.terms.contains(*t)).count();
+        if (held as f32) < MIN_TERM_SHARE * terms.len() as f32 {
+            let missing: Vec<&str> = terms
+                .iter()
+                .filter(|t| !self.terms.contains(*t))
+                .map(String::as_str)
+                .collect();
+            return Some(format!(
+                "{held} of its {} subject words are in its sources (missing: {})",
+                terms.len(),
+                missing.join(", ")
+            ));
+        }
+        None
+    }
+
+    /// The sentences of `text` these sources support, and the others with
+    /// the reason.
+    pub fn split(&self, text: &str) -> (Vec<String>, Vec<(String, String)>) {
+        let mut yes = Vec::new();
+        let mut no = Vec::new();
+        for s in sentences(text) {
+            match self.unsupported(&s) {
+                None => yes.push(s),
+                Some(why) => no.push((s, why)),
+            }
+        }
+        (yes, no)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PRIYA: &str =
+        "Hi! I'm Priya Raman. I work as a data engineer at a logistics startup in Austin.";
+    const PREFS: &str =
+        "I prefer answers with Python examples, and please never use Java in examples.";
+    const DOG: &str = "My dog Biscuit is a golden retriever, he turns 3 next week.";
+
+    #[test]
+    fn sentences_are_cut_after_their_end() {
+        assert_eq!(
+            sentences(
+                "# Profile\n\nThe user is Ann. She likes tea, e.g. sencha 2.5 times a day!\nNo end"
+            ),
+            vec![
+                "The user is Ann.",
+                "She likes tea, e.g. sencha 2.5 times a day!",
+                "No end"
+            ]
+        );
+    }
+
+    #[test]
+    fn paraphrases_of_the_sources_are_supported() {
+        let s = Sources::new([PRIYA, PREFS, DOG]);
+        for ok in [
+            "The user is Priya Raman, a data engineer at a logistics startup in Austin.",
+            "The user prefers Python examples and dislikes Java in examples.",
+            "The user's dog Biscuit is a golden retriever who turns 3 next week.",
+            "Priya's dog is Biscuit.",
+        ] {
+            assert_eq!(s.unsupported(ok), None, "{ok}");
+        }
+    }
+
+    #[test]
+    fn the_prompts_example_and_invented_facts_are_not() {
+        let s = Sources::new([PRIYA, PREFS, DOG]);
+        for (bad, why) in [
+            ("The user is Dana, a chemistry teacher in Leeds.", "Dana"),
+            (
+                "The user is a chemistry teacher who likes opera.",
+                "subject words",
+            ),
+            (
+                "The user's dog Biscuit turns 4 next week.",
+                "4 is in no source",
+            ),
+            ("The user's cat Miso is sick.", "Miso"),
+            ("Miso is the user's cat.", "Miso is in no source"),
+        ] {
+            let why_not = s.unsupported(bad).unwrap_or_default();
+            assert!(why_not.contains(why), "{bad}: {why_not:?}");
+        }
+        let (yes, no) =
+            s.split("The user is Priya Raman. The user is a chemistry teacher in Leeds.");
+        assert_eq!(yes, vec!["The user is Priya Raman."]);
+        assert_eq!(no.len(), 1);
+    }
+}
