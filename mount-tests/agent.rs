@@ -457,3 +457,105 @@ print(c.execute("PRAGMA integrity_check").fetchone()[0], c.execute("SELECT count
         "ok 300"
     );
 }
+
+/// User, agent and category directories show a derived `.abstract.md` (one
+/// line, at most 100 characters) and `.overview.md` built from their
+/// children's committed abstracts (at most 20, newest first): current after
+/// each commit and delete, never naming a draft, read-only, and the
+/// account's alone (CONTRACT §3).
+#[test]
+fn directories_summarise_their_children() {
+    let m = hash_mount(CONFIG);
+    let u = "acme/users/alice";
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{u}/memories/profile"), "Alice", ACTIVE),
+    );
+    for i in 0..22 {
+        m.ok(
+            WRITER,
+            &four_steps(&format!("{u}/memories/prefs/p{i:02}"), "x", ACTIVE),
+        );
+    }
+    m.ok(
+        WRITER,
+        &four_steps("acme/agents/helper/skills/deploy", "steps", ACTIVE),
+    );
+    // A draft: never in a summary.
+    m.ok(
+        WRITER,
+        &format!("mkdir -p $M/accounts/{u}/memories/prefs/draft && echo secret-draft > $M/accounts/{u}/memories/prefs/draft/content.md"),
+    );
+    let cat = format!("$M/accounts/{u}/memories/prefs");
+    let abs = m.ok(READER, &format!("cat {cat}/.abstract.md"));
+    assert!(
+        abs.starts_with(
+            "prefs/: 22 memories; newest: abstract of acme/users/alice/memories/prefs/p21"
+        ),
+        "{abs}"
+    );
+    assert!(abs.trim_end().chars().count() <= 100, "{abs}");
+    let ov = m.ok(READER, &format!("cat {cat}/.overview.md"));
+    assert!(ov.contains("- p21/: abstract of"), "{ov}");
+    assert!(!ov.contains("- p01/"), "20 children at most: {ov}");
+    assert!(ov.contains("… 2 more"), "{ov}");
+    let user = m.ok(READER, &format!("cat $M/accounts/{u}/.abstract.md"));
+    assert!(
+        user.starts_with("alice: 23 memories; abstract of acme/users/alice/memories/profile"),
+        "{user}"
+    );
+    let uov = m.ok(READER, &format!("cat $M/accounts/{u}/.overview.md"));
+    assert!(uov.contains("- memories/profile/: abstract of"), "{uov}");
+    assert!(
+        uov.contains("- memories/prefs/: 22 nodes; newest:"),
+        "{uov}"
+    );
+    let skills = m.ok(
+        READER,
+        "cat $M/accounts/acme/agents/helper/skills/.abstract.md",
+    );
+    assert!(skills.starts_with("skills/: 1 skill; newest:"), "{skills}");
+    assert!(m
+        .ok(READER, "cat $M/accounts/acme/agents/helper/.overview.md")
+        .contains("- skills/: 1 node"));
+    // Listed (ls -a), and no draft text in any of them.
+    let ls = m.ok(WRITER, &format!("ls -a {cat}"));
+    assert!(
+        ls.contains(".abstract.md") && ls.contains(".overview.md"),
+        "{ls}"
+    );
+    let all = m.ok(
+        WRITER,
+        &format!("cat {cat}/.abstract.md {cat}/.overview.md $M/accounts/{u}/.overview.md"),
+    );
+    assert!(!all.contains("draft"), "{all}");
+    // Current after a delete.
+    m.ok(WRITER, &format!("rm -r {cat}/p21"));
+    let abs = m.ok(READER, &format!("cat {cat}/.abstract.md"));
+    assert!(
+        abs.starts_with(
+            "prefs/: 21 memories; newest: abstract of acme/users/alice/memories/prefs/p20"
+        ),
+        "{abs}"
+    );
+    // Read-only; the account's alone.
+    m.fails(READER, &format!("echo x > {cat}/.abstract.md"), "Read-only");
+    m.fails(
+        WRITER,
+        &format!("echo x > {cat}/.overview.md"),
+        "Operation not permitted",
+    );
+    m.fails(
+        STRANGER,
+        &format!("cat {cat}/.abstract.md"),
+        "Permission denied",
+    );
+    // The profile node keeps its own node files.
+    assert_eq!(
+        m.ok(
+            READER,
+            &format!("cat $M/accounts/{u}/memories/profile/.abstract.md")
+        ),
+        format!("abstract of {u}/memories/profile\n")
+    );
+}

@@ -25,6 +25,43 @@ pub fn is_owner_space(path: &str) -> bool {
     c.len() == 3 && (c[1] == "users" || c[1] == "agents")
 }
 
+/// Children a directory summary names at most (seed 002: at most 20
+/// siblings).
+pub const SUMMARY_MAX_CHILDREN: usize = 20;
+/// Characters of a directory's `.abstract.md`, as of a node's L0.
+const SUMMARY_ABSTRACT_CHARS: usize = 100;
+
+/// Is `path` a category directory: `{a}/users/{u}/memories/{c}` (not the
+/// profile node), `{a}/agents/{g}/memories/{c}`, or `{a}/agents/{g}/skills`?
+pub fn is_category(path: &str) -> bool {
+    let c = place::split(path);
+    match c.len() {
+        4 => c[1] == "agents" && c[3] == "skills",
+        5 => {
+            (c[1] == "users" && c[3] == "memories" && c[4] != "profile")
+                || (c[1] == "agents" && c[3] == "memories")
+        }
+        _ => false,
+    }
+}
+
+/// Does `path` show a derived `.abstract.md` and `.overview.md` summarising
+/// its children (CONTRACT §3): user, agent and category directories.
+pub fn is_summarized(path: &str) -> bool {
+    is_owner_space(path) || is_category(path)
+}
+
+/// `text` on one line, at most `max` characters (an ellipsis when cut).
+fn clip(text: &str, max: usize) -> String {
+    let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one.chars().count() <= max {
+        return one;
+    }
+    let mut out: String = one.chars().take(max - 1).collect();
+    out.push('…');
+    out
+}
+
 /// What an owner space holds, as a reader sees it.
 struct Space {
     /// ACTIVE nodes, newest first: (path relative to the space, record).
@@ -144,6 +181,117 @@ impl Fs {
              abstract, confidence, lines, hits); `?k=20` for more, `?format=json` for programs.\n\
              - Help: `MOUNT/.ctxfs/help`.\n",
         );
+        Ok(out.into_bytes())
+    }
+
+    /// A directory's derived `.abstract.md` (`overview` false) or
+    /// `.overview.md`, built at each open from its children's committed
+    /// abstracts (ACTIVE, unexpired), so it is always current and never
+    /// holds text of a draft. A category lists its nodes newest first; a
+    /// user or agent directory lists its categories, each by its own
+    /// abstract, the profile first.
+    pub(super) fn dir_summary(&self, c: Caller, dir: &str, overview: bool) -> Result<Vec<u8>> {
+        self.check_space(c, dir)?;
+        let s = self.space(dir)?;
+        let name = dir.rsplit('/').next().unwrap_or(dir);
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        if is_category(dir) {
+            let what = if name == "skills" { "skill" } else { "memory" };
+            let whats = if name == "skills" {
+                "skills"
+            } else {
+                "memories"
+            };
+            let n = s.active.len();
+            let newest = s.active.first().map(|(_, r)| self.abstract_of(r));
+            if !overview {
+                let head = format!("{name}/: {n} {}", if n == 1 { what } else { whats });
+                let line = match newest {
+                    Some(a) if !a.is_empty() => format!("{head}; newest: {a}"),
+                    _ => head,
+                };
+                return Ok(format!("{}\n", clip(&line, SUMMARY_ABSTRACT_CHARS)).into_bytes());
+            }
+            let mut out = format!(
+                "# {name}/\n\n{n} {}, {} archived; newest first (NAME/: ABSTRACT (vVERSION, UPDATED)).\n\n",
+                if n == 1 { what } else { whats },
+                s.archived
+            );
+            for (rel, rec) in s.active.iter().take(SUMMARY_MAX_CHILDREN) {
+                out.push_str(&format!(
+                    "- {rel}/: {} (v{}, {})\n",
+                    self.abstract_of(rec),
+                    rec.version,
+                    rec.updated_at
+                ));
+            }
+            if n > SUMMARY_MAX_CHILDREN {
+                out.push_str(&format!(
+                    "- … {} more: `ls` lists them, `cat '.search/TOPIC'` finds by topic.\n",
+                    n - SUMMARY_MAX_CHILDREN
+                ));
+            }
+            return Ok(out.into_bytes());
+        }
+        // An owner space: its categories (and the profile), by size.
+        let mut cats: std::collections::BTreeMap<String, Vec<&NodeRec>> = Default::default();
+        let mut profile = None;
+        for (rel, rec) in &s.active {
+            match rel.rfind('/') {
+                _ if rel == "memories/profile" => profile = Some(rec),
+                Some(i) => cats.entry(rel[..i].to_string()).or_default().push(rec),
+                None => {}
+            }
+        }
+        let n = s.active.len();
+        let mut order: Vec<(&String, &Vec<&NodeRec>)> = cats.iter().collect();
+        order.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+        if !overview {
+            let mut line = format!("{name}: {n} memor{}", if n == 1 { "y" } else { "ies" });
+            if let Some(p) = profile {
+                let a = self.abstract_of(p);
+                if !a.is_empty() {
+                    line.push_str(&format!("; {a}"));
+                }
+            }
+            let parts: Vec<String> = order
+                .iter()
+                .map(|(c, v)| format!("{} {}", c.rsplit('/').next().unwrap_or(c), v.len()))
+                .collect();
+            if !parts.is_empty() {
+                line.push_str(&format!(" ({})", parts.join(", ")));
+            }
+            return Ok(format!("{}\n", clip(&line, SUMMARY_ABSTRACT_CHARS)).into_bytes());
+        }
+        let mut out = format!(
+            "# {name}\n\n{n} memor{} in {} categor{}, {} archived.\n\n",
+            if n == 1 { "y" } else { "ies" },
+            cats.len(),
+            if cats.len() == 1 { "y" } else { "ies" },
+            s.archived
+        );
+        if let Some(p) = profile {
+            out.push_str(&format!("- memories/profile/: {}\n", self.abstract_of(p)));
+        }
+        for (cat, recs) in order.iter().take(SUMMARY_MAX_CHILDREN) {
+            // Newest first, as `space` orders them.
+            let newest = recs
+                .first()
+                .map(|r| self.abstract_of(r))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "- {cat}/: {} node{}; newest: {}\n",
+                recs.len(),
+                plural(recs.len()),
+                clip(&newest, SUMMARY_ABSTRACT_CHARS)
+            ));
+        }
+        if cats.len() > SUMMARY_MAX_CHILDREN {
+            out.push_str(&format!(
+                "- … {} more categories: see README.md.\n",
+                cats.len() - SUMMARY_MAX_CHILDREN
+            ));
+        }
         Ok(out.into_bytes())
     }
 

@@ -39,7 +39,9 @@ pub enum Key {
         node: Arc<str>,
         seq: u64,
     },
-    /// A generated file of a user or agent directory (`README.md`, `.header.md`).
+    /// A generated file of a user or agent directory (`README.md`,
+    /// `.header.md`), or the derived summary of a user, agent or category
+    /// directory (`.abstract.md`, `.overview.md`).
     Generated {
         dir: Arc<str>,
         name: &'static str,

@@ -154,10 +154,10 @@ impl Fs {
                 if write {
                     self.gate(c, Self::account_of(dir), true)?;
                 }
-                if *name == names::MAP_FILE {
-                    data(self.memory_map(c, dir)?)
-                } else {
-                    data(self.header(c, Some(dir))?)
+                match *name {
+                    names::MAP_FILE => data(self.memory_map(c, dir)?),
+                    names::HEADER_FILE => data(self.header(c, Some(dir))?),
+                    _ => data(self.dir_summary(c, dir, *name == names::OVERVIEW)?),
                 }
             }
             Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),

@@ -112,14 +112,19 @@ impl Fs {
                         let k = Key::Inbox(arc(&join(path, inbox::INBOX)));
                         entries.push(d(k, inbox::INBOX, Kind::Dir));
                     }
+                    let mut generated: Vec<&'static str> = Vec::new();
                     if agent::is_owner_space(path) {
-                        for name in [names::MAP_FILE, names::HEADER_FILE] {
-                            let k = Key::Generated {
-                                dir: path.clone(),
-                                name,
-                            };
-                            entries.push(d(k, name, Kind::File));
-                        }
+                        generated.extend([names::MAP_FILE, names::HEADER_FILE]);
+                    }
+                    if agent::is_summarized(path) {
+                        generated.extend([names::ABSTRACT, names::OVERVIEW]);
+                    }
+                    for name in generated {
+                        let k = Key::Generated {
+                            dir: path.clone(),
+                            name,
+                        };
+                        entries.push(d(k, name, Kind::File));
                     }
                 }
             }

@@ -329,17 +329,24 @@ impl Fs {
                 Ok(Key::Batch(account.clone()))
             }
             Key::Dir(path)
-                if (name == names::MAP_FILE || name == names::HEADER_FILE)
-                    && agent::is_owner_space(path) =>
+                if ((name == names::MAP_FILE || name == names::HEADER_FILE)
+                    && agent::is_owner_space(path))
+                    || ((name == names::ABSTRACT || name == names::OVERVIEW)
+                        && agent::is_summarized(path)) =>
             {
                 self.gate(c, Self::account_of(path), false)?;
+                let name = [
+                    names::MAP_FILE,
+                    names::HEADER_FILE,
+                    names::ABSTRACT,
+                    names::OVERVIEW,
+                ]
+                .into_iter()
+                .find(|n| *n == name)
+                .unwrap_or(names::MAP_FILE);
                 Ok(Key::Generated {
                     dir: path.clone(),
-                    name: if name == names::MAP_FILE {
-                        names::MAP_FILE
-                    } else {
-                        names::HEADER_FILE
-                    },
+                    name,
                 })
             }
             Key::SearchDir(dir) => {
