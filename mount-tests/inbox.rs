@@ -604,13 +604,26 @@ fn a_silent_llm_is_named_at_mount() {
 #[test]
 fn every_message_is_searchable_beside_the_memories() {
     // The model keeps the tea and misses the dog.
-    let (_server, mut m) = canned_mount(serde_json::json!([{"content": ONE_MEMORY}]), |c| c);
+    let (server, mut m) = canned_mount(serde_json::json!([{"content": ONE_MEMORY}]), |c| c);
     let conv = r#"[{"role":"user","content":"I like green tea.","ts":"2026-03-04T10:00:00Z"},
       {"role":"assistant","content":"Noted."},
-      {"role":"user","content":"My dog Biscuit is a golden retriever. My api_key: sk-abcdefghijklmnopqrstuvwx","ts":"2026-03-04T10:01:00Z"}]"#;
+      {"role":"user","content":"My dog Biscuit is a golden retriever. My api_key: sk-abcdefghijklmnopqrstuvwx","ts":"2026-03-04T10:01:00Z"},
+      {"role":"user","content":"Last Saturday I ran a half marathon.","ts":"2026-03-04T10:02:00Z"}]"#;
     let s = ingest(&m, "c1", conv, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");
     m.ok(WRITER, "cat $M/.ctxfs/sync");
+    // Relative times are resolved against the message's time, for the
+    // model (2026-03-04 is a Wednesday) and in search.
+    let asked = server.requests()[0]["messages"].to_string();
+    assert!(
+        asked.contains("Last Saturday [2026-02-28] I ran"),
+        "{asked}"
+    );
+    let run = search(&m, READER, "users/priya", "half marathon");
+    assert!(
+        run.contains("Last Saturday [2026-02-28] I ran a half marathon"),
+        "{run}"
+    );
     let dog = search(&m, READER, "users/priya", "golden retriever dog");
     let first = dog.lines().next().unwrap_or("");
     let cols: Vec<&str> = first.split('\t').collect();
@@ -669,6 +682,7 @@ fn every_message_is_searchable_beside_the_memories() {
     // So does an administrative delete of the user, offline.
     // The same bytes again, once the first is gone, are no duplicate.
     let s = ingest(&m, "c2", conv, Duration::from_secs(30));
+    drop(server);
     assert_eq!(s["state"], "done", "{s:#}");
     assert!(s["duplicate_of"].is_null(), "{s:#}");
     m.ok(WRITER, "cat $M/.ctxfs/sync");

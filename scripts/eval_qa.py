@@ -273,6 +273,51 @@ def node_body(mnt, path):
 
 MSG = re.compile(r"/inbox/s(\d+)\.json#(\d+)$")
 
+# Words of the extraction prompt's worked examples (src/extract/prompt.rs).
+EXAMPLE_WORDS = {"dana", "chemistry", "leeds", "miso", "tom", "lyon", "paris", "paramedic", "nurse", "vet"}
+
+
+def faithfulness(mnt, u):
+    """(sentences, supported, example leaks, misattributed) over the user's
+    memories. A sentence is supported when every capitalised word after its
+    first and every number in it occurs in the user's conversations, and it
+    does not give the user a fact of the friend (the friend's job or son in a
+    sentence about "the user" that does not name the friend). Independent of
+    the daemon's own check: it reads the whole history, not the cited
+    messages, and knows the generator's facts."""
+    said = set()
+    for msgs in u["sessions"]:
+        for _, text in msgs:
+            said |= {w.lower() for w in re.findall(r"[A-Za-z0-9]+", text)}
+    friend = u["friend"].lower()
+    friend_facts = set()
+    for msgs in u["sessions"]:
+        for role, text in msgs:
+            if role == "assistant":
+                m = re.search(r"working as (a|an) (\w+)|my son (\w+)", text)
+                if m:
+                    friend_facts |= {x.lower() for x in m.groups()[1:] if x}
+    total = ok = leaks = wrong = 0
+    root = os.path.join(mnt, "accounts", "eval", "users", u["id"], "memories")
+    for dirpath, _, files in os.walk(root):
+        if "content.md" not in files:
+            continue
+        text = node_body(mnt, os.path.relpath(dirpath, mnt))
+        for sent in re.split(r"(?<=[.!?])\s+", text):
+            words = re.findall(r"[A-Za-z0-9]+", sent)
+            if not words:
+                continue
+            total += 1
+            low = {w.lower() for w in words}
+            marked = [w.lower() for w in words[1:] if w[0].isupper() or w[0].isdigit()]
+            leak = (low & EXAMPLE_WORDS) - said
+            misattributed = ("user" in low and friend not in low and bool(low & friend_facts))
+            leaks += bool(leak)
+            wrong += misattributed
+            if all(w in said for w in marked) and not leak and not misattributed:
+                ok += 1
+    return total, ok, leaks, wrong
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -331,6 +376,7 @@ def main():
                 f.write("\n".join(lines) + "\n")
         wait_sync(mnt)
         extract_secs = time.time() - t0
+        faith = [faithfulness(mnt, u) for u in users]
 
         rows = ["none", "bm25", "turns", "memories", "mem+conv", "whole"]
         score = defaultdict(list)  # (row, kind) -> [f1]
@@ -406,6 +452,10 @@ def main():
         print(f"\nper conversation: {ext['memories'] / c:.1f} memories created or appended, "
               f"{ext['tokens'] / c:.0f} tokens, extraction p50 {secs[len(secs) // 2]:.1f} s, "
               f"{ext['dropped'] / c:.1f} sentences or memories dropped by the checks")
+        tot, ok, leaks, wrong = (sum(x[i] for x in faith) for i in range(4))
+        print(f"faithfulness: {ok}/{tot} memory sentences supported by the conversations "
+              f"({ok / max(1, tot):.3f}); {leaks} with words of the prompt's examples, "
+              f"{wrong} giving the user the friend's facts")
     finally:
         model.save()
         subprocess.run([args.bin, "umount", mnt])

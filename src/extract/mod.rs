@@ -10,6 +10,7 @@ pub mod llm;
 pub mod policy;
 pub mod prompt;
 pub mod support;
+pub mod when;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -108,11 +109,15 @@ pub fn message_changes(
                 Some(Value::Number(n)) => Some(n.to_string()),
                 _ => None,
             };
+            let text = match m.ts.as_ref().and_then(when::day_of) {
+                Some(day) => when::annotate(&m.content, day),
+                None => m.content.clone(),
+            };
             let change = crate::schema::event::Change::UpsertMessage {
                 message: i as u32,
                 role: m.role.clone(),
                 ts,
-                text: redact(&m.content),
+                text: redact(&text),
             };
             (i, change)
         })

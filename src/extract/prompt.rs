@@ -18,7 +18,8 @@ Kinds:\n\
 - preference: what the user likes, dislikes or wants; topic = the subject (\"coffee\", \"code style\").\n\
 - entity: a named person, pet, project, company or place in the user's life, not the user themselves \
 (the user's own name, job and city are profile); topic = its name.\n\
-- event: something that happened or is planned, with its date if said; topic = a short title.\n\
+- event: something that happened or is planned, with its date if said (a date in brackets, \
+[2026-03-14], is what the relative time before it means: write that date); topic = a short title.\n\
 - case: a problem the assistant solved for the user and how.\n\
 - pattern: a way of working that worked well with this user.\n\
 - skill: a procedure the assistant can repeat, as steps; topic = the procedure's name.\n\

@@ -163,7 +163,12 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
         };
         let data = rec.data;
         let conv = match extract::parse(file, &data) {
-            Ok(c) => c,
+            // Relative times resolved against each message's time: the
+            // model, the checks and the memories see the date meant.
+            Ok(mut c) => {
+                extract::when::annotate_conversation(&mut c);
+                c
+            }
             Err(e) => {
                 job.state = State::Failed;
                 job.error = Some(e);

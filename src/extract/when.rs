@@ -1,0 +1,248 @@
+//! Relative times resolved against the message that says them: "last
+//! Saturday" in a message of 2026-03-19 is followed by "[2026-03-14]", so
+//! the model that extracts memories, the memory it writes, and the search
+//! that finds the message all see the date the speaker meant. A small model
+//! does not do calendar arithmetic; this does it once, deterministically.
+//!
+//! Resolved: today, yesterday, tomorrow, tonight, last night; last / this
+//! past / next WEEKDAY; last / next week, weekend, month, year; N days,
+//! weeks, months or years ago; in N days or weeks. A message without a
+//! time (`ts`) is left as it is.
+
+use jiff::civil::{Date, Weekday};
+use jiff::ToSpan;
+use regex::{Captures, Regex};
+use serde_json::Value;
+use std::sync::OnceLock;
+
+/// The calendar day of a message's `ts`: an RFC 3339 time or a date
+/// (its first ten characters), or seconds since the epoch.
+pub fn day_of(ts: &Value) -> Option<Date> {
+    match ts {
+        Value::String(s) => s.get(..10)?.parse::<Date>().ok(),
+        Value::Number(n) => {
+            let t = jiff::Timestamp::from_second(n.as_i64()?).ok()?;
+            Some(t.to_zoned(jiff::tz::TimeZone::UTC).date())
+        }
+        _ => None,
+    }
+}
+
+fn pattern() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| {
+        let wd = "monday|tuesday|wednesday|thursday|friday|saturday|sunday";
+        let n = r"\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|a couple of|a few";
+        Regex::new(&format!(
+            r"(?i)\b(?:(?P<rel>last|this past|next) (?P<wd>{wd})|(?P<lw>last|next) (?P<unit>week|weekend|month|year)|(?P<n>{n}) (?P<u2>day|week|month|year)s? ago|in (?P<n3>{n}) (?P<u3>day|week)s?|(?P<word>today|yesterday|tomorrow|tonight|last night))\b"
+        ))
+        .expect("the relative-time pattern compiles")
+    })
+}
+
+fn number(s: &str) -> Option<i64> {
+    Some(match s.to_lowercase().as_str() {
+        "a" | "an" | "one" => 1,
+        "two" | "a couple of" => 2,
+        "three" | "a few" => 3,
+        "four" => 4,
+        "five" => 5,
+        "six" => 6,
+        "seven" => 7,
+        "eight" => 8,
+        "nine" => 9,
+        "ten" => 10,
+        "eleven" => 11,
+        "twelve" => 12,
+        d => d.parse().ok()?,
+    })
+}
+
+fn weekday(s: &str) -> Option<Weekday> {
+    Some(match s.to_lowercase().as_str() {
+        "monday" => Weekday::Monday,
+        "tuesday" => Weekday::Tuesday,
+        "wednesday" => Weekday::Wednesday,
+        "thursday" => Weekday::Thursday,
+        "friday" => Weekday::Friday,
+        "saturday" => Weekday::Saturday,
+        "sunday" => Weekday::Sunday,
+        _ => return None,
+    })
+}
+
+/// The Monday of `d`'s week.
+fn monday(d: Date) -> Date {
+    d.checked_sub((d.weekday().to_monday_zero_offset() as i64).days())
+        .unwrap_or(d)
+}
+
+/// What the match means, as a date or a period, against `day`.
+fn resolve(c: &Captures, day: Date) -> Option<String> {
+    let ymd = |d: Date| d.strftime("%Y-%m-%d").to_string();
+    if let (Some(rel), Some(wd)) = (c.name("rel"), c.name("wd")) {
+        let w = weekday(wd.as_str())?;
+        let d = if rel.as_str().eq_ignore_ascii_case("next") {
+            day.nth_weekday(1, w).ok()?
+        } else {
+            day.nth_weekday(-1, w).ok()?
+        };
+        return Some(ymd(d));
+    }
+    if let (Some(lw), Some(unit)) = (c.name("lw"), c.name("unit")) {
+        let sign = if lw.as_str().eq_ignore_ascii_case("next") {
+            1
+        } else {
+            -1
+        };
+        return Some(match unit.as_str().to_lowercase().as_str() {
+            "week" => format!(
+                "week of {}",
+                ymd(monday(day).checked_add((7 * sign).days()).ok()?)
+            ),
+            "weekend" => {
+                let sat = if sign < 0 {
+                    day.nth_weekday(-1, Weekday::Saturday).ok()?
+                } else {
+                    day.nth_weekday(1, Weekday::Saturday).ok()?
+                };
+                format!("weekend of {}", ymd(sat))
+            }
+            "month" => day
+                .first_of_month()
+                .checked_add(sign.months())
+                .ok()?
+                .strftime("%Y-%m")
+                .to_string(),
+            _ => (day.year() as i64 + sign).to_string(),
+        });
+    }
+    if let (Some(n), Some(unit)) = (c.name("n"), c.name("u2")) {
+        let n = number(n.as_str())?;
+        let d = match unit.as_str().to_lowercase().as_str() {
+            "day" => day.checked_sub(n.days()).ok()?,
+            "week" => day.checked_sub((7 * n).days()).ok()?,
+            "month" => {
+                return Some(
+                    day.checked_sub(n.months())
+                        .ok()?
+                        .strftime("%Y-%m")
+                        .to_string(),
+                )
+            }
+            _ => return Some((day.year() as i64 - n).to_string()),
+        };
+        return Some(ymd(d));
+    }
+    if let (Some(n), Some(unit)) = (c.name("n3"), c.name("u3")) {
+        let n = number(n.as_str())?;
+        let days = if unit.as_str().eq_ignore_ascii_case("week") {
+            7 * n
+        } else {
+            n
+        };
+        return Some(ymd(day.checked_add(days.days()).ok()?));
+    }
+    let word = c.name("word")?.as_str().to_lowercase();
+    let d = match word.as_str() {
+        "yesterday" | "last night" => day.yesterday().ok()?,
+        "tomorrow" => day.tomorrow().ok()?,
+        _ => day,
+    };
+    Some(ymd(d))
+}
+
+/// `text` with each relative time followed by what it resolves to against
+/// `day`, in brackets: "last Saturday [2026-03-14]". Text already followed
+/// by a bracket is left alone, so annotating twice changes nothing.
+pub fn annotate(text: &str, day: Date) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut last = 0;
+    for c in pattern().captures_iter(text) {
+        let m = c.get(0).expect("a match has group 0");
+        if text[m.end()..].starts_with(" [") {
+            continue;
+        }
+        if let Some(r) = resolve(&c, day) {
+            out.push_str(&text[last..m.end()]);
+            out.push_str(&format!(" [{r}]"));
+            last = m.end();
+        }
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
+/// Resolve the relative times of every message that has a time.
+pub fn annotate_conversation(conv: &mut super::Conversation) {
+    for m in &mut conv.messages {
+        if let Some(day) = m.ts.as_ref().and_then(day_of) {
+            m.content = annotate(&m.content, day);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn on(text: &str, day: &str) -> String {
+        annotate(text, day.parse().unwrap())
+    }
+
+    #[test]
+    fn relative_times_resolve_against_the_message_day() {
+        // 2026-03-19 is a Thursday.
+        let d = "2026-03-19";
+        assert_eq!(
+            on("guess what, last Saturday I ran my first half marathon!", d),
+            "guess what, last Saturday [2026-03-14] I ran my first half marathon!"
+        );
+        assert_eq!(
+            on("two weeks ago I started pottery classes", d),
+            "two weeks ago [2026-03-05] I started pottery classes"
+        );
+        assert_eq!(
+            on("we moved last month, back next Monday", d),
+            "we moved last month [2026-02], back next Monday [2026-03-23]"
+        );
+        assert_eq!(
+            on("Yesterday was long", d),
+            "Yesterday [2026-03-18] was long"
+        );
+        assert_eq!(
+            on("see you next week", d),
+            "see you next week [week of 2026-03-23]"
+        );
+        assert_eq!(on("3 days ago", d), "3 days ago [2026-03-16]");
+        assert_eq!(on("in 2 weeks", d), "in 2 weeks [2026-04-02]");
+        assert_eq!(
+            on("last weekend was fun", d),
+            "last weekend [weekend of 2026-03-14] was fun"
+        );
+        assert_eq!(on("a year ago", d), "a year ago [2025]");
+        // No relative time, or one resolved already: unchanged.
+        assert_eq!(on("I like tea on Saturdays", d), "I like tea on Saturdays");
+        let once = on("last Friday", d);
+        assert_eq!(annotate(&once, "2026-03-19".parse().unwrap()), once);
+    }
+
+    #[test]
+    fn message_times_in_each_form() {
+        assert_eq!(
+            day_of(&json!("2026-03-19T19:02:00Z")),
+            Some("2026-03-19".parse().unwrap())
+        );
+        assert_eq!(
+            day_of(&json!("2026-03-19")),
+            Some("2026-03-19".parse().unwrap())
+        );
+        assert_eq!(
+            day_of(&json!(1773946920)),
+            Some("2026-03-19".parse().unwrap())
+        );
+        assert_eq!(day_of(&json!("yesterday")), None);
+        assert_eq!(day_of(&json!(null)), None);
+    }
+}
