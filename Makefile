@@ -8,6 +8,7 @@
 #   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount, then eval-conv and eval-inbox
 #   make eval-conv  conversational memory: evidence recall of every chat turn as a node, against BM25
 #   make eval-inbox  memory from conversations: evidence recall, duplicates, tokens, time (real model)
+#   make eval-qa  answers end to end: token F1 of the local model's answers from each memory front
 #   make model  fetch the embedding model into models/
 #   make llm    build llama.cpp's server and fetch a small instruct model (memory extraction tests)
 #   make install  the binary, the mount helper (mount -t fuse.ctxfs, fstab), completions, man page, systemd unit
@@ -22,7 +23,7 @@ MCP_PY ?= /var/tmp/ctxfs-py
 MCP_PY_VERSION := 2.3.0
 DESTDIR ?=
 
-.PHONY: deps model llm build run stop test lint unit mount-test torture bench eval eval-conv eval-inbox tokens agents-doc conformance clean install
+.PHONY: deps model llm build run stop test lint unit mount-test torture bench eval eval-conv eval-inbox eval-qa tokens agents-doc conformance clean install
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
@@ -91,6 +92,7 @@ eval: deps model llm build
 	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
 	python3 scripts/eval_conv.py --bin $(BIN) --model-dir $(MODEL)
 	python3 scripts/eval_inbox.py --bin $(BIN) --model-dir $(MODEL)
+	python3 scripts/eval_qa.py --bin $(BIN) --model-dir $(MODEL)
 
 # Conversational memory: generated multi-session chats, every turn a node,
 # questions answered by their evidence turns; ctxfs search against BM25.
@@ -101,6 +103,13 @@ eval-conv: deps model build
 # answered by search, against one node per raw message.
 eval-inbox: deps model llm build
 	python3 scripts/eval_inbox.py --bin $(BIN) --model-dir $(MODEL)
+
+# Answers end to end: questions answered by the local model from each memory
+# front (none, BM25, every turn, memories, memories + conversations, the
+# whole history), token F1 and evidence recall (about 30 min on 2 cores;
+# answers cached by prompt in /var/tmp/ctxfs-llm/qa-answers.json).
+eval-qa: deps model llm build
+	python3 scripts/eval_qa.py --bin $(BIN) --model-dir $(MODEL)
 
 # Bytes an agent reads per SciFact query: summary-first through ctxfs against grep -rl.
 tokens: deps build

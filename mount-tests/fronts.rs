@@ -38,7 +38,7 @@ fn tools(m: &Mount) -> (PathBuf, PathBuf) {
 }
 
 /// One MCP session as `uid`: the steps' answers (`{error, text, structured}`).
-fn session(m: &Mount, uid: u32, scope: Option<&str>, steps: Value) -> Vec<Value> {
+pub fn session(m: &Mount, uid: u32, scope: Option<&str>, steps: Value) -> Vec<Value> {
     let out = run_client(m, uid, scope, &steps, false);
     out.lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -63,7 +63,7 @@ fn run_client(m: &Mount, uid: u32, scope: Option<&str>, steps: &Value, transcrip
     )
 }
 
-fn tool(name: &str, args: Value) -> Value {
+pub fn tool(name: &str, args: Value) -> Value {
     json!({"tool": name, "args": args})
 }
 

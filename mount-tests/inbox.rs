@@ -664,6 +664,21 @@ fn every_message_is_searchable_beside_the_memories() {
         node.is_some() && msg.is_some() && node < msg,
         "memory above its message: {tea}"
     );
+    // From a search hit (or a provenance) to the message in one step.
+    let r = crate::fronts::session(
+        &m,
+        READER,
+        Some("accounts/acme/users/priya"),
+        serde_json::json!([crate::fronts::tool(
+            "read",
+            serde_json::json!({"path": "inbox/c1.json#2"})
+        )]),
+    );
+    assert_eq!(r[0]["structured"]["role"], "user", "{}", r[0]);
+    assert!(r[0]["structured"]["text"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("My dog Biscuit"));
     // Searches inside memories/ hold memories only; strangers get nothing.
     assert!(!search(&m, WRITER, "users/priya/memories", "golden retriever").contains("inbox"));
     m.fails(

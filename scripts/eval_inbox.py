@@ -142,7 +142,11 @@ def search(mnt, scope, q, k):
 
 
 def provenance(mnt, path):
-    """(inbox file, message) pairs the node's current text comes from."""
+    """(inbox file, message) pairs the node's current text comes from; for
+    a conversation's message in search (`…/inbox/NAME.json#N`), itself."""
+    if "#" in path:
+        conv, n = path.rsplit("#", 1)
+        return {(conv.rsplit("/", 1)[-1], int(n))}
     with open(os.path.join(mnt, path, ".meta.json")) as f:
         meta = json.load(f)
     out = set()
@@ -223,6 +227,7 @@ def main():
         wait_sync(mnt)
         ks = (1, 3, 10)
         hit = {("extracted", k): 0 for k in ks}
+        hit.update({("with-conv", k): 0 for k in ks})
         hit.update({("raw", k): 0 for k in ks})
         hit.update({("bm25", k): 0 for k in ks})
         nq = 0
@@ -236,8 +241,10 @@ def main():
                 for k in ks:
                     if any((turns[i][0], turns[i][1]) in want for i in ranked[:k]):
                         hit[("bm25", k)] += 1
-                for label, acct in (("extracted", "eval"), ("raw", "raw")):
-                    paths = search(mnt, f"accounts/{acct}/users/{u}", q, 10)
+                for label, scope in (("extracted", f"accounts/eval/users/{u}/memories"),
+                                     ("with-conv", f"accounts/eval/users/{u}"),
+                                     ("raw", f"accounts/raw/users/{u}")):
+                    paths = search(mnt, scope, q, 10)
                     for k in ks:
                         if any(provenance(mnt, p) & want for p in paths[:k]):
                             hit[(label, k)] += 1
@@ -268,6 +275,7 @@ def main():
         print("\n| memories searched | recall@1 | recall@3 | recall@10 |")
         print("|---|---|---|---|")
         for label, what in (("extracted", "extracted by the inbox (ctxfs search)"),
+                            ("with-conv", "extracted, and the conversations' messages (ctxfs search)"),
                             ("raw", "one node per raw message (ctxfs search)"),
                             ("bm25", "raw messages, BM25 (computed by this harness)")):
             print(f"| {what} | " + " | ".join(f"{hit[(label, k)] / nq:.3f}" for k in ks) + " |")

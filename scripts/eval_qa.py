@@ -24,6 +24,8 @@ multi-session, temporal ("when"; gold is the absolute date the relative
 time resolves to), updated fact, a fact of the other speaker, and
 unanswerable (gold "unknown": right when the answer says unknown or not
 mentioned; any other answer to it, and "unknown" to a real question, is 0).
+Token F1 reads a date written 2026-03-14 as 14 March 2026 (the gold form),
+in every row alike.
 
 Answers are cached by prompt (--cache), so a second run of the same build
 costs no model time.
@@ -79,6 +81,10 @@ def fmt(d):
     return f"{d.day} {d.strftime('%B')} {d.year}"
 
 
+def article(word):
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def last_weekday(d, weekday):
     """The last `weekday` (0 Monday) strictly before date `d`."""
     back = (d.weekday() - weekday) % 7 or 7
@@ -105,7 +111,7 @@ def gen_user(rng, i):
     sessions = [
         [(U, f"hey {friend}! long time. how are you?"), (F, f"{name}! good good. still working as {fjob}, still tired haha"),
          (U, small[0][0]), (F, small[0][1]),
-         (U, f"so I finally started the new job, I'm a {job} now, at a small company here in {city}"),
+         (U, f"so I finally started the new job, I'm {article(job)} {job} now, at a small company here in {city}"),
          (F, "congrats!! that's huge"),
          (U, f"thanks! also my {species} {pet} has been chewing everything lol"),
          (F, f"haha poor {pet}, sounds like a handful"),
@@ -184,7 +190,12 @@ def turn_text(u, n, i):
 # ---- scoring (LoCoMo's normalisation: lower case, no punctuation or articles)
 
 
+ISO_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+
+
 def norm_tokens(s):
+    # A date is a date however it is written: 2026-03-14 reads as 14 March 2026.
+    s = ISO_DATE.sub(lambda m: fmt(dt.date(int(m[1]), int(m[2]), int(m[3]))), s)
     s = s.lower()
     s = "".join(" " if c in string.punctuation else c for c in s)
     return [w for w in s.split() if w not in ("a", "an", "the", "and")]
@@ -220,12 +231,13 @@ class Model:
         self.calls = 0
         self.secs = 0.0
 
-    def answer(self, name, context, question):
+    def answer(self, name, friend, context, question):
         system = (f"You answer questions about {name} and the people {name} talks with, using only the "
-                  f"memory excerpts given. Answer with as few words as possible: a name, a place, a job, "
-                  f"or a date as day month year. Relative times in the excerpts (\"last Saturday\", "
-                  f"\"two weeks ago\") count from the date of the excerpt they are in. If the excerpts "
-                  f"do not say, answer exactly: unknown")
+                  f"memory excerpts given. In them, {name} is \"the user\" (role user) and {friend} is "
+                  f"the other speaker (role assistant). Answer with as few words as possible: a name, a "
+                  f"place, a job, or a date as day month year. Relative times in the excerpts (\"last "
+                  f"Saturday\", \"two weeks ago\") count from the date of the excerpt they are in. If the "
+                  f"excerpts do not say, answer exactly: unknown")
         user = f"Memory excerpts:\n{context or '(none)'}\n\nQuestion: {question}\nAnswer:"
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         key = hashlib.sha256(json.dumps(msgs, sort_keys=True).encode()).hexdigest()
@@ -404,12 +416,13 @@ def main():
                 # Memories, then memories and conversations.
                 for row, scope in (("memories", f"{mem_root}/memories"), ("mem+conv", mem_root)):
                     texts, ids = [], set()
-                    for p, _ in search(mnt, scope, q):
+                    for p, abstract in search(mnt, scope, q):
                         m = MSG.search(p)
                         if m:
-                            n, i = int(m.group(1)), int(m.group(2))
-                            texts.append(turn_text(u, n, i))
-                            ids.add((n, i))
+                            # The message as search shows it: number, role,
+                            # time and text (relative times dated).
+                            texts.append(abstract)
+                            ids.add((int(m.group(1)), int(m.group(2))))
                         else:
                             texts.append(node_body(mnt, p))
                             ids |= {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, p)
@@ -420,7 +433,7 @@ def main():
                 for row in rows:
                     texts, ids = got[row]
                     context = "\n".join(f"- {t}" for t in texts) if row != "whole" else whole
-                    ans = model.answer(u["name"], context, q)
+                    ans = model.answer(u["name"], u["friend"], context, q)
                     s = f1(ans, gold)
                     score[(row, kind)].append(s)
                     score[(row, "all")].append(s)

@@ -259,6 +259,27 @@ impl Front {
         level: Option<&str>,
         lines: Option<(usize, usize)>,
     ) -> FrontResult<Value> {
+        // `…/inbox/NAME.json#N`, as search and provenance name a message:
+        // that message of the stored conversation.
+        if let Some((file, n)) = path.rsplit_once('#') {
+            if let Ok(n) = n.parse::<usize>() {
+                let rel = self.rel(file)?;
+                let text = self.read_text(&rel)?;
+                let name = rel.rsplit('/').next().unwrap_or("");
+                let conv = crate::extract::parse(name, text.as_bytes())
+                    .map_err(|e| FrontError::invalid(format!("{rel}: {e}")))?;
+                let m = conv.messages.get(n).ok_or_else(|| {
+                    FrontError::invalid(format!(
+                        "{rel} has {} messages, numbered from 0",
+                        conv.messages.len()
+                    ))
+                })?;
+                return Ok(json!({
+                    "path": format!("{rel}#{n}"), "message": n, "role": m.role,
+                    "ts": m.ts, "text": m.content,
+                }));
+            }
+        }
         let rel = self.rel(path)?;
         let abs = self.abs(&rel);
         let md = std::fs::metadata(&abs)
