@@ -308,6 +308,36 @@ fn mcp_sessions_of_writer_reader_and_stranger_match_the_mount() {
         "{found}"
     );
     assert_eq!(found["results"].as_array().unwrap().len(), 1);
+    // A large node read with no level comes summary first, with a line index.
+    let big: String = (1..=30)
+        .map(|i| {
+            format!(
+                "# Week {i}\n\n{}\n\n",
+                "Alice walked to the market again. ".repeat(10)
+            )
+        })
+        .collect();
+    let r = session(
+        &m,
+        WRITER,
+        Some(SCOPE),
+        json!([
+            tool(
+                "remember",
+                json!({"category": "log", "slug": "walks", "content": big})
+            ),
+            tool("read", json!({"path": "memories/log/walks"})),
+            tool(
+                "read",
+                json!({"path": "memories/log/walks", "from_line": 5, "to_line": 5})
+            ),
+        ]),
+    );
+    let s = &r[1]["structured"];
+    assert_eq!(s["large"], true, "{}", r[1]);
+    assert_eq!(s["index"][1], json!([5, "# Week 2"]), "{s}");
+    assert!(s["how"].as_str().unwrap().contains("from_line"));
+    assert_eq!(r[2]["structured"]["text"], "# Week 2\n");
     m.umount_and_fsck();
 }
 
@@ -339,6 +369,9 @@ fn memory_tool_commands_are_committed_versioned_nodes() {
         json!({"command": "create", "path": "/etc/passwd", "file_text": "x"}),
         json!({"command": "create", "path": "/memories/a/b/c.md", "file_text": "x"}),
         json!({"command": "rename", "old_path": "/memories/final.txt", "new_path": "/memories/todo.txt"}),
+        // A large file: viewed summary first.
+        json!({"command": "create", "path": "/memories/journal.md", "file_text": (1..=300).map(|i| format!("Day {i}: walked to the market and back.\n")).collect::<String>()}),
+        json!({"command": "view", "path": "/memories/journal.md"}),
     ];
     let input = m.shared_file("memtool.jsonl");
     let lines: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
@@ -358,6 +391,13 @@ fn memory_tool_commands_are_committed_versioned_nodes() {
     assert_eq!(a.len(), cmds.len(), "{out}");
     let text = |i: usize| a[i]["text"].as_str().unwrap_or("").to_string();
     let error = |i: usize| a[i]["error"].as_str().unwrap_or("").to_string();
+    let large = text(cmds.len() - 1);
+    assert!(
+        large.starts_with("/memories/journal.md is large (")
+            && large.contains("view_range [FROM, TO]")
+            && large.contains("   289\tDay 289:"),
+        "{large}"
+    );
     assert!(text(0).contains("(empty)"), "{}", a[0]);
     assert_eq!(
         text(1),
@@ -368,7 +408,9 @@ fn memory_tool_commands_are_committed_versioned_nodes() {
     assert_eq!(text(7), "Successfully deleted /memories/old_file.txt");
     assert_eq!(
         text(9),
-        "Successfully renamed /memories/draft.txt to /memories/final.txt"
+        "Successfully renamed /memories/draft.txt to /memories/final.txt",
+        "{}",
+        a[9]
     );
     assert_eq!(
         text(11),
@@ -426,7 +468,7 @@ fn memory_tool_commands_are_committed_versioned_nodes() {
     );
     assert_eq!(
         m.ok(READER, &format!("ls {top}")),
-        "final.txt\nnotes.txt\npreferences.txt\ntodo.txt\n"
+        "final.txt\njournal\nnotes.txt\npreferences.txt\ntodo.txt\n"
     );
     let meta = m.json(READER, &format!("cat {top}/final.txt/.meta.json"));
     assert_eq!(meta["uri"], "ctx://acme/users/alice/memories/_/final.txt");

@@ -296,6 +296,9 @@ impl MemTool<'_> {
             Target::File { category, slug } => {
                 let text = self.content(&category, &slug, path)?;
                 let lines: Vec<&str> = text.lines().collect();
+                if range.is_none() && text.len() as u64 > super::LARGE_NODE_BYTES {
+                    return Ok(self.large_view(&category, &slug, &text));
+                }
                 let (from, to) = match range {
                     None => (1, lines.len() as i64),
                     Some((a, b)) => {
@@ -323,6 +326,28 @@ impl MemTool<'_> {
                 Ok(out)
             }
         }
+    }
+
+    /// `view` of a large file with no range: summary first (its abstract,
+    /// overview and a line index), and how to ask for lines.
+    fn large_view(&self, category: &str, slug: &str, text: &str) -> String {
+        let node = self.node(category, slug).unwrap_or_default();
+        let read = |name: &str| {
+            std::fs::read_to_string(self.front.abs(&format!("{node}/{name}"))).unwrap_or_default()
+        };
+        let n = text.lines().count();
+        let mut out = format!(
+            "{} is large ({} bytes, {n} lines): its summary first. View a part with view_range [FROM, TO].\n\
+             Abstract: {}\nOverview:\n{}\nLine index (line: start of line):\n",
+            Self::show(category, slug),
+            text.len(),
+            read(crate::schema::names::ABSTRACT).trim(),
+            read(crate::schema::names::OVERVIEW).trim_end()
+        );
+        for (l, t) in super::line_index(text) {
+            out.push_str(&format!("{l:6}\t{t}\n"));
+        }
+        out
     }
 
     fn file_target(path: &str) -> Result<(String, String), String> {

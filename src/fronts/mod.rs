@@ -284,6 +284,28 @@ impl Front {
         let abs = self.abs(&rel);
         let md = std::fs::metadata(&abs)
             .map_err(|e| FrontError::io(&format!("reading {rel}"), &e, None))?;
+        if md.is_dir() && level.is_none() && lines.is_none() {
+            // A large node, asked for with no level: summary first.
+            let content = format!("{rel}/{CONTENT}");
+            if let Ok(c) = std::fs::metadata(self.abs(&content)) {
+                if c.len() > LARGE_NODE_BYTES {
+                    let text = self.read_text(&content)?;
+                    let abstract_ = self.read_text(&format!("{rel}/{ABSTRACT}"))?;
+                    let overview = self.read_text(&format!("{rel}/{OVERVIEW}"))?;
+                    let index: Vec<Value> = line_index(&text)
+                        .into_iter()
+                        .map(|(n, t)| json!([n, t]))
+                        .collect();
+                    return Ok(json!({
+                        "path": content, "large": true, "bytes": c.len(),
+                        "lines": text.lines().count(),
+                        "abstract": abstract_.trim(), "overview": overview,
+                        "index": index,
+                        "how": "summary first: ask level=content for the whole text, or from_line/to_line for a part (the index gives line numbers)",
+                    }));
+                }
+            }
+        }
         let file = if md.is_dir() {
             let name = match level.unwrap_or("content") {
                 "abstract" | "L0" => ABSTRACT,
@@ -564,6 +586,46 @@ fn slash(dir: &str) -> String {
     }
 }
 
+/// Content larger than this is given summary first (abstract, overview,
+/// line index) when no level or lines are asked: about 2,000 tokens.
+pub const LARGE_NODE_BYTES: u64 = 8 * 1024;
+/// Entries of a line index at most.
+const INDEX_MAX: usize = 40;
+
+/// Where things are in a long text: its headings (`#` lines), or, with
+/// fewer than a handful, its non-empty lines at even steps; each as (line
+/// number from 1, the line's start, at most 80 characters).
+pub fn line_index(text: &str) -> Vec<(usize, String)> {
+    let clip = |l: &str| -> String {
+        let l = l.trim();
+        if l.chars().count() > 80 {
+            format!("{}…", l.chars().take(79).collect::<String>())
+        } else {
+            l.to_string()
+        }
+    };
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l))
+        .filter(|(_, l)| !l.trim().is_empty())
+        .collect();
+    let heads: Vec<(usize, String)> = lines
+        .iter()
+        .filter(|(_, l)| l.starts_with('#'))
+        .map(|(n, l)| (*n, clip(l)))
+        .collect();
+    if heads.len() >= 5 {
+        return heads.into_iter().take(INDEX_MAX).collect();
+    }
+    let step = lines.len().div_ceil(INDEX_MAX).max(1);
+    lines
+        .iter()
+        .step_by(step)
+        .map(|(n, l)| (*n, clip(l)))
+        .collect()
+}
+
 fn display(scope: &str) -> &str {
     if scope.is_empty() {
         "(the mount)"
@@ -616,6 +678,20 @@ mod tests {
             mount: PathBuf::from("/m"),
             scope: scope.into(),
         }
+    }
+
+    #[test]
+    fn a_line_index_gives_headings_or_even_steps() {
+        let doc: String = (1..=6)
+            .map(|i| format!("# Part {i}\n\ntext {i}\n"))
+            .collect();
+        let ix = line_index(&doc);
+        assert_eq!(ix.len(), 6);
+        assert_eq!(ix[1], (4, "# Part 2".to_string()));
+        let plain: String = (1..=400).map(|i| format!("line {i}\n")).collect();
+        let ix = line_index(&plain);
+        assert_eq!(ix.len(), 40);
+        assert_eq!((ix[0].0, ix[1].0), (1, 11));
     }
 
     #[test]
