@@ -353,13 +353,28 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
 
 /// The texts a candidate may draw on: its cited messages (a profile only
 /// the user's own: it describes its user, not the other party).
-pub fn source_texts<'a>(c: &Candidate, conv: &'a Conversation) -> Vec<&'a str> {
-    c.messages
+pub fn source_texts(c: &Candidate, conv: &Conversation) -> Vec<String> {
+    let mut out: Vec<String> = c
+        .messages
         .iter()
         .filter_map(|&i| conv.messages.get(i))
         .filter(|m| c.kind != Kind::Profile || m.role == "user")
-        .map(|m| m.content.as_str())
-        .collect()
+        .map(|m| m.content.clone())
+        .collect();
+    if c.kind == Kind::Profile {
+        // The other party calling the user by name ("Nice to meet you,
+        // Caroline!") says the user's name; "I'm Mel" does not.
+        let names: Vec<String> = conv
+            .messages
+            .iter()
+            .filter(|m| m.role != "user")
+            .flat_map(|m| support::vocatives(&m.content))
+            .collect();
+        if !names.is_empty() {
+            out.push(names.join(" "));
+        }
+    }
+    out
 }
 
 /// The candidate with only the sentences its sources support
@@ -374,8 +389,8 @@ pub fn faithful(
     dropped: &mut Vec<String>,
 ) -> Option<Candidate> {
     let mut texts = source_texts(&c, conv);
-    texts.extend(known);
-    let (yes, no) = support::Sources::new(texts).split(&c.text);
+    texts.extend(known.map(str::to_string));
+    let (yes, no) = support::Sources::new(texts.iter().map(String::as_str)).split(&c.text);
     for (s, why) in &no {
         dropped.push(format!(
             "{} sentence {} is not supported by messages {:?}: {why}",

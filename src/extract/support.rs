@@ -61,6 +61,29 @@ pub fn sentences(text: &str) -> Vec<String> {
     out
 }
 
+/// The names a speaker calls the other by: a capitalised word opening the
+/// message or a clause before `!` or `,` ("Aiko! good to see you"), closing
+/// one after a comma ("Congratulations on the job, Priya!"), or after a
+/// greeting ("hi Sam", "nice to meet you, Caroline"). Not a speaker's own
+/// name ("I'm Mel"): that follows no greeting and closes no clause.
+pub fn vocatives(text: &str) -> Vec<String> {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| {
+        regex::Regex::new(
+            r"(?:^|[.!?]\s+)(?P<a>\p{Lu}\p{L}+)[!,]|,\s*(?P<b>\p{Lu}\p{L}+)\s*[!.?]|(?i:\b(?:hi|hey|hello|dear|thanks|thank you|welcome|congrats|congratulations|meet you|see you|bye))[,]?\s+(?P<c>\p{Lu}\p{L}+)",
+        )
+        .expect("the vocative pattern compiles")
+    });
+    let skip = [
+        "I", "Hi", "Hey", "Hello", "Thanks", "Yes", "No", "Oh", "Wow", "Sure", "Ok", "Okay",
+    ];
+    re.captures_iter(text)
+        .filter_map(|c| c.name("a").or(c.name("b")).or(c.name("c")))
+        .map(|m| m.as_str().to_string())
+        .filter(|w| !skip.contains(&w.as_str()))
+        .collect()
+}
+
 /// What the sources of a memory say, ready to check sentences against.
 pub struct Sources {
     /// Lower-case alphanumeric words, and every digit run on its own.
@@ -167,6 +190,19 @@ mod tests {
     const PREFS: &str =
         "I prefer answers with Python examples, and please never use Java in examples.";
     const DOG: &str = "My dog Biscuit is a golden retriever, he turns 3 next week.";
+
+    #[test]
+    fn the_other_party_naming_the_user_counts_their_own_name_does_not() {
+        assert_eq!(vocatives("Aiko! good good. still working"), vec!["Aiko"]);
+        assert_eq!(
+            vocatives("Congratulations on the new job in Denver, Priya!"),
+            vec!["Priya"]
+        );
+        assert_eq!(vocatives("Nice to meet you, Caroline."), vec!["Caroline"]);
+        assert_eq!(vocatives("hey Sam how are you"), vec!["Sam"]);
+        assert!(vocatives("I'm Mel, I love hiking too!").is_empty());
+        assert!(vocatives("Hi, I'm Mel.").is_empty());
+    }
 
     #[test]
     fn sentences_are_cut_after_their_end() {

@@ -383,12 +383,13 @@ fn extract_job(
                         // Each sentence of the merged text from the cited
                         // messages or the version it replaces, or no merge.
                         let mut src = extract::source_texts(&c, conv);
-                        src.push(&old);
-                        let refused = extract::support::Sources::new(src)
-                            .split(&text)
-                            .1
-                            .into_iter()
-                            .next();
+                        src.push(old.clone());
+                        let refused =
+                            extract::support::Sources::new(src.iter().map(String::as_str))
+                                .split(&text)
+                                .1
+                                .into_iter()
+                                .next();
                         if let Some((s, why)) = refused {
                             (
                                 None,
