@@ -448,3 +448,83 @@ fn relations_expand_hits_and_a_model_change_reindexes() {
     m.umount();
     m.fsck();
 }
+
+/// Text that must never reach an embedder stays out of the index: a node
+/// whose `.meta.json` says `"searchable": false`, a node under a prefix the
+/// account lists as `unindexed`, and a conversation marked so. Search never
+/// finds them; a later commit that makes a node searchable indexes it, and
+/// one that makes it unsearchable forgets it.
+#[test]
+fn unsearchable_nodes_and_prefixes_never_reach_the_index() {
+    let config = CONFIG.replace(
+        "readers = [1002]",
+        "readers = [1002]\nunindexed = [\"users/alice/memories/private\"]",
+    );
+    let m = Mount::with_args(Some(&config), &["--embedder", "hash"]);
+    let base = "acme/users/alice/memories";
+    let off = r#"{"status":"ACTIVE","searchable":false}"#;
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{base}/notes/a"), "zebrafinch code", off),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{base}/private/b"), "quokkanest code", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{base}/notes/c"), "walrusden code", ACTIVE),
+    );
+    m.fails(
+        WRITER,
+        &four_steps(
+            &format!("{base}/notes/d"),
+            "x",
+            r#"{"status":"ACTIVE","searchable":"no"}"#,
+        ),
+        "Invalid argument",
+    );
+    sync(&m);
+    // Nothing of them in the index: not even a weak vector hit.
+    let (a, b, c) = (
+        format!("{base}/notes/a"),
+        format!("{base}/private/b"),
+        format!("{base}/notes/c"),
+    );
+    let found = |m: &Mount, q: &str| search(m, READER, "acme", &format!("{q}?k=50"));
+    assert!(!found(&m, "zebrafinch").contains(&a));
+    assert!(!found(&m, "quokkanest").contains(&b));
+    assert_eq!(found(&m, "code"), vec![c.clone()]);
+    // They are ordinary nodes otherwise.
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{a}/content.md")),
+        "zebrafinch code"
+    );
+    // Searchable again, then not.
+    m.ok(WRITER, &four_steps(&a, "zebrafinch code", ACTIVE));
+    sync(&m);
+    assert_eq!(found(&m, "zebrafinch")[0], a);
+    m.ok(WRITER, &four_steps(&c, "walrusden code", off));
+    sync(&m);
+    assert!(!found(&m, "walrusden").contains(&c));
+    // A reindex honours both.
+    let mut m = m;
+    m.umount();
+    let out = ctxfs(&[
+        "reindex",
+        "--data",
+        m.data.to_str().unwrap(),
+        "--config",
+        m.config.as_ref().unwrap().to_str().unwrap(),
+        "--embedder",
+        "hash",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.mount();
+    sync(&m);
+    assert_eq!(found(&m, "code"), vec![a.clone()]);
+}

@@ -150,6 +150,9 @@ pub struct Settings {
     pub llm: Option<LlmSection>,
     /// Accounts whose extracted memories wait for a writer's review.
     pub review: std::collections::BTreeSet<String>,
+    /// Paths (under `accounts/`, an account's `unindexed` prefixes) whose
+    /// nodes and conversations are never indexed.
+    pub unindexed: Vec<String>,
 }
 
 impl Settings {
@@ -165,7 +168,17 @@ impl Settings {
         let mut off = std::collections::BTreeSet::new();
         let mut quotas = BTreeMap::new();
         let mut review = std::collections::BTreeSet::new();
+        let mut unindexed = Vec::new();
         for a in file.account {
+            for p in &a.unindexed {
+                let p = p.trim_matches('/');
+                for seg in p.split('/') {
+                    check_name(seg).map_err(|e| {
+                        anyhow::anyhow!("account {:?}: unindexed prefix {p:?}: {e}", a.id)
+                    })?;
+                }
+                unindexed.push(format!("{}/{p}", a.id));
+            }
             if a.review {
                 review.insert(a.id.clone());
             }
@@ -194,6 +207,7 @@ impl Settings {
             store_url: file.store.url,
             llm: file.llm,
             review,
+            unindexed,
         })
     }
 }
@@ -213,6 +227,11 @@ pub struct AccountConfig {
     /// a proposal (`inbox/NAME.review`) until a writer accepts them.
     #[serde(default)]
     pub review: bool,
+    /// Paths inside the account (`users/bob/memories/private`) whose nodes
+    /// and conversations are never indexed: no text of them reaches an
+    /// embedder or the search index.
+    #[serde(default)]
+    pub unindexed: Vec<String>,
     pub quota: Option<Quota>,
 }
 

@@ -32,6 +32,7 @@ pub fn settings(
             store_url: None,
             llm: None,
             review: Default::default(),
+            unindexed: Vec::new(),
         },
     };
     if let Some(e) = embedder {
@@ -61,6 +62,7 @@ pub fn open_index(
     tracing::info!(model = emb.id(), "{note}");
     cfg.ann = crate::index::ann_params(sec, emb.kind());
     cfg.redaction = s.redaction.clone();
+    cfg.unindexed = s.unindexed.clone();
     crate::index::Index::new(store.clone(), &data.join("index"), emb, note, cfg)
         .map_err(anyhow::Error::from)
 }

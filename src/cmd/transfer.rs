@@ -133,13 +133,17 @@ pub fn import(
     if !root.is_dir() {
         bail!("{} has no accounts/ directory", input.display());
     }
-    let redaction = match config {
-        Some(c) => Settings::load(c)?.redaction,
+    let (redaction, unindexed) = match config {
+        Some(c) => {
+            let s = Settings::load(c)?;
+            (s.redaction, s.unindexed)
+        }
         None => Default::default(),
     };
     let cs = CommandStore::open(data, url, true)?;
     let fs = Fs::new(cs.store.clone(), Tenancy::Owner(0))?;
     fs.set_redaction(redaction);
+    fs.set_unindexed(unindexed);
     let t = Instant::now();
 
     // Check every node first.

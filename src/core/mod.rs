@@ -170,6 +170,8 @@ pub struct Fs {
     index: std::sync::OnceLock<Arc<crate::index::Index>>,
     /// Secrets replaced at commit; the built-in policy until the daemon sets one.
     redaction: std::sync::OnceLock<crate::config::RedactionPolicy>,
+    /// Paths never indexed (the accounts' `unindexed` prefixes).
+    unindexed: std::sync::OnceLock<Vec<String>>,
     tenancy: Tenancy,
     inodes: Mutex<Inodes>,
     drafts: draft::Drafts,
@@ -244,6 +246,7 @@ impl Fs {
             metrics: metrics::Metrics::default(),
             index: std::sync::OnceLock::new(),
             redaction: std::sync::OnceLock::new(),
+            unindexed: std::sync::OnceLock::new(),
             expiry: ttl::Expiry::default(),
             quotas: quota::Quotas::default(),
             sync_waiters: search::SyncWaiters::default(),
@@ -311,6 +314,19 @@ impl Fs {
             bytes
         };
         self.draft_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The paths (under `accounts/`) whose nodes and conversations are
+    /// never indexed.
+    pub fn set_unindexed(&self, prefixes: Vec<String>) {
+        let _ = self.unindexed.set(prefixes);
+    }
+
+    /// Is `path` under one of the unindexed prefixes?
+    pub(crate) fn is_unindexed(&self, path: &str) -> bool {
+        self.unindexed
+            .get()
+            .is_some_and(|v| v.iter().any(|p| crate::index::in_scope(path, p)))
     }
 
     pub fn set_redaction(&self, policy: crate::config::RedactionPolicy) {

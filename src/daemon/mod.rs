@@ -230,6 +230,7 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         }))?;
     }
     fs.set_redaction(settings.redaction.clone());
+    fs.set_unindexed(settings.unindexed.clone());
     fs.set_quotas(settings.quotas.clone());
     fs.set_draft_memory_limit(o.draft_memory);
     let inbox = match &settings.llm {

@@ -35,6 +35,9 @@ pub struct Conversation {
     /// The agent the conversation was with: its procedures go to `agents/{agent}/skills`.
     pub agent: Option<String>,
     pub session: Option<String>,
+    /// `"searchable": false` (in the object form) keeps its messages out
+    /// of the index.
+    pub unsearchable: bool,
 }
 
 /// Is `name` a conversation file name (`NAME.json` or `NAME.jsonl`)?
@@ -179,6 +182,11 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Conversation, String> {
             Value::Object(obj) => {
                 conv.agent = name_field(obj, "agent")?;
                 conv.session = name_field(obj, "session")?;
+                conv.unsearchable = match obj.get("searchable") {
+                    None | Some(Value::Bool(true)) => false,
+                    Some(Value::Bool(false)) => true,
+                    Some(_) => return Err("\"searchable\" is true or false".into()),
+                };
                 obj.get("messages")
                     .and_then(Value::as_array)
                     .ok_or("a conversation object needs a \"messages\" array")?
@@ -435,6 +443,13 @@ mod tests {
             message_label(0, "user", Some("2026-03-04"), "a\n  b"),
             "#0 user 2026-03-04: a b"
         );
+        let off = parse(
+            "c.json",
+            br#"{"searchable": false, "messages": [{"role":"user","content":"x"}]}"#,
+        )
+        .unwrap();
+        assert!(off.unsearchable && !c.unsearchable);
+        assert!(parse("c.json", br#"{"searchable": 0, "messages": []}"#).is_err());
         let long = message_label(7, "assistant", None, &"word ".repeat(100));
         assert!(long.starts_with("#7 assistant: word"));
         assert_eq!(long.chars().count(), 160);

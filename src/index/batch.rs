@@ -85,9 +85,9 @@ pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
             path: path.clone(),
             edges: edges_of(edges),
         },
-        event::Change::ArchiveContext {} | event::Change::DeleteContext {} => {
-            Work::Remove { path: path.clone() }
-        }
+        event::Change::ArchiveContext {}
+        | event::Change::DeleteContext {}
+        | event::Change::UnindexContext {} => Work::Remove { path: path.clone() },
         event::Change::MoveContext { new_uri } => Work::Move {
             from: path.clone(),
             to: place::node_of_uri(new_uri)?.to_string(),

@@ -34,6 +34,8 @@ pub struct IndexConfig {
     /// The accounts' redaction, for conversation messages indexed from the
     /// store (a reindex): the same as when they were stored.
     pub redaction: crate::config::RedactionPolicy,
+    /// Paths never indexed (the accounts' `unindexed` prefixes).
+    pub unindexed: Vec<String>,
 }
 
 impl Default for IndexConfig {
@@ -48,6 +50,7 @@ impl Default for IndexConfig {
             embed_tokens_per_day: HashMap::new(),
             exact_scope: super::EXACT_SCOPE,
             redaction: Default::default(),
+            unindexed: Vec::new(),
         }
     }
 }
@@ -123,6 +126,7 @@ impl IndexConfig {
                 .unwrap_or(d.sync_timeout),
             dump_after: d.dump_after,
             redaction: d.redaction.clone(),
+            unindexed: Vec::new(),
             vector_weight: sec.vector_weight,
             embed_tokens_per_day: HashMap::new(),
             exact_scope: d.exact_scope,

@@ -256,7 +256,8 @@ fn bytes_vec(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-fn in_scope(path: &str, scope: &str) -> bool {
+/// Is `path` the directory `scope` or under it?
+pub(crate) fn in_scope(path: &str, scope: &str) -> bool {
     path.len() == scope.len() && path == scope
         || path.len() > scope.len()
             && path.starts_with(scope)

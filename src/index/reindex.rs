@@ -49,8 +49,24 @@ impl Index {
         Ok(out)
     }
 
+    /// Is the committed node to be indexed: not under an unindexed prefix,
+    /// and not `"searchable": false` in its `.meta.json`?
+    fn searchable(&self, rec: &NodeRec) -> Result<bool> {
+        if under_any(&self.cfg.unindexed, &rec.path) {
+            return Ok(false);
+        }
+        let Some(f) = rec.file(place::META) else {
+            return Ok(true);
+        };
+        let b = self.store.read_blob(rec.account(), f.blob, f.size)?;
+        Ok(serde_json::from_slice::<Value>(&b)
+            .ok()
+            .and_then(|v| v.get("searchable").and_then(Value::as_bool))
+            != Some(false))
+    }
+
     /// The index events of the conversation stored at `conv` (none when it
-    /// is gone or unreadable), redacted as when it was stored.
+    /// is gone, unreadable or unindexed), redacted as when it was stored.
     fn message_changes(&self, conv: &str) -> Result<Vec<(usize, event::Change)>> {
         let Some(b) = self.store.get_scratch(conv)? else {
             return Ok(Vec::new());
@@ -60,6 +76,9 @@ impl Index {
         let Ok(c) = crate::extract::parse(name, &rec.data) else {
             return Ok(Vec::new());
         };
+        if c.unsearchable || under_any(&self.cfg.unindexed, conv) {
+            return Ok(Vec::new());
+        }
         let account = conv.split('/').next().unwrap_or("");
         let r = self.cfg.redaction.for_account(account);
         let redact = |t: &str| match &r {
@@ -191,7 +210,7 @@ impl Index {
                     continue;
                 }
                 match self.store.get_node(path)? {
-                    Some(rec) if rec.status == Status::Active => {
+                    Some(rec) if rec.status == Status::Active && self.searchable(&rec)? => {
                         let (texts, edges) = node_texts(&*self.store, &rec)?;
                         batch.push(direct(Work::Upsert {
                             path: path.clone(),
@@ -245,4 +264,9 @@ impl Index {
         self.dump_all();
         Ok(n)
     }
+}
+
+/// Is `path` one of `prefixes` or under one?
+fn under_any(prefixes: &[String], path: &str) -> bool {
+    prefixes.iter().any(|p| in_scope(path, p))
 }

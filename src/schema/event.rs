@@ -45,6 +45,10 @@ pub enum Change {
     },
     ArchiveContext {},
     DeleteContext {},
+    /// The node is ACTIVE but not searchable (`"searchable": false` in its
+    /// `.meta.json`, or under a prefix the account keeps out of the index):
+    /// whatever the index holds of it goes, and no text of it is embedded.
+    UnindexContext {},
     MoveContext {
         new_uri: String,
     },
@@ -163,6 +167,7 @@ impl OutboxEvent {
             Change::UpsertRelation { .. } => "UPSERT_RELATION",
             Change::ArchiveContext {} => "ARCHIVE_CONTEXT",
             Change::DeleteContext {} => "DELETE_CONTEXT",
+            Change::UnindexContext {} => "UNINDEX_CONTEXT",
             Change::MoveContext { .. } => "MOVE_CONTEXT",
             Change::UpsertMessage { .. } => "UPSERT_MESSAGE",
         }

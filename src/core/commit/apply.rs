@@ -9,7 +9,7 @@ use crate::core::Fs;
 use crate::error::{Error, Result};
 use crate::locks::{lock, read};
 use crate::schema::counters;
-use crate::schema::event::OutboxEvent;
+use crate::schema::event::{Change, OutboxEvent};
 use crate::schema::names::{ABSTRACT, CONTENT, META, NODE_FILES, OVERVIEW};
 use crate::schema::time::{now_ns, ns_of, rfc3339_ms};
 use crate::store::{FileRec, NodeRec, Op};
@@ -279,7 +279,12 @@ impl Fs {
             None => {}
         }
         let mut max_seq = 0;
+        let unindexed = self.is_unindexed(node);
         for change in plan.events {
+            let change = match change {
+                Change::UpsertContext { .. } if unindexed => Change::UnindexContext {},
+                c => c,
+            };
             let seq = self.event_seq()?;
             max_seq = seq;
             ops.push(Op::PutEvent {

@@ -149,6 +149,14 @@ fn plan(
             Ok(MetaIntent::Pending) => return Ok(None),
             Err(reason) => return Err(invalid(reason)),
         };
+        match obj.get("searchable") {
+            None | Some(Value::Bool(_)) => {}
+            Some(_) => {
+                return Err(invalid(
+                    "\"searchable\" in .meta.json is true or false".into(),
+                ))
+            }
+        }
         // Secrets leave before anything is checked, stored or indexed.
         if let Some(r) = redactor {
             redacted = redact(r, &mut files, &mut obj);
@@ -233,6 +241,7 @@ fn plan(
         Intent::Import(i) => (i.updated_ns, i.updated_at.clone()),
         _ => (now, rfc3339(now)),
     };
+    let searchable = obj.get("searchable").and_then(Value::as_bool) != Some(false);
     let meta = rules::render_meta(
         obj,
         &Derived {
@@ -264,6 +273,7 @@ fn plan(
         .collect();
     let mut events = match status {
         Status::Archived => vec![Change::ArchiveContext {}],
+        Status::Active if !searchable => vec![Change::UnindexContext {}],
         Status::Active => vec![Change::UpsertContext {
             records: event::records(node, &texts),
         }],

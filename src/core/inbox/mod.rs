@@ -367,6 +367,11 @@ impl Fs {
     ) -> Result<Vec<Op>> {
         use crate::schema::event::{message_path, Change};
         let account = Self::account_of(path).to_string();
+        // Not indexed: a conversation marked so, or one under a prefix
+        // the account keeps out of the index.
+        if !remove && (conv.unsearchable || self.is_unindexed(path)) {
+            return Ok(Vec::new());
+        }
         let changes: Vec<(usize, Change)> = if remove {
             (0..conv.messages.len())
                 .map(|i| (i, Change::DeleteContext {}))
