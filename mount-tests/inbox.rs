@@ -664,6 +664,17 @@ fn every_message_is_searchable_beside_the_memories() {
         node.is_some() && msg.is_some() && node < msg,
         "memory above its message: {tea}"
     );
+    // A time range: what was said (or committed) then.
+    let before = search(&m, READER, "users/priya", "green tea?until=2026-03-04");
+    assert!(
+        before.contains("c1.json#0") && !before.contains("memories/"),
+        "{before}"
+    );
+    let after = search(&m, READER, "users/priya", "green tea?since=2026-03-05");
+    assert!(
+        after.contains("memories/preferences/tea") && !after.contains("inbox"),
+        "{after}"
+    );
     // From a search hit (or a provenance) to the message in one step.
     let r = crate::fronts::session(
         &m,

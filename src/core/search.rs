@@ -22,6 +22,22 @@ pub struct QueryName {
     pub json: bool,
     pub mode: Mode,
     pub expand: bool,
+    /// Only results whose time (a message's `ts`, a node's last commit) is
+    /// at or after this (ns since the epoch).
+    pub since: Option<i128>,
+    /// … and before this (a date: the end of that day).
+    pub until: Option<i128>,
+}
+
+/// `YYYY-MM-DD` (the day's first instant, or with `end` the next day's)
+/// or an RFC 3339 time, as ns since the epoch.
+fn time_bound(v: &str, end: bool) -> Option<i128> {
+    if let Ok(d) = v.parse::<jiff::civil::Date>() {
+        let d = if end { d.tomorrow().ok()? } else { d };
+        let t = d.to_zoned(jiff::tz::TimeZone::UTC).ok()?.timestamp();
+        return Some(t.as_nanosecond());
+    }
+    v.parse::<jiff::Timestamp>().ok().map(|t| t.as_nanosecond())
 }
 
 /// `QUERY` or `QUERY?k=20&format=json&mode=vector&expand=1`. The part after
@@ -34,6 +50,8 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
         json: false,
         mode: Mode::Hybrid,
         expand: false,
+        since: None,
+        until: None,
     };
     if let Some(i) = name.rfind('?') {
         let opts = &name[i + 1..];
@@ -72,6 +90,8 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
                             _ => return Err(bad()),
                         }
                     }
+                    "since" => q.since = Some(time_bound(v, false).ok_or_else(bad)?),
+                    "until" => q.until = Some(time_bound(v, true).ok_or_else(bad)?),
                     "expand" => {
                         q.expand = match v {
                             "1" | "true" => true,
@@ -197,10 +217,12 @@ impl Fs {
         let qn = parse_query_name(name)?;
         self.check_search_rate(Self::account_of(dir))?;
         let ix = self.indexer()?;
-        // One more than asked, to say whether more results exist.
+        // One more than asked, to say whether more results exist; with a
+        // time range, more candidates, filtered below.
+        let ranged = qn.since.is_some() || qn.until.is_some();
         let q = Query {
             text: qn.text.clone(),
-            k: qn.k + 1,
+            k: if ranged { (qn.k + 1) * 4 } else { qn.k + 1 },
             mode: qn.mode,
             expand: qn.expand,
         };
@@ -212,6 +234,19 @@ impl Fs {
             answerable,
             first_search_us: search_us,
         } = ix.answer(dir, &q, &|node| !self.expired(node))?;
+        if ranged {
+            let mut kept = Vec::with_capacity(judged.len());
+            for j in judged {
+                let path = j.hit.path.strip_prefix("accounts/").unwrap_or(&j.hit.path);
+                let at = self.time_of_result(path)?;
+                if at.is_some_and(|t| {
+                    qn.since.is_none_or(|s| t >= s) && qn.until.is_none_or(|u| t < u)
+                }) {
+                    kept.push(j);
+                }
+            }
+            judged = kept;
+        }
         let more = judged.len() > qn.k;
         judged.truncate(qn.k);
         let tried: Vec<Value> = tried
@@ -278,6 +313,24 @@ impl Fs {
             out.push('\n');
         }
         Ok(out.into_bytes())
+    }
+
+    /// When a result is from: a message's `ts` (its day's start when it
+    /// is a date), a node's last commit; `None` when unknown (a message
+    /// without a time).
+    fn time_of_result(&self, path: &str) -> Result<Option<i128>> {
+        if let Some((conv, n)) = crate::schema::event::message_of(path) {
+            let Some(c) = self.stored_conversation(conv)? else {
+                return Ok(None);
+            };
+            let ts = c.messages.get(n as usize).and_then(|m| m.ts.clone());
+            return Ok(match ts {
+                Some(Value::String(t)) => time_bound(&t, false),
+                Some(Value::Number(x)) => x.as_i64().map(|s| s as i128 * 1_000_000_000),
+                _ => None,
+            });
+        }
+        Ok(self.store.get_node(path)?.map(|r| r.updated_ns))
     }
 
     /// `.ctxfs/sync`: wait until everything committed before is searchable.
@@ -398,6 +451,16 @@ mod tests {
         assert!(parse_query_name("x?k=1&k=2").is_err());
         assert!(parse_query_name("x?mode=vector&format=json&mode=lexical").is_err());
         assert!(parse_query_name("  ").is_err());
+        let q = parse_query_name("x?since=2026-03-01&until=2026-03-31").unwrap();
+        assert_eq!(q.since, Some(1_772_323_200_000_000_000));
+        assert_eq!(
+            q.until,
+            Some(1_775_001_600_000_000_000),
+            "the end of the 31st"
+        );
+        let q = parse_query_name("x?since=2026-03-01T12:00:00Z").unwrap();
+        assert_eq!(q.since, Some(1_772_366_400_000_000_000));
+        assert!(parse_query_name("x?since=last week").is_err());
         let q = parse_query_name("x?mode=lexical&expand=1").unwrap();
         assert_eq!((q.mode, q.expand), (Mode::Lexical, true));
         assert_eq!(event_seq("000000000000000a.json"), Some(10));
