@@ -25,11 +25,10 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mountutil import query_name, wait_sync  # noqa: E402
+from mountutil import mount_with_llm, query_name, wait_sync  # noqa: E402
 
 NAMES = ["Priya", "Tomas", "Aiko", "Marcus", "Leila", "Owen", "Sofia", "Kwame", "Ingrid", "Ravi",
          "Chloe", "Mateo", "Hana", "Dmitri", "Zara", "Felix"]
@@ -183,15 +182,7 @@ def main():
                                          capture_output=True, text=True).stdout.strip()
     rng = random.Random(7)
     users = [gen_user(rng, i) for i in range(args.users)]
-    tmp = tempfile.mkdtemp(prefix="ctxfs-eval-inbox-", dir="/tmp")
-    mnt, data = os.path.join(tmp, "mnt"), os.path.join(tmp, "data")
-    os.makedirs(mnt)
-    cfg = os.path.join(tmp, "config.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[[account]]\nid = "eval"\nwriters = [0]\n[[account]]\nid = "raw"\nwriters = [0]\n'
-                f'[llm]\nurl = "{url}"\nmodel = "eval"\ntimeout_s = 600\n')
-    subprocess.run([args.bin, "mount", mnt, "--data", data, "--config", cfg,
-                    "--model-dir", os.path.abspath(args.model_dir)], check=True)
+    tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-inbox-", ["eval", "raw"], url)
     try:
         stats = {"conversations": 0, "memories": 0, "tokens": 0, "secs": [], "failed": 0}
         t0 = time.time()

@@ -42,14 +42,13 @@ import re
 import string
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from eval_inbox import bm25_rank, provenance, wait_status  # noqa: E402
-from mountutil import query_name, wait_sync  # noqa: E402
+from mountutil import mount_with_llm, query_name, wait_sync  # noqa: E402
 
 NAMES = ["Priya", "Tomas", "Aiko", "Marcus", "Leila", "Owen", "Sofia", "Kwame"]
 FRIENDS = ["Mel", "Jonah", "Rita", "Sam", "Nadia", "Luis", "Grace", "Ivan"]
@@ -346,15 +345,7 @@ def main():
     model = Model(url, args.cache)
     rng = random.Random(11)
     users = [gen_user(rng, i) for i in range(args.users)]
-    tmp = tempfile.mkdtemp(prefix="ctxfs-eval-qa-", dir="/tmp")
-    mnt, data = os.path.join(tmp, "mnt"), os.path.join(tmp, "data")
-    os.makedirs(mnt)
-    cfg = os.path.join(tmp, "config.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[[account]]\nid = "eval"\nwriters = [0]\n[[account]]\nid = "turns"\nwriters = [0]\n'
-                f'[llm]\nurl = "{url}"\nmodel = "eval"\ntimeout_s = 600\n')
-    subprocess.run([args.bin, "mount", mnt, "--data", data, "--config", cfg,
-                    "--model-dir", os.path.abspath(args.model_dir)], check=True)
+    tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-qa-", ["eval", "turns"], url)
     t0 = time.time()
     ext = {"conversations": 0, "tokens": 0, "secs": [], "failed": 0, "memories": 0, "dropped": 0}
     try:

@@ -25,3 +25,21 @@ def query_name(q, opts):
         q = q[:-1]
         name = f"{q}?{opts}"
     return name
+
+
+def mount_with_llm(bin_path, model_dir, prefix, accounts, url):
+    """Mount ctxfs in a new temporary directory, with `accounts` (each
+    writable by root) and the LLM server at `url`; returns (tmp, mnt)."""
+    import subprocess
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    mnt, data = os.path.join(tmp, "mnt"), os.path.join(tmp, "data")
+    os.makedirs(mnt)
+    cfg = os.path.join(tmp, "config.toml")
+    with open(cfg, "w") as f:
+        for a in accounts:
+            f.write(f'[[account]]\nid = "{a}"\nwriters = [0]\n')
+        f.write(f'[llm]\nurl = "{url}"\nmodel = "eval"\ntimeout_s = 600\n')
+    subprocess.run([bin_path, "mount", mnt, "--data", data, "--config", cfg,
+                    "--model-dir", os.path.abspath(model_dir)], check=True)
+    return tmp, mnt
