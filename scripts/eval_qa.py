@@ -172,7 +172,7 @@ def gen_user(rng, i):
         (f"What is the name of {name}'s {other_species}?", "unknown", "unanswerable", []),
     ]
     return {"id": name.lower(), "name": name, "friend": friend, "sessions": sessions, "dates": dates,
-            "questions": qs}
+            "true_dates": [race, class_start], "questions": qs}
 
 
 def ts(d, i):
@@ -282,6 +282,7 @@ def node_body(mnt, path):
     return " ".join(text.split())
 
 
+VERBOSE = False
 MSG = re.compile(r"/inbox/s(\d+)\.json#(\d+)$")
 
 # Words of the extraction prompt's worked examples (src/extract/prompt.rs).
@@ -291,7 +292,8 @@ EXAMPLE_WORDS = {"dana", "chemistry", "leeds", "miso", "tom", "lyon", "paris", "
 def faithfulness(mnt, u):
     """(sentences, supported, example leaks, misattributed) over the user's
     memories. A sentence is supported when every capitalised word after its
-    first and every number in it occurs in the user's conversations, and it
+    first and every number in it occurs in the user's conversations (or in
+    a true date of the data: a session's, or one a relative time means), and it
     does not give the user a fact of the friend (the friend's job or son in a
     sentence about "the user" that does not name the friend). Independent of
     the daemon's own check: it reads the whole history, not the cited
@@ -300,6 +302,11 @@ def faithfulness(mnt, u):
     for msgs in u["sessions"]:
         for _, text in msgs:
             said |= {w.lower() for w in re.findall(r"[A-Za-z0-9]+", text)}
+    # The true dates (sessions, and what their relative times mean) in
+    # both forms: a memory may date an event the daemon resolved.
+    for d in u["dates"] + u["true_dates"]:
+        said |= {w.lower() for w in re.findall(r"[A-Za-z0-9]+", f"{d.isoformat()} {fmt(d)}")}
+        said.add(str(d.month).zfill(2))
     friend = u["friend"].lower()
     friend_facts = set()
     for msgs in u["sessions"]:
@@ -327,6 +334,8 @@ def faithfulness(mnt, u):
             wrong += misattributed
             if all(w in said for w in marked) and not leak and not misattributed:
                 ok += 1
+            elif VERBOSE:
+                print(f"  unsupported ({u['id']}): {sent}", file=sys.stderr)
     return total, ok, leaks, wrong
 
 
@@ -340,6 +349,8 @@ def main():
     ap.add_argument("--cache", default="/var/tmp/ctxfs-llm/qa-answers.json")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     url = args.llm_url or subprocess.run([os.path.join(here, "llm-setup.sh"), "start"], check=True,
                                          capture_output=True, text=True).stdout.strip()
     model = Model(url, args.cache)
