@@ -348,7 +348,7 @@ pub fn run() -> i32 {
         cli.cmd,
         Cmd::Completions { .. } | Cmd::Man | Cmd::Mcp { .. } | Cmd::Memtool { .. }
     ) {
-        crate::data::owner_only_umask();
+        crate::daemon::owner_only_umask();
     }
     let (writer, to_file) = crate::daemon::log_writer();
     tracing_subscriber::fmt()

@@ -67,13 +67,6 @@ pub fn open_index(
         .map_err(anyhow::Error::from)
 }
 
-/// Files and directories this process creates are its owner's alone
-/// (`0600`/`0700`), whatever the umask it was started with.
-pub fn owner_only_umask() {
-    // SAFETY: umask(2) only sets the process's file mode creation mask.
-    unsafe { libc::umask(0o077) };
-}
-
 /// The data dir, owner-only, as PostgreSQL treats its own: created `0700`;
 /// an existing empty one is taken and set `0700` (as initdb does); one that
 /// holds anything and that group or others may reach, or that another uid

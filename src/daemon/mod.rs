@@ -41,6 +41,13 @@ pub struct MountOpts {
     pub store: Option<String>,
 }
 
+/// Files and directories this process creates are its owner's alone
+/// (`0600`/`0700`), whatever the umask it was started with.
+pub fn owner_only_umask() {
+    // SAFETY: umask(2) only sets the process's file mode creation mask.
+    unsafe { libc::umask(0o077) };
+}
+
 /// Checks that need no daemon: fail early with a one-line reason.
 fn precheck(o: &MountOpts) -> Result<Settings> {
     let md = match std::fs::metadata(&o.mountpoint) {

@@ -127,25 +127,6 @@ pub fn message_changes(
         .collect()
 }
 
-/// How a message shows in search results (its abstract there): number,
-/// role and time, then the start of its text, on one line.
-pub fn message_label(i: u32, role: &str, ts: Option<&str>, text: &str) -> String {
-    let head = match ts {
-        Some(t) => format!("#{i} {role} {t}: "),
-        None => format!("#{i} {role}: "),
-    };
-    let body: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    let room = 160usize.saturating_sub(head.chars().count()).max(40);
-    let mut out = head;
-    if body.chars().count() > room {
-        out.extend(body.chars().take(room - 1));
-        out.push('…');
-    } else {
-        out.push_str(&body);
-    }
-    out
-}
-
 /// Parse a conversation file: `NAME.json` holds `{"messages": [...],
 /// "agent"?, "session"?}` (or a bare array of messages); `NAME.jsonl` one
 /// message per line (a line may also carry `agent` / `session`).
@@ -440,7 +421,7 @@ mod tests {
             ("my key [REDACTED]", Some("2026-03-04"))
         );
         assert_eq!(
-            message_label(0, "user", Some("2026-03-04"), "a\n  b"),
+            crate::schema::event::message_label(0, "user", Some("2026-03-04"), "a\n  b"),
             "#0 user 2026-03-04: a b"
         );
         let off = parse(
@@ -450,7 +431,7 @@ mod tests {
         .unwrap();
         assert!(off.unsearchable && !c.unsearchable);
         assert!(parse("c.json", br#"{"searchable": 0, "messages": []}"#).is_err());
-        let long = message_label(7, "assistant", None, &"word ".repeat(100));
+        let long = crate::schema::event::message_label(7, "assistant", None, &"word ".repeat(100));
         assert!(long.starts_with("#7 assistant: word"));
         assert_eq!(long.chars().count(), 160);
         assert!(long.ends_with('…'));

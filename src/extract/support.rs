@@ -114,7 +114,7 @@ impl Sources {
                 words.insert(w.to_lowercase());
                 words.extend(digits(w));
             }
-            terms.extend(crate::index::text::terms(t));
+            terms.extend(crate::schema::words::terms(t));
         }
         Sources { words, terms }
     }
@@ -128,7 +128,7 @@ impl Sources {
             // that is a common word ("The", "She", "User").
             let marked_name = w.chars().next().is_some_and(char::is_uppercase)
                 && (i > 0
-                    || !(crate::index::text::is_stopword(&lower)
+                    || !(crate::schema::words::is_stopword(&lower)
                         || FRAME.contains(&lower.as_str())
                         || SENTENCE_STARTS.contains(&lower.as_str())));
             if marked_number {
@@ -143,7 +143,7 @@ impl Sources {
                 }
             }
         }
-        let terms: Vec<String> = crate::index::text::terms(sentence)
+        let terms: Vec<String> = crate::schema::words::terms(sentence)
             .into_iter()
             .filter(|t| t.len() > 1 && !FRAME.contains(&t.as_str()))
             .collect();

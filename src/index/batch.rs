@@ -74,12 +74,7 @@ pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
         } => Work::Upsert {
             path: path.clone(),
             texts: vec![(2, text.clone())],
-            label: Some(crate::extract::message_label(
-                *message,
-                role,
-                ts.as_deref(),
-                text,
-            )),
+            label: Some(event::message_label(*message, role, ts.as_deref(), text)),
         },
         event::Change::UpsertRelation { edges } => Work::Relations {
             path: path.clone(),

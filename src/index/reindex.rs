@@ -34,7 +34,7 @@ impl Index {
         let mut out = Vec::new();
         for a in self.store.list_dirs("")? {
             for u in self.store.list_dirs(&format!("{a}/users"))? {
-                let inbox = format!("{a}/users/{u}/{}", crate::core::inbox::INBOX);
+                let inbox = format!("{a}/users/{u}/{}", crate::schema::names::INBOX);
                 for (name, _) in self.store.list_scratch(&inbox)? {
                     if !crate::extract::is_conversation_name(&name) {
                         continue;

@@ -180,6 +180,25 @@ pub fn message_path(conv: &str, i: usize) -> String {
     format!("{conv}#{i}")
 }
 
+/// How a message shows in search results (its abstract there): number,
+/// role and time, then the start of its text, on one line.
+pub fn message_label(i: u32, role: &str, ts: Option<&str>, text: &str) -> String {
+    let head = match ts {
+        Some(t) => format!("#{i} {role} {t}: "),
+        None => format!("#{i} {role}: "),
+    };
+    let body: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let room = 160usize.saturating_sub(head.chars().count()).max(40);
+    let mut out = head;
+    if body.chars().count() > room {
+        out.extend(body.chars().take(room - 1));
+        out.push('…');
+    } else {
+        out.push_str(&body);
+    }
+    out
+}
+
 /// A message's index path → (conversation path, message number).
 pub fn message_of(path: &str) -> Option<(&str, u32)> {
     let (conv, i) = path.rsplit_once('#')?;

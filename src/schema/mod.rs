@@ -10,6 +10,7 @@ pub mod names;
 pub mod place;
 pub mod redact;
 pub mod time;
+pub mod words;
 
 use serde::{Deserialize, Serialize};
 

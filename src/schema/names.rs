@@ -41,6 +41,9 @@ pub const USAGE_FILE: &str = "usage";
 /// `accounts/{a}/.ctxfs/batch`: many nodes committed by one write.
 pub const BATCH_FILE: &str = "batch";
 
+/// A user's directory of conversations (`users/{u}/inbox/`).
+pub const INBOX: &str = "inbox";
+
 /// Generated in user and agent directories: the memory map.
 pub const MAP_FILE: &str = "README.md";
 /// Generated in user and agent directories: the prompt header.

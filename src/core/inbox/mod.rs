@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
-pub const INBOX: &str = "inbox";
+pub use crate::schema::names::INBOX;
 const JOBS: &str = ".jobs";
 const HASHES: &str = ".hashes";
 const STATUS_EXT: &str = ".status";
