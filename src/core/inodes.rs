@@ -141,9 +141,28 @@ impl Inodes {
             e.1 = e.1.saturating_sub(n);
             if e.1 == 0 {
                 let (key, _) = self.by_ino.remove(&ino).expect("present");
-                self.by_key.remove(&key);
+                // The key may belong to another inode since (a rename).
+                if self.by_key.get(&key) == Some(&ino) {
+                    self.by_key.remove(&key);
+                }
             }
         }
+    }
+
+    /// The kernel moved the dentry of `from` (a rename it was told
+    /// succeeded): its inode now means `to`, as the dentry says, so a
+    /// lookup through it right after the rename finds the moved thing and
+    /// not `ENOENT` before the invalidation thread catches up. An inode
+    /// that meant `to` before (a removed node's, still held) keeps its key
+    /// but no longer owns it.
+    pub fn rename(&mut self, from: &Key, to: Key) {
+        let Some(ino) = self.by_key.remove(from) else {
+            return;
+        };
+        if let Some(e) = self.by_ino.get_mut(&ino) {
+            e.0 = to.clone();
+        }
+        self.by_key.insert(to, ino);
     }
 
     pub fn len(&self) -> usize {
@@ -173,5 +192,20 @@ mod tests {
         assert_ne!(a, b, "inode numbers are never reused");
         t.forget(ROOT, 100);
         assert_eq!(t.key(ROOT), Some(Key::Root));
+    }
+
+    #[test]
+    fn a_renamed_directory_keeps_its_inode_under_the_new_key() {
+        let mut t = Inodes::new();
+        let (a, b) = (Key::Dir("acme/x".into()), Key::Dir("acme/y".into()));
+        let old_b = t.lookup(b.clone());
+        let ino = t.lookup(a.clone());
+        t.rename(&a, b.clone());
+        assert_eq!(t.key(ino), Some(b.clone()));
+        assert_eq!(t.peek(&b), Some(ino));
+        assert_eq!(t.peek(&a), None);
+        // The displaced inode's forget leaves the new owner alone.
+        t.forget(old_b, 1);
+        assert_eq!(t.peek(&b), Some(ino));
     }
 }
