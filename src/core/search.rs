@@ -236,9 +236,10 @@ impl Fs {
         } = ix.answer(dir, &q, &|node| !self.expired(node))?;
         if ranged {
             let mut kept = Vec::with_capacity(judged.len());
+            let mut convs = std::collections::HashMap::new();
             for j in judged {
                 let path = j.hit.path.strip_prefix("accounts/").unwrap_or(&j.hit.path);
-                let at = self.time_of_result(path)?;
+                let at = self.time_of_result(path, &mut convs)?;
                 if at.is_some_and(|t| {
                     qn.since.is_none_or(|s| t >= s) && qn.until.is_none_or(|u| t < u)
                 }) {
@@ -317,10 +318,17 @@ impl Fs {
 
     /// When a result is from: a message's `ts` (its day's start when it
     /// is a date), a node's last commit; `None` when unknown (a message
-    /// without a time).
-    fn time_of_result(&self, path: &str) -> Result<Option<i128>> {
+    /// without a time). `convs` keeps the conversations read so far.
+    fn time_of_result(
+        &self,
+        path: &str,
+        convs: &mut std::collections::HashMap<String, Option<crate::extract::Conversation>>,
+    ) -> Result<Option<i128>> {
         if let Some((conv, n)) = crate::schema::event::message_of(path) {
-            let Some(c) = self.stored_conversation(conv)? else {
+            if !convs.contains_key(conv) {
+                convs.insert(conv.to_string(), self.stored_conversation(conv)?);
+            }
+            let Some(c) = convs.get(conv).and_then(Option::as_ref) else {
                 return Ok(None);
             };
             let ts = c.messages.get(n as usize).and_then(|m| m.ts.clone());
