@@ -51,17 +51,6 @@ pub fn is_summarized(path: &str) -> bool {
     is_owner_space(path) || is_category(path)
 }
 
-/// `text` on one line, at most `max` characters (an ellipsis when cut).
-fn clip(text: &str, max: usize) -> String {
-    let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one.chars().count() <= max {
-        return one;
-    }
-    let mut out: String = one.chars().take(max - 1).collect();
-    out.push('…');
-    out
-}
-
 /// What an owner space holds, as a reader sees it.
 struct Space {
     /// ACTIVE nodes, newest first: (path relative to the space, record).
@@ -210,7 +199,10 @@ impl Fs {
                     Some(a) if !a.is_empty() => format!("{head}; newest: {a}"),
                     _ => head,
                 };
-                return Ok(format!("{}\n", clip(&line, SUMMARY_ABSTRACT_CHARS)).into_bytes());
+                return Ok(
+                    format!("{}\n", crate::schema::clip(&line, SUMMARY_ABSTRACT_CHARS))
+                        .into_bytes(),
+                );
             }
             let mut out = format!(
                 "# {name}/\n\n{n} {}, {} archived; newest first (NAME/: ABSTRACT (vVERSION, UPDATED)).\n\n",
@@ -261,7 +253,9 @@ impl Fs {
             if !parts.is_empty() {
                 line.push_str(&format!(" ({})", parts.join(", ")));
             }
-            return Ok(format!("{}\n", clip(&line, SUMMARY_ABSTRACT_CHARS)).into_bytes());
+            return Ok(
+                format!("{}\n", crate::schema::clip(&line, SUMMARY_ABSTRACT_CHARS)).into_bytes(),
+            );
         }
         let mut out = format!(
             "# {name}\n\n{n} memor{} in {} categor{}, {} archived.\n\n",
@@ -283,7 +277,7 @@ impl Fs {
                 "- {cat}/: {} node{}; newest: {}\n",
                 recs.len(),
                 plural(recs.len()),
-                clip(&newest, SUMMARY_ABSTRACT_CHARS)
+                crate::schema::clip(&newest, SUMMARY_ABSTRACT_CHARS)
             ));
         }
         if cats.len() > SUMMARY_MAX_CHILDREN {

@@ -326,7 +326,7 @@ impl Fs {
     pub(crate) fn is_unindexed(&self, path: &str) -> bool {
         self.unindexed
             .get()
-            .is_some_and(|v| v.iter().any(|p| crate::index::in_scope(path, p)))
+            .is_some_and(|v| crate::index::under_any(v, path))
     }
 
     pub fn set_redaction(&self, policy: crate::config::RedactionPolicy) {

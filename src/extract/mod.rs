@@ -96,12 +96,16 @@ fn name_field(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<
 }
 
 /// The search index's events for a conversation's messages, one per
-/// non-empty message: (message number, change). `redact` is the account's
-/// redaction, so no secret it catches reaches the index or an embedder.
+/// non-empty message: (message number, change); none for a conversation
+/// marked `"searchable": false`. `redactor` is the account's, so no secret
+/// it catches reaches the index or an embedder.
 pub fn message_changes(
     conv: &Conversation,
-    redact: &dyn Fn(&str) -> String,
+    redactor: Option<&crate::schema::redact::Redactor>,
 ) -> Vec<(usize, crate::schema::event::Change)> {
+    if conv.unsearchable {
+        return Vec::new();
+    }
     conv.messages
         .iter()
         .enumerate()
@@ -120,7 +124,10 @@ pub fn message_changes(
                 message: i as u32,
                 role: m.role.clone(),
                 ts,
-                text: redact(&text),
+                text: match redactor {
+                    Some(r) => r.redact_text(&text).0,
+                    None => text,
+                },
             };
             (i, change)
         })
@@ -342,7 +349,7 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
 
 /// The texts a candidate may draw on: its cited messages (a profile only
 /// the user's own: it describes its user, not the other party).
-pub fn source_texts(c: &Candidate, conv: &Conversation) -> Vec<String> {
+fn source_texts(c: &Candidate, conv: &Conversation) -> Vec<String> {
     let mut out: Vec<String> = c
         .messages
         .iter()
@@ -366,6 +373,14 @@ pub fn source_texts(c: &Candidate, conv: &Conversation) -> Vec<String> {
     out
 }
 
+/// What a candidate may say: its cited messages (`source_texts`) and
+/// `known`, the current text of the node it joins.
+pub fn sources(c: &Candidate, conv: &Conversation, known: Option<&str>) -> support::Sources {
+    let mut texts = source_texts(c, conv);
+    texts.extend(known.map(str::to_string));
+    support::Sources::new(texts.iter().map(String::as_str))
+}
+
 /// The candidate with only the sentences its sources support
 /// (`support`): its cited messages (`source_texts`) and `known`, the
 /// version of the node it would merge into (the user's name a profile
@@ -377,9 +392,7 @@ pub fn faithful(
     known: Option<&str>,
     dropped: &mut Vec<String>,
 ) -> Option<Candidate> {
-    let mut texts = source_texts(&c, conv);
-    texts.extend(known.map(str::to_string));
-    let (yes, no) = support::Sources::new(texts.iter().map(String::as_str)).split(&c.text);
+    let (yes, no) = sources(&c, conv, known).split(&c.text);
     for (s, why) in &no {
         dropped.push(format!(
             "{} sentence {} is not supported by messages {:?}: {why}",
@@ -405,12 +418,12 @@ mod tests {
     fn messages_become_redacted_labelled_index_events() {
         let c = parse(
             "c.json",
-            br#"[{"role":"user","content":"my key sk-1","ts":"2026-03-04"},
+            br#"[{"role":"user","content":"my key sk-abcdefghijklmnopqrstuvwx","ts":"2026-03-04"},
                  {"role":"assistant","content":"  "},
                  {"role":"assistant","content":"ok","ts":1700000000}]"#,
         )
         .unwrap();
-        let ch = message_changes(&c, &|t: &str| t.replace("sk-1", "[REDACTED]"));
+        let ch = message_changes(&c, Some(&crate::schema::redact::Redactor::default()));
         assert_eq!(ch.len(), 2, "the blank message is left out");
         assert_eq!(ch[1].0, 2, "numbers are the conversation's");
         let crate::schema::event::Change::UpsertMessage { text, ts, .. } = &ch[0].1 else {

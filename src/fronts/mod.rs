@@ -596,14 +596,7 @@ const INDEX_MAX: usize = 40;
 /// fewer than a handful, its non-empty lines at even steps; each as (line
 /// number from 1, the line's start, at most 80 characters).
 pub fn line_index(text: &str) -> Vec<(usize, String)> {
-    let clip = |l: &str| -> String {
-        let l = l.trim();
-        if l.chars().count() > 80 {
-            format!("{}…", l.chars().take(79).collect::<String>())
-        } else {
-            l.to_string()
-        }
-    };
+    let clip = |l: &str| crate::schema::clip(l, 80);
     let lines: Vec<(usize, &str)> = text
         .lines()
         .enumerate()

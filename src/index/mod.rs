@@ -256,6 +256,11 @@ fn bytes_vec(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// Is `path` one of `prefixes` or under one?
+pub(crate) fn under_any(prefixes: &[String], path: &str) -> bool {
+    prefixes.iter().any(|p| in_scope(path, p))
+}
+
 /// Is `path` the directory `scope` or under it?
 pub(crate) fn in_scope(path: &str, scope: &str) -> bool {
     path.len() == scope.len() && path == scope

@@ -250,13 +250,22 @@ impl Index {
         // Only what is ACTIVE now, and messages of conversations still
         // stored (the index may lag a delete by a moment).
         let mut out: Vec<Hit> = Vec::new();
+        // Conversations looked up so far (several messages of one are common).
+        let mut stored: HashMap<String, bool> = HashMap::new();
         for h in hits {
             if out.len() >= k {
                 break;
             }
             let node = &h.path["accounts/".len()..];
             let live = match event::message_of(node) {
-                Some((conv, _)) => self.store.get_scratch(conv)?.is_some(),
+                Some((conv, _)) => match stored.get(conv) {
+                    Some(&s) => s,
+                    None => {
+                        let s = self.store.get_scratch(conv)?.is_some();
+                        stored.insert(conv.to_string(), s);
+                        s
+                    }
+                },
                 None => self
                     .store
                     .get_node(node)?

@@ -76,16 +76,12 @@ impl Index {
         let Ok(c) = crate::extract::parse(name, &rec.data) else {
             return Ok(Vec::new());
         };
-        if c.unsearchable || under_any(&self.cfg.unindexed, conv) {
+        if under_any(&self.cfg.unindexed, conv) {
             return Ok(Vec::new());
         }
         let account = conv.split('/').next().unwrap_or("");
         let r = self.cfg.redaction.for_account(account);
-        let redact = |t: &str| match &r {
-            Some(r) => r.redact_text(t).0,
-            None => t.to_string(),
-        };
-        Ok(crate::extract::message_changes(&c, &redact))
+        Ok(crate::extract::message_changes(&c, r.as_ref()))
     }
 
     /// Re-embed the documents of accounts whose vectors came from another
@@ -264,9 +260,4 @@ impl Index {
         self.dump_all();
         Ok(n)
     }
-}
-
-/// Is `path` one of `prefixes` or under one?
-fn under_any(prefixes: &[String], path: &str) -> bool {
-    prefixes.iter().any(|p| in_scope(path, p))
 }

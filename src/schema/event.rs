@@ -187,16 +187,8 @@ pub fn message_label(i: u32, role: &str, ts: Option<&str>, text: &str) -> String
         Some(t) => format!("#{i} {role} {t}: "),
         None => format!("#{i} {role}: "),
     };
-    let body: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let room = 160usize.saturating_sub(head.chars().count()).max(40);
-    let mut out = head;
-    if body.chars().count() > room {
-        out.extend(body.chars().take(room - 1));
-        out.push('…');
-    } else {
-        out.push_str(&body);
-    }
-    out
+    head + &super::clip(text, room)
 }
 
 /// A message's index path → (conversation path, message number).

@@ -28,6 +28,18 @@ pub fn excerpt(s: &str) -> String {
     }
 }
 
+/// `text` on one line (runs of whitespace as one space), at most `max`
+/// characters: cut with an ellipsis when longer.
+pub fn clip(text: &str, max: usize) -> String {
+    let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one.chars().count() <= max {
+        return one;
+    }
+    let mut out: String = one.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
 /// A JSON value as quoted in a reason: its JSON text, cut as [`excerpt`] does.
 pub fn excerpt_json(v: &serde_json::Value) -> String {
     let text = v.to_string();

@@ -277,7 +277,6 @@ fn extract_job(
     for c in &mut cands {
         extract::ground(c, conv);
     }
-
     job.changes.clear();
     let mut placed = Vec::new();
     for c in cands {
@@ -382,14 +381,11 @@ fn extract_job(
                         let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
                         // Each sentence of the merged text from the cited
                         // messages or the version it replaces, or no merge.
-                        let mut src = extract::source_texts(&c, conv);
-                        src.push(old.clone());
-                        let refused =
-                            extract::support::Sources::new(src.iter().map(String::as_str))
-                                .split(&text)
-                                .1
-                                .into_iter()
-                                .next();
+                        let refused = extract::sources(&c, conv, Some(&old))
+                            .split(&text)
+                            .1
+                            .into_iter()
+                            .next();
                         if let Some((s, why)) = refused {
                             (
                                 None,

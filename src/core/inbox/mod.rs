@@ -367,22 +367,16 @@ impl Fs {
     ) -> Result<Vec<Op>> {
         use crate::schema::event::{message_path, Change};
         let account = Self::account_of(path).to_string();
-        // Not indexed: a conversation marked so, or one under a prefix
-        // the account keeps out of the index.
-        if !remove && (conv.unsearchable || self.is_unindexed(path)) {
-            return Ok(Vec::new());
-        }
         let changes: Vec<(usize, Change)> = if remove {
             (0..conv.messages.len())
                 .map(|i| (i, Change::DeleteContext {}))
                 .collect()
+        } else if self.is_unindexed(path) {
+            // Under a prefix the account keeps out of the index.
+            Vec::new()
         } else {
             let r = self.redaction().for_account(&account);
-            let redact = |t: &str| match &r {
-                Some(r) => r.redact_text(t).0,
-                None => t.to_string(),
-            };
-            extract::message_changes(conv, &redact)
+            extract::message_changes(conv, r.as_ref())
         };
         let mut ops = Vec::with_capacity(changes.len() + 1);
         let mut max_seq = 0;
