@@ -281,24 +281,43 @@ fn the_grafana_dashboard_queries_served_metrics() {
 }
 
 /// A moved node is there under its new name as soon as `rename(2)`
-/// returns, 300 times in a row. (The memory tool's rename once read ENOENT
-/// at the new path under load, twice in this session; the daemon now gives
-/// the moved inode the new path at once instead of waiting for the cache
-/// invalidation. This loop did not reproduce that race on demand, with or
-/// without the change: it guards moves, not the race itself.)
+/// returns, 300 times in a row, read through the dentries the kernel moved
+/// with it. (The memory tool's rename read ENOENT at `NEW/.meta.json` under
+/// load: the kernel moves the node's cached child dentries with it, and
+/// their inodes still meant the old path until the invalidation thread
+/// dropped them. The daemon now moves every inode under the node at once.)
+/// One process reads, moves and reads again with nothing in between, so
+/// the invalidation thread rarely gets there first.
 #[test]
 fn a_moved_node_reads_at_its_new_path_at_once() {
     let m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
     let c = "acme/users/alice/memories/c";
     m.ok(WRITER, &four_steps(&format!("{c}/a"), "moving", ACTIVE));
-    m.ok(
-        WRITER,
-        &format!(
-            "set -e; D=\"$M/accounts/{c}\"; for i in $(seq 1 150); do \
-             mv \"$D/a\" \"$D/b\"; cat \"$D/b/.meta.json\" >/dev/null; \
-             mv \"$D/b\" \"$D/a\"; cat \"$D/a/.meta.json\" >/dev/null; done"
+    let script = m.shared_file("moves.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import os
+d = os.environ["M"] + "/accounts/{c}/"
+bad = 0
+for i in range(150):
+    for s, t in (("a", "b"), ("b", "a")):
+        open(d + s + "/.meta.json").read()
+        open(d + s + "/content.md").read()
+        os.rename(d + s, d + t)
+        try:
+            open(d + t + "/.meta.json").read()
+            open(d + t + "/content.md").read()
+        except OSError as e:
+            bad += 1
+            print(t, e)
+print("bad", bad)
+"#
         ),
-    );
+    )
+    .unwrap();
+    let out = m.ok(WRITER, &format!("/usr/bin/python3 {}", script.display()));
+    assert!(out.trim_end().ends_with("bad 0"), "{out}");
     assert_eq!(
         m.ok(READER, &format!("cat $M/accounts/{c}/a/content.md")),
         "moving"

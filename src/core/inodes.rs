@@ -86,6 +86,74 @@ pub enum Key {
     },
 }
 
+/// `path` with its prefix `from` replaced by `to`, if it is `from` or below.
+fn rebase(path: &Arc<str>, from: &str, to: &str) -> Option<Arc<str>> {
+    let rest = path.strip_prefix(from)?;
+    (rest.is_empty() || rest.starts_with('/')).then(|| Arc::from(format!("{to}{rest}")))
+}
+
+impl Key {
+    /// This key with its node path moved from `from` to `to`, if it names
+    /// `from` or something below it.
+    pub fn rebased(&self, from: &str, to: &str) -> Option<Key> {
+        let r = |p: &Arc<str>| rebase(p, from, to);
+        Some(match self {
+            Key::Dir(p) => Key::Dir(r(p)?),
+            Key::File {
+                node,
+                name,
+                id,
+                version,
+            } => Key::File {
+                node: r(node)?,
+                name: name.clone(),
+                id: *id,
+                version: *version,
+            },
+            Key::Draft { node, name } => Key::Draft {
+                node: r(node)?,
+                name: name.clone(),
+            },
+            Key::CommitError(p) => Key::CommitError(r(p)?),
+            Key::Outbox(p) => Key::Outbox(r(p)?),
+            Key::OutboxDlq(p) => Key::OutboxDlq(r(p)?),
+            Key::Event { node, seq } => Key::Event {
+                node: r(node)?,
+                seq: *seq,
+            },
+            Key::DeadEvent { node, seq } => Key::DeadEvent {
+                node: r(node)?,
+                seq: *seq,
+            },
+            Key::Versions(p) => Key::Versions(r(p)?),
+            Key::VersionDir { node, id, version } => Key::VersionDir {
+                node: r(node)?,
+                id: *id,
+                version: *version,
+            },
+            Key::VersionFile {
+                node,
+                name,
+                id,
+                version,
+            } => Key::VersionFile {
+                node: r(node)?,
+                name: name.clone(),
+                id: *id,
+                version: *version,
+            },
+            Key::Restore(p) => Key::Restore(r(p)?),
+            Key::Redact(p) => Key::Redact(r(p)?),
+            Key::SearchDir(p) => Key::SearchDir(r(p)?),
+            Key::Search { dir, name } => Key::Search {
+                dir: r(dir)?,
+                name: name.clone(),
+            },
+            _ => return None,
+        })
+    }
+}
+
 #[derive(Default)]
 pub struct Inodes {
     by_key: HashMap<Key, u64>,
@@ -149,20 +217,32 @@ impl Inodes {
         }
     }
 
-    /// The kernel moved the dentry of `from` (a rename it was told
-    /// succeeded): its inode now means `to`, as the dentry says, so a
-    /// lookup through it right after the rename finds the moved thing and
-    /// not `ENOENT` before the invalidation thread catches up. An inode
-    /// that meant `to` before (a removed node's, still held) keeps its key
-    /// but no longer owns it.
-    pub fn rename(&mut self, from: &Key, to: Key) {
-        let Some(ino) = self.by_key.remove(from) else {
-            return;
-        };
-        if let Some(e) = self.by_ino.get_mut(&ino) {
-            e.0 = to.clone();
+    /// The kernel moved the dentry of directory `from` to `to` (a rename
+    /// it was told succeeded), and with it every dentry below: each inode
+    /// that meant `from` or a path under it now means the same thing under
+    /// `to`, as the kernel's dentries say, so a lookup or open through them
+    /// right after the rename (`to/.meta.json` through the dentry cached as
+    /// `from/.meta.json`) finds the moved thing and not `ENOENT` before the
+    /// invalidation thread catches up. An inode that meant a path under
+    /// `to` before (a removed node's, still held) keeps its key but no
+    /// longer owns it.
+    pub fn rename_tree(&mut self, from: &str, to: &str) {
+        let moved: Vec<(u64, Key, Key)> = self
+            .by_ino
+            .iter()
+            .filter_map(|(&ino, (k, _))| Some((ino, k.clone(), k.rebased(from, to)?)))
+            .collect();
+        for (ino, old, _) in &moved {
+            if self.by_key.get(old) == Some(ino) {
+                self.by_key.remove(old);
+            }
         }
-        self.by_key.insert(to, ino);
+        for (ino, _, new) in moved {
+            if let Some(e) = self.by_ino.get_mut(&ino) {
+                e.0 = new.clone();
+            }
+            self.by_key.insert(new, ino);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -200,7 +280,19 @@ mod tests {
         let (a, b) = (Key::Dir("acme/x".into()), Key::Dir("acme/y".into()));
         let old_b = t.lookup(b.clone());
         let ino = t.lookup(a.clone());
-        t.rename(&a, b.clone());
+        let file = |node: &str| Key::File {
+            node: node.into(),
+            name: ".meta.json".into(),
+            id: 7,
+            version: 1,
+        };
+        let f = t.lookup(file("acme/x"));
+        let other = t.lookup(Key::Dir("acme/xy".into()));
+        t.rename_tree("acme/x", "acme/y");
+        // The file the kernel reaches through the moved dentry means the
+        // moved node's file; a sibling sharing the prefix is untouched.
+        assert_eq!(t.key(f), Some(file("acme/y")));
+        assert_eq!(t.key(other), Some(Key::Dir("acme/xy".into())));
         assert_eq!(t.key(ino), Some(b.clone()));
         assert_eq!(t.peek(&b), Some(ino));
         assert_eq!(t.peek(&a), None);

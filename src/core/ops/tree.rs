@@ -591,8 +591,9 @@ impl Fs {
         }
         self.drafts.rename(src, dst, new_base);
         // The kernel moves its dentry of `src` to `dst` when this returns:
-        // the inode follows at once; the entries are dropped after.
-        lock(&self.inodes).rename(&Key::Dir(src.into()), Key::Dir(dst.into()));
+        // the inodes of it and everything below follow at once; the
+        // entries are dropped after.
+        lock(&self.inodes).rename_tree(src, dst);
         // The kernel moved its dentry to an inode named by the old path.
         for path in [src, dst] {
             let (parent, name) = place::parent_name(path);
