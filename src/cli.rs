@@ -205,6 +205,16 @@ pub enum Cmd {
         #[arg(long, default_value_t = 0)]
         grace: u64,
     },
+    /// Copy what can still be read of a damaged data dir (store rows, intact
+    /// write-ahead log records) into a new data dir; the damaged one is only read.
+    Salvage {
+        /// The damaged data dir (unmounted).
+        #[arg(long)]
+        data: PathBuf,
+        /// The new data dir to write (must not exist, or be empty).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// Options of `ctxfs bench-ann`.
@@ -358,6 +368,9 @@ pub fn run() -> i32 {
         )
         .with_ansi(!to_file)
         .with_writer(writer)
+        // A failed log write must not be reported on stderr: for the
+        // background daemon that is the log file itself (see daemon::log).
+        .log_internal_errors(false)
         .init();
     let result = match cli.cmd {
         Cmd::Mount {
@@ -471,6 +484,7 @@ pub fn run() -> i32 {
             store.as_deref(),
             std::time::Duration::from_secs(grace),
         ),
+        Cmd::Salvage { data, out } => crate::cmd::salvage(&data, &out),
     };
     match result {
         Ok(code) => code,

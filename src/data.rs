@@ -14,6 +14,12 @@ use std::sync::Arc;
 pub const DB_FILE: &str = "ctxfs.redb";
 pub const LOCK_FILE: &str = "lock";
 pub const LOG_FILE: &str = "ctxfs.log";
+/// The data dir's format marker: written once its store exists, so a store
+/// file that goes missing or empty later is known to be lost, not new.
+pub const FORMAT_FILE: &str = "ctxfs.format";
+/// The format of the embedded data dir this build reads and writes. A data
+/// dir without the marker was written before it existed: the same format.
+pub const FORMAT: u32 = 1;
 
 /// The config (or the single-owner default) with the command line's overrides.
 pub fn settings(
@@ -237,6 +243,104 @@ pub fn open_data(data: &Path, create: bool) -> Result<(DataLock, Arc<RedbStore>)
         );
     }
     let lock = lock_data_dir(data).context("unmount it first")?;
-    let store = RedbStore::open(&db)?;
+    let store = open_redb(data)?;
     Ok((lock, store))
+}
+
+/// The format a data dir's marker names (`None`: no marker).
+fn format_of(data: &Path) -> Result<Option<u32>> {
+    let path = data.join(FORMAT_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => bail!("cannot read {}: {e}", path.display()),
+    };
+    text.trim()
+        .strip_prefix("ctxfs-data ")
+        .and_then(|v| v.parse().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            anyhow!(
+                "{} is not a ctxfs format marker ({:?}); it should read \"ctxfs-data {FORMAT}\"",
+                path.display(),
+                text.trim()
+            )
+        })
+}
+
+/// What in `data` says a store lived there: the format marker, a log with
+/// intact records, search index dumps.
+fn store_traces(data: &Path) -> Vec<String> {
+    let mut t = Vec::new();
+    if data.join(FORMAT_FILE).exists() {
+        t.push(format!("the format marker {FORMAT_FILE}"));
+    }
+    let wal = data.join(DB_FILE).with_extension("wal");
+    if let Ok(sc) = crate::store::read_wal(&wal) {
+        let n = sc.records.len() + sc.after_damage.len();
+        if n > 0 {
+            t.push(format!("{n} record(s) in the write-ahead log"));
+        }
+    }
+    let dumps = std::fs::read_dir(data.join("index"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    if dumps > 0 {
+        t.push(format!("{dumps} search index dump(s) in index/"));
+    }
+    t
+}
+
+/// Refuse what must not be opened as a store: a store file that is
+/// missing or empty where traces of a store remain (it was lost: a new
+/// empty store would serve an empty tree as if nothing had been there),
+/// and a data dir of a newer format than this build reads.
+pub fn check_data_dir(data: &Path) -> Result<()> {
+    let db = data.join(DB_FILE);
+    if let Some(f) = format_of(data)? {
+        if f > FORMAT {
+            bail!(
+                "data dir {} has format {f}, written by a newer ctxfs; this one reads format \
+                 {FORMAT} and changes nothing: run the newer ctxfs (or `ctxfs export` with it)",
+                data.display()
+            );
+        }
+    }
+    let size = std::fs::metadata(&db).map(|m| m.len()).ok();
+    if size.unwrap_or(0) == 0 {
+        let traces = store_traces(data);
+        if !traces.is_empty() {
+            bail!(
+                "the store file {} is {}, but the data dir holds traces of a store ({}): \
+                 it was lost, and ctxfs will not start an empty store in its place. Restore \
+                 {DB_FILE} from a backup, or salvage what the log holds with: \
+                 ctxfs salvage --data {} --out NEW_DIR; to start afresh, move the data dir aside",
+                db.display(),
+                if size.is_none() { "missing" } else { "empty" },
+                traces.join(", "),
+                data.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Open the embedded store of `data` (created if new) after
+/// [`check_data_dir`], and mark the data dir with its format.
+pub fn open_redb(data: &Path) -> Result<Arc<RedbStore>> {
+    check_data_dir(data)?;
+    let store = RedbStore::open(&data.join(DB_FILE))?;
+    let marker = data.join(FORMAT_FILE);
+    if !marker.exists() {
+        let tmp = data.join(format!("{FORMAT_FILE}.tmp"));
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            writeln!(f, "ctxfs-data {FORMAT}")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &marker)?;
+            File::open(data)?.sync_all()
+        };
+        write().with_context(|| format!("cannot write {}", marker.display()))?;
+    }
+    Ok(store)
 }

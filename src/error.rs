@@ -56,6 +56,9 @@ pub enum Error {
         what: String,
         #[source]
         source: Option<Source>,
+        /// The disk is full (`ENOSPC`, or `EDQUOT` of the disk's quota):
+        /// answered as `ENOSPC`, so a writer knows to free space.
+        no_space: bool,
     },
     /// `.ctxfs/sync` waited longer than its timeout.
     #[error("timed out")]
@@ -119,6 +122,7 @@ impl Error {
         Error::Store {
             what: what.into(),
             source: None,
+            no_space: false,
         }
     }
 
@@ -127,9 +131,16 @@ impl Error {
         what: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Error {
+        // redb's errors keep the I/O error only in their text, which Rust
+        // ends with "(os error N)" whatever the locale.
+        let text = source.to_string();
+        let no_space = [libc::ENOSPC, libc::EDQUOT]
+            .iter()
+            .any(|n| text.contains(&format!("(os error {n})")));
         Error::Store {
             what: what.into(),
             source: Some(Source(Arc::new(source))),
+            no_space,
         }
     }
 
@@ -169,6 +180,7 @@ impl Error {
             Error::NameTooLong => libc::ENAMETOOLONG,
             Error::Unsupported => libc::ENOTSUP,
             Error::BadHandle => libc::EBADF,
+            Error::Store { no_space: true, .. } => libc::ENOSPC,
             Error::Store { .. } => libc::EIO,
             Error::TimedOut => libc::ETIMEDOUT,
             Error::Unavailable(_) => libc::EAGAIN,
@@ -250,6 +262,11 @@ mod tests {
         assert_eq!(e.to_string(), "storage error: reading blob 7");
         assert_eq!(e.report(), "storage error: reading blob 7: disk on fire");
         assert_eq!(e.clone(), e);
+        let full = Error::store_from(
+            "write-ahead log",
+            std::io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        assert_eq!(full.errno(), libc::ENOSPC, "a full disk says so");
         let doc = include_str!("../docs/SEMANTICS.md");
         for (err, errno, name) in table {
             assert_eq!(err.errno(), *errno, "{err:?}");

@@ -184,22 +184,102 @@ pub struct BenchAnnOpts {
 }
 
 pub fn fsck(data: Option<&Path>, url: Option<&str>) -> Result<i32> {
-    let cs = CommandStore::open(data, url, false)?;
-    let v = match cs.redb() {
-        Some(r) => crate::store::fsck(r)?,
-        None => crate::store::check(&*cs.store)?,
+    let report = match (data, url) {
+        // The embedded store is checked read-only: fsck reports, it never
+        // writes (repair and salvage are commands of their own).
+        (Some(d), None) => {
+            let _lock = crate::data::lock_data_dir(d).context("unmount it first")?;
+            crate::data::check_data_dir(d)?;
+            let db = d.join(crate::data::DB_FILE);
+            if !db.exists() {
+                bail!(
+                    "{} holds no ctxfs data ({} missing)",
+                    d.display(),
+                    crate::data::DB_FILE
+                );
+            }
+            crate::store::fsck_file(&db)?
+        }
+        _ => {
+            let cs = CommandStore::open(data, url, false)?;
+            let violations = crate::store::check(&*cs.store)?;
+            cs.close();
+            crate::store::FsckReport {
+                violations,
+                notes: Vec::new(),
+            }
+        }
     };
-    cs.close();
-    if v.is_empty() {
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    if report.violations.is_empty() {
         println!("clean");
         Ok(0)
     } else {
-        for x in &v {
+        for x in &report.violations {
             println!("{x}");
         }
-        println!("{} violation(s)", v.len());
+        println!("{} violation(s)", report.violations.len());
         Ok(1)
     }
+}
+
+/// `ctxfs salvage`: what can be read of a damaged data dir, into a new one.
+pub fn salvage(data: &Path, out: &Path) -> Result<i32> {
+    let _lock = crate::data::lock_data_dir(data).context("unmount it first")?;
+    if std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "{} is not empty: salvage writes a new data dir",
+            out.display()
+        );
+    }
+    crate::data::private_dir(out)?;
+    let src = data.join(crate::data::DB_FILE);
+    let dst = out.join(crate::data::DB_FILE);
+    let s = crate::store::salvage(&src, &dst)?;
+    for (table, n) in &s.rows {
+        println!("{table}: {n} row(s)");
+    }
+    println!("write-ahead log: {} record(s) applied", s.records);
+    for l in &s.lost {
+        println!("lost: {l}");
+    }
+    if !s.missing_seqs.is_empty() {
+        println!(
+            "lost: {} commit batch(es) of the write-ahead log (records {}) were damaged",
+            s.missing_seqs.len(),
+            s.missing_seqs
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    // Mark the new data dir and check it, as a mount would open it.
+    let (lock, store) = open_offline(out)?;
+    let violations = crate::store::fsck(&store)?;
+    store.close();
+    drop(store);
+    drop(lock);
+    for v in &violations {
+        println!("check: {v}");
+    }
+    println!(
+        "salvaged into {}: {} violation(s) of the stored invariants; the search index is \
+         rebuilt at its first mount. To serve it: mv {} {}.damaged && mv {} {}",
+        out.display(),
+        violations.len(),
+        data.display(),
+        data.display(),
+        out.display(),
+        data.display()
+    );
+    Ok(if s.lost.is_empty() && s.missing_seqs.is_empty() {
+        0
+    } else {
+        1
+    })
 }
 
 /// `ctxfs repair`: the Repair Job over the saved drafts of a data dir (on a

@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Log lines the daemon could not write (a full disk) and dropped; the
+/// daemon's log writer counts them here.
+pub static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+
 /// The filesystem operations measured, as the FUSE adapter names them.
 pub const OPS: &[&str] = &[
     "lookup", "getattr", "setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "link",
@@ -43,6 +47,7 @@ const ERRNOS: &[i32] = &[
     libc::ETIMEDOUT,
     libc::EAGAIN,
     libc::ENOSYS,
+    libc::ENOSPC,
 ];
 
 struct OpStats {
@@ -337,6 +342,11 @@ impl super::Fs {
                 "ctxfs_expired_total",
                 "Expired nodes removed by the TTL sweeper.",
                 &s.expired,
+            ),
+            (
+                "ctxfs_log_lines_dropped_total",
+                "Log lines that could not be written (a full disk) and were dropped.",
+                &LOG_LINES_DROPPED,
             ),
         ] {
             if admin {

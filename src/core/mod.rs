@@ -31,6 +31,7 @@ pub(crate) use self::handles::{DraftHandle, Handle, RestoreHandle};
 use self::inodes::{Inodes, Key};
 pub use self::kcache::Target;
 use self::kcache::{CachedReads, Invalidator};
+pub use self::metrics::LOG_LINES_DROPPED;
 use crate::config::{Access, Tenancy};
 use crate::error::{Error, Result};
 use crate::locks::lock;
@@ -550,6 +551,7 @@ impl Fs {
             v["commits"] = self.stats.commits.load(Ordering::Relaxed).into();
             v["commit_failures"] = self.stats.commit_failures.load(Ordering::Relaxed).into();
             v["inodes"] = self.inode_count().into();
+            v["log_lines_dropped"] = metrics::LOG_LINES_DROPPED.load(Ordering::Relaxed).into();
         }
         let mut out =
             serde_json::to_vec_pretty(&v).map_err(|e| Error::store_from("rendering status", e))?;

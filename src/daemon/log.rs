@@ -7,8 +7,15 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
+
+/// Log writes that failed (a full disk, a removed file) and were dropped:
+/// a log line is never worth a request, let alone the daemon (see
+/// `.ctxfs/status` `log_lines_dropped` and the metric
+/// `ctxfs_log_lines_dropped_total`).
+use crate::core::LOG_LINES_DROPPED as DROPPED;
 
 /// Set by `ctxfs mount` for the daemon it starts: the log file to write.
 pub const LOG_ENV: &str = "CTXFS_LOG_FILE";
@@ -77,13 +84,26 @@ impl Write for RotatingLog {
             // never worth failing a request for.
             let _ = self.rotate();
         }
-        let n = self.file.write(buf)?;
-        self.size += n as u64;
-        Ok(n)
+        // A line that cannot be written (ENOSPC on the data dir's disk) is
+        // dropped and counted, never an error: the formatter would report
+        // an error on stderr, which is this same file, and a failed write
+        // to stderr panics.
+        match self.file.write_all(buf) {
+            Ok(()) => self.size += buf.len() as u64,
+            Err(_) => {
+                DROPPED.fetch_add(1, Ordering::Relaxed);
+                // What went in before the failure counts towards the limit.
+                if let Ok(md) = self.file.metadata() {
+                    self.size = md.len();
+                }
+            }
+        }
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
+        let _ = self.file.flush();
+        Ok(())
     }
 }
 
@@ -102,7 +122,8 @@ pub fn log_writer() -> (BoxMakeWriter, bool) {
     match RotatingLog::open(Path::new(&path), max, true) {
         Ok(log) => (BoxMakeWriter::new(Mutex::new(log)), true),
         Err(e) => {
-            eprintln!(
+            let _ = writeln!(
+                io::stderr(),
                 "ctxfs: cannot open log {}: {e}; logging to stderr",
                 Path::new(&path).display()
             );
@@ -130,5 +151,21 @@ mod tests {
             .len();
         assert!(now <= 4096 && before <= 4096, "{now} {before}");
         assert!(now > 0 && before > 3000);
+    }
+
+    #[test]
+    fn a_line_that_cannot_be_written_is_dropped_and_counted() {
+        // /dev/full fails every write with ENOSPC, as a full disk does.
+        let mut log = RotatingLog {
+            path: PathBuf::from("/dev/full"),
+            file: OpenOptions::new().write(true).open("/dev/full").unwrap(),
+            size: 0,
+            max: 1 << 20,
+            stderr: false,
+        };
+        let before = DROPPED.load(Ordering::Relaxed);
+        assert_eq!(log.write(b"a line\n").unwrap(), 7);
+        log.flush().unwrap();
+        assert!(DROPPED.load(Ordering::Relaxed) > before);
     }
 }

@@ -7,8 +7,8 @@ mod log;
 pub use self::log::{log_writer, LOG_MAX_ENV};
 use crate::config::Settings;
 use crate::core::Fs;
-use crate::data::{lock_data_dir, open_index, settings, DB_FILE, LOG_FILE};
-use crate::store::{RedbStore, Store};
+use crate::data::{lock_data_dir, open_index, settings, LOG_FILE};
+use crate::store::Store;
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, Write};
@@ -339,7 +339,7 @@ fn open_store(o: &MountOpts, s: &Settings) -> Result<(Arc<dyn Store>, Closer)> {
             Ok((pg, Box::new(move || closer.close())))
         }
         None => {
-            let redb = RedbStore::open(&o.data.join(DB_FILE))?;
+            let redb = crate::data::open_redb(&o.data)?;
             let closer = redb.clone();
             Ok((redb, Box::new(move || closer.close())))
         }

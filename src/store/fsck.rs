@@ -5,7 +5,7 @@ use super::redb::{
     decode, split_key, BLOBS, COUNTERS, DIRS, DLQ, DLQ_BY_NODE, DRAFTS, EXPIRY, HIGH_WATER, NODES,
     OUTBOX, OUTBOX_BY_NODE, VERSIONS,
 };
-use super::{DraftRec, RedbStore, Status};
+use super::{DraftRec, Status};
 use crate::error::{Error, Result};
 use crate::schema::place::{self, DirPlace};
 use ::redb::{ReadableDatabase, ReadableTable};
@@ -27,10 +27,148 @@ fn se<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
     Error::store_from("redb", e)
 }
 
-pub fn fsck(store: &RedbStore) -> Result<Vec<Violation>> {
+/// What `fsck` found in a data dir's store: the violations (invariant 0
+/// is the files themselves: readable, and a log that is not damaged) and
+/// notes that are no fault (a torn tail, records the next mount applies).
+#[derive(Debug, Default)]
+pub struct Report {
+    pub violations: Vec<Violation>,
+    pub notes: Vec<String>,
+}
+
+/// The message of a panic, for the report.
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
+
+/// `f`, with a panic (redb meeting a corrupt page) turned into an error
+/// and kept off stderr.
+pub(super) fn guarded<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(panic_text);
+    std::panic::set_hook(hook);
+    r
+}
+
+/// Check the embedded store at `db_path` and its write-ahead log without
+/// changing a byte of either. A store that was not closed cleanly (a
+/// killed daemon) cannot be opened read-only: a copy is made beside it,
+/// opened (redb repairs the copy) and checked, then removed.
+pub fn fsck_file(db_path: &std::path::Path) -> Result<Report> {
+    let mut r = Report::default();
+    let salvage = format!(
+        "salvage what can be read into a new data dir with: ctxfs salvage --data {} --out NEW_DIR",
+        db_path
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .display()
+    );
+    let sc = super::wal::read(&db_path.with_extension("wal"))?;
+    if !sc.after_damage.is_empty() {
+        r.violations.push(Violation {
+            invariant: 0,
+            what: format!(
+                "the write-ahead log is damaged at byte {} of {}: {} intact record(s) follow \
+                 the damage (acknowledged commits the store may not hold); {salvage}",
+                sc.valid,
+                sc.total,
+                sc.after_damage.len()
+            ),
+        });
+    } else if sc.valid < sc.total {
+        r.notes.push(format!(
+            "the write-ahead log has a torn tail of {} byte(s) after its last intact record \
+             (a crash mid-append; never acknowledged): the next mount cuts it",
+            sc.total - sc.valid
+        ));
+    }
+    let opened = guarded(|| {
+        ::redb::Builder::new()
+            .set_cache_size(super::redb::CACHE_BYTES)
+            .open_read_only(db_path)
+    });
+    let checked = match opened {
+        Ok(Ok(db)) => guarded(|| check_all(&db)),
+        Ok(Err(::redb::DatabaseError::RepairAborted)) => {
+            r.notes.push(
+                "the store was not closed cleanly (a killed daemon): checked a repaired copy; \
+                 the next mount repairs the store itself"
+                    .into(),
+            );
+            let copy = db_path.with_extension("redb.fsck");
+            std::fs::copy(db_path, &copy).map_err(|e| {
+                Error::store_from(
+                    format!("copying the store to {} for its check", copy.display()),
+                    e,
+                )
+            })?;
+            let res = guarded(|| {
+                ::redb::Builder::new()
+                    .set_cache_size(super::redb::CACHE_BYTES)
+                    .create(&copy)
+                    .map_err(se)
+                    .and_then(|db| check_all(&db))
+            });
+            let _ = std::fs::remove_file(&copy);
+            res
+        }
+        Ok(Err(e)) => Ok(Err(se(e))),
+        Err(p) => Err(p),
+    };
+    match checked {
+        Ok(Ok(v)) => r.violations.extend(v),
+        Ok(Err(e)) => r.violations.push(Violation {
+            invariant: 0,
+            what: format!("the store cannot be read: {}; {salvage}", e.report()),
+        }),
+        Err(p) => r.violations.push(Violation {
+            invariant: 0,
+            what: format!("the store file is corrupt (reading it failed: {p}); {salvage}"),
+        }),
+    }
+    let intact = sc.records.len() + sc.after_damage.len();
+    if intact > 0 && r.violations.is_empty() {
+        r.notes.push(format!(
+            "{intact} write-ahead log record(s) since the last checkpoint: the next mount \
+             applies those the store does not hold"
+        ));
+    }
+    Ok(r)
+}
+
+/// Every row of every table read (a corrupt page anywhere is found), then
+/// the invariants checked.
+fn check_all(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
+    let txn = db.begin_read().map_err(se)?;
+    let mut unreadable = Vec::new();
+    for table in super::redb::TABLES {
+        match guarded(|| super::redb::read_table(&txn, table)) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => unreadable.push(format!("table {table}: {}", e.report())),
+            Err(p) => unreadable.push(format!("table {table}: corrupt ({p})")),
+        }
+    }
+    drop(txn);
+    if !unreadable.is_empty() {
+        return Err(Error::store(unreadable.join("; ")));
+    }
+    check_db(db)
+}
+
+/// Check the stored invariants of an open store (the model tests).
+pub fn fsck(store: &super::RedbStore) -> Result<Vec<Violation>> {
+    check_db(&*store.db()?)
+}
+
+/// Check the stored invariants of an open database.
+pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
     let mut v = Vec::new();
     let mut bad = |invariant: u8, what: String| v.push(Violation { invariant, what });
-    let txn = store.db().begin_read().map_err(se)?;
+    let txn = db.begin_read().map_err(se)?;
     let nodes = txn.open_table(NODES).map_err(se)?;
     let dirs = txn.open_table(DIRS).map_err(se)?;
     let versions = txn.open_table(VERSIONS).map_err(se)?;

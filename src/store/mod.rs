@@ -9,9 +9,10 @@ mod redb;
 mod wal;
 
 pub use self::check::check;
-pub use self::fsck::{fsck, Violation};
+pub use self::fsck::{fsck, fsck_file, Report as FsckReport, Violation};
 pub use self::pg::{shown_url, PgStore};
-pub use self::redb::RedbStore;
+pub use self::redb::{salvage, RedbStore, Salvaged};
+pub use self::wal::{read as read_wal, Scan as WalScan};
 
 use crate::error::Result;
 use serde::{Deserialize, Serialize};

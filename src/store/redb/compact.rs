@@ -48,35 +48,87 @@ impl RedbStore {
         let mut dst = new.begin_write().map_err(se)?;
         dst.set_durability(Durability::Immediate).map_err(se)?;
         let mut rows = 0u64;
-        macro_rules! copy {
-            ($($def:expr),* $(,)?) => {$({
-                let s = src.open_table($def).map_err(se)?;
-                let mut d = dst.open_table($def).map_err(se)?;
-                for item in s.iter().map_err(se)? {
-                    let (k, v) = item.map_err(se)?;
-                    d.insert(k.value(), v.value()).map_err(se)?;
-                    rows += 1;
-                }
-            })*};
+        for table in TABLES {
+            rows += copy_table(&src, &dst, table)?;
         }
-        copy!(
-            NODES,
-            DIRS,
-            VERSIONS,
-            BLOBS,
-            OUTBOX,
-            OUTBOX_BY_NODE,
-            DRAFTS,
-            COUNTERS,
-            HIGH_WATER,
-            DLQ,
-            DLQ_BY_NODE,
-            IX_DOCS,
-            VECS,
-            SCRATCH,
-            EXPIRY,
-        );
         dst.commit().map_err(se)?;
         Ok(rows)
     }
+}
+
+/// Every table, by name, for the copies of compact and salvage.
+pub const TABLES: &[&str] = &[
+    "nodes",
+    "dirs",
+    "versions",
+    "blobs",
+    "outbox",
+    "outbox_by_node",
+    "drafts",
+    "counters",
+    "high_water",
+    "dlq",
+    "dlq_by_node",
+    "ix_docs",
+    "vecs",
+    "scratch",
+    "expiry",
+];
+
+/// Copy every row of table `name` from `src` into `dst`; the rows copied.
+/// An error stops the copy of this table; the rows before it are in `dst`.
+pub(super) fn copy_table(
+    src: &::redb::ReadTransaction,
+    dst: &::redb::WriteTransaction,
+    name: &str,
+) -> Result<u64> {
+    visit_table(src, Some(dst), name)
+}
+
+/// Read every row of table `name` (fsck: is all of it readable?).
+pub fn read_table(src: &::redb::ReadTransaction, name: &str) -> Result<u64> {
+    visit_table(src, None, name)
+}
+
+fn visit_table(
+    src: &::redb::ReadTransaction,
+    dst: Option<&::redb::WriteTransaction>,
+    name: &str,
+) -> Result<u64> {
+    let mut rows = 0u64;
+    macro_rules! copy {
+        ($def:expr) => {{
+            let s = src.open_table($def).map_err(se)?;
+            let mut d = match dst {
+                Some(w) => Some(w.open_table($def).map_err(se)?),
+                None => None,
+            };
+            for item in s.iter().map_err(se)? {
+                let (k, v) = item.map_err(se)?;
+                if let Some(d) = d.as_mut() {
+                    d.insert(k.value(), v.value()).map_err(se)?;
+                }
+                rows += 1;
+            }
+        }};
+    }
+    match name {
+        "nodes" => copy!(NODES),
+        "dirs" => copy!(DIRS),
+        "versions" => copy!(VERSIONS),
+        "blobs" => copy!(BLOBS),
+        "outbox" => copy!(OUTBOX),
+        "outbox_by_node" => copy!(OUTBOX_BY_NODE),
+        "drafts" => copy!(DRAFTS),
+        "counters" => copy!(COUNTERS),
+        "high_water" => copy!(HIGH_WATER),
+        "dlq" => copy!(DLQ),
+        "dlq_by_node" => copy!(DLQ_BY_NODE),
+        "ix_docs" => copy!(IX_DOCS),
+        "vecs" => copy!(VECS),
+        "scratch" => copy!(SCRATCH),
+        "expiry" => copy!(EXPIRY),
+        other => return Err(Error::store(format!("no table {other}"))),
+    }
+    Ok(rows)
 }

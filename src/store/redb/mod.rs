@@ -10,6 +10,10 @@
 
 mod compact;
 mod migrate;
+mod salvage;
+
+pub use self::compact::{read_table, TABLES};
+pub use self::salvage::{salvage, Salvaged};
 
 use super::wal::{Record, Wal};
 use super::{NodeRec, Op, Store, StoredEvent};
@@ -85,8 +89,118 @@ struct Job {
     done: mpsc::SyncSender<Result<()>>,
 }
 
+/// The open database, shared by the readers and the committer. Empty for
+/// the moment the committer reopens it after an I/O error.
+struct DbSlot(std::sync::RwLock<Option<Arc<Database>>>);
+
+impl DbSlot {
+    fn get(&self) -> Result<Arc<Database>> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| Error::store("the store is being reopened after an I/O error"))
+    }
+
+    fn set(&self, db: Option<Arc<Database>>) -> Option<Arc<Database>> {
+        std::mem::replace(&mut *self.0.write().unwrap_or_else(|p| p.into_inner()), db)
+    }
+}
+
+/// Open (or create) the database file with every table. Refuses a file
+/// another process holds.
+fn open_db(path: &Path) -> Result<Database> {
+    // redb caches up to 1 GiB by default; the OS page cache holds the
+    // file too, so a smaller cache bounds the daemon's RSS at little cost.
+    let db = Database::builder()
+        .set_cache_size(CACHE_BYTES)
+        .create(path)
+        .map_err(|e| match e {
+            ::redb::DatabaseError::DatabaseAlreadyOpen => Error::store(format!(
+                "{} is already open in another process (is a ctxfs daemon serving this data dir?)",
+                path.display()
+            )),
+            e => Error::store_from(format!("cannot open {}", path.display()), e),
+        })?;
+    // Create every table so readers never meet a missing one.
+    let txn = db.begin_write().map_err(se)?;
+    {
+        txn.open_table(NODES).map_err(se)?;
+        txn.open_table(DIRS).map_err(se)?;
+        txn.open_table(VERSIONS).map_err(se)?;
+        txn.open_table(BLOBS).map_err(se)?;
+        txn.open_table(OUTBOX).map_err(se)?;
+        txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
+        txn.open_table(DRAFTS).map_err(se)?;
+        txn.open_table(COUNTERS).map_err(se)?;
+        txn.open_table(HIGH_WATER).map_err(se)?;
+        txn.open_table(DLQ).map_err(se)?;
+        txn.open_table(DLQ_BY_NODE).map_err(se)?;
+        txn.open_table(IX_DOCS).map_err(se)?;
+        txn.open_table(VECS).map_err(se)?;
+        txn.open_table(SCRATCH).map_err(se)?;
+        txn.open_table(EXPIRY).map_err(se)?;
+    }
+    txn.commit().map_err(se)?;
+    Ok(db)
+}
+
+/// The last log sequence number redb holds.
+fn applied_seq(db: &Database) -> Result<u64> {
+    let t = db.begin_read().map_err(se)?;
+    let hw = t.open_table(HIGH_WATER).map_err(se)?;
+    let v = hw.get(WAL_SEQ).map_err(se)?.map(|g| g.value()).unwrap_or(0);
+    Ok(v)
+}
+
+/// Apply the log records redb does not hold yet; the last sequence number.
+fn replay(db: &Database, records: &[Record]) -> Result<u64> {
+    let applied = applied_seq(db)?;
+    let mut seq = applied;
+    let mut replayed = 0;
+    for r in records.iter().filter(|r| r.seq > applied) {
+        apply_record(db, &r.ops, r.seq, Durability::None)?;
+        seq = r.seq;
+        replayed += 1;
+    }
+    if replayed > 0 {
+        tracing::info!(replayed, "write-ahead log replayed into the store");
+    }
+    Ok(seq)
+}
+
+/// An error that leaves redb unusable until it is reopened (a failed
+/// write to its file: a full disk, an I/O error).
+fn is_io_failure(e: &Error) -> bool {
+    let r = e.report();
+    r.contains("Previous I/O error") || r.contains("(os error")
+}
+
+/// The log may grow to this while checkpoints fail (a full disk); past it,
+/// commits are refused with `ENOSPC` until a checkpoint succeeds, so a
+/// failing store cannot take the space that frees up.
+const WAL_LIMIT: u64 = 2 * CHECKPOINT_BYTES;
+/// Free bytes the data dir's disk must have before a store broken by an
+/// I/O error is reopened (a reopen may repair, and repair writes).
+const REOPEN_FREE_BYTES: u64 = 8 << 20;
+
+/// Free bytes on the file system of `dir`, for an unprivileged writer.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a zeroed struct
+    // statvfs(3) fills; neither outlives the call.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        Some(st.f_bavail as u64 * st.f_frsize as u64)
+    }
+}
+
 pub struct RedbStore {
-    db: Arc<Database>,
+    db: Arc<DbSlot>,
     jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
     committer: std::sync::Mutex<Option<thread::JoinHandle<()>>>,
 }
@@ -94,66 +208,23 @@ pub struct RedbStore {
 impl RedbStore {
     /// Open (or create) the database file. Refuses a file another process holds.
     pub fn open(path: &Path) -> Result<Arc<Self>> {
-        // redb caches up to 1 GiB by default; the OS page cache holds the
-        // file too, so a smaller cache bounds the daemon's RSS at little cost.
-        let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
-            .create(path)
-            .map_err(|e| match e {
-                ::redb::DatabaseError::DatabaseAlreadyOpen => Error::store(format!(
-                    "{} is already open in another process (is a ctxfs daemon serving this data dir?)",
-                    path.display()
-                )),
-                e => Error::store_from(format!("cannot open {}", path.display()), e),
-            })?;
-        let db = Arc::new(db);
-        // Create every table so readers never meet a missing one.
-        let txn = db.begin_write().map_err(se)?;
-        {
-            txn.open_table(NODES).map_err(se)?;
-            txn.open_table(DIRS).map_err(se)?;
-            txn.open_table(VERSIONS).map_err(se)?;
-            txn.open_table(BLOBS).map_err(se)?;
-            txn.open_table(OUTBOX).map_err(se)?;
-            txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
-            txn.open_table(DRAFTS).map_err(se)?;
-            txn.open_table(COUNTERS).map_err(se)?;
-            txn.open_table(HIGH_WATER).map_err(se)?;
-            txn.open_table(DLQ).map_err(se)?;
-            txn.open_table(DLQ_BY_NODE).map_err(se)?;
-            txn.open_table(IX_DOCS).map_err(se)?;
-            txn.open_table(VECS).map_err(se)?;
-            txn.open_table(SCRATCH).map_err(se)?;
-            txn.open_table(EXPIRY).map_err(se)?;
-        }
-        txn.commit().map_err(se)?;
-
+        let db = Arc::new(open_db(path)?);
         // Replay what the log holds beyond redb's last durable state.
-        let (wal, records) = Wal::open(&path.with_extension("wal"))?;
-        let applied = {
-            let t = db.begin_read().map_err(se)?;
-            let hw = t.open_table(HIGH_WATER).map_err(se)?;
-            let v = hw.get(WAL_SEQ).map_err(se)?.map(|g| g.value()).unwrap_or(0);
-            v
-        };
-        let mut seq = applied;
-        let mut replayed = 0;
-        for r in records.iter().filter(|r| r.seq > applied) {
-            apply_record(&db, &r.ops, r.seq, Durability::None)?;
-            seq = r.seq;
-            replayed += 1;
-        }
+        let wal_path = path.with_extension("wal");
+        let (wal, records) = Wal::open(&wal_path)?;
+        let seq = replay(&db, &records)?;
+        let slot = Arc::new(DbSlot(std::sync::RwLock::new(Some(db))));
         let mut committer = Committer {
-            db: db.clone(),
+            slot: slot.clone(),
+            path: path.to_path_buf(),
             wal,
             seq,
             dirty: true,
             last_checkpoint: Instant::now(),
+            broken: None,
+            last_reopen: Instant::now(),
         };
         committer.checkpoint()?;
-        if replayed > 0 {
-            tracing::info!(replayed, "write-ahead log replayed into the store");
-        }
 
         let (tx, rx) = mpsc::channel::<Job>();
         let committer = thread::Builder::new()
@@ -161,7 +232,7 @@ impl RedbStore {
             .spawn(move || committer.run(rx))
             .map_err(se)?;
         Ok(Arc::new(RedbStore {
-            db,
+            db: slot,
             jobs: std::sync::Mutex::new(Some(tx)),
             committer: std::sync::Mutex::new(Some(committer)),
         }))
@@ -177,12 +248,12 @@ impl RedbStore {
         }
     }
 
-    pub(super) fn db(&self) -> &Database {
-        &self.db
+    pub(super) fn db(&self) -> Result<Arc<Database>> {
+        self.db.get()
     }
 
     pub(super) fn read(&self) -> Result<::redb::ReadTransaction> {
-        self.db.begin_read().map_err(se)
+        self.db.get()?.begin_read().map_err(se)
     }
 }
 
@@ -193,11 +264,15 @@ impl Drop for RedbStore {
 }
 
 struct Committer {
-    db: Arc<Database>,
+    slot: Arc<DbSlot>,
+    path: std::path::PathBuf,
     wal: Wal,
     seq: u64,
     dirty: bool,
     last_checkpoint: Instant,
+    /// The I/O error that broke redb, until it is reopened.
+    broken: Option<Error>,
+    last_reopen: Instant,
 }
 
 impl Committer {
@@ -216,7 +291,7 @@ impl Committer {
                     }
                     let result = self.batch(&mut batch);
                     if let Err(e) = &result {
-                        tracing::error!(error = %e, jobs = batch.len(), "store batch failed");
+                        tracing::error!(error = %e.report(), jobs = batch.len(), "store batch failed");
                     }
                     for j in batch {
                         let _ = j.done.send(result.clone());
@@ -225,20 +300,57 @@ impl Committer {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
+            if self.broken.is_some() {
+                self.reopen();
+                continue;
+            }
             let due = self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
                 || self.wal.bytes() >= CHECKPOINT_BYTES;
             if self.dirty && due {
                 if let Err(e) = self.checkpoint() {
-                    tracing::error!(error = %e, "checkpoint failed; the log keeps the changes");
+                    tracing::error!(error = %e.report(), "checkpoint failed; the log keeps the changes");
                 }
             }
         }
-        if let Err(e) = self.checkpoint() {
-            tracing::error!(error = %e, "final checkpoint failed; the log keeps the changes");
+        if self.broken.is_none() {
+            if let Err(e) = self.checkpoint() {
+                tracing::error!(error = %e.report(), "final checkpoint failed; the log keeps the changes");
+            }
         }
     }
 
+    /// Note an error of redb; one that leaves it unusable breaks the store
+    /// until [`Committer::reopen`] succeeds.
+    fn failed(&mut self, e: Error) -> Error {
+        if self.broken.is_none() && is_io_failure(&e) {
+            tracing::error!(error = %e.report(), "the store failed to write; commits are refused until it is reopened, which is tried every second once the disk has room");
+            self.broken = Some(e.clone());
+        }
+        e
+    }
+
     fn batch(&mut self, batch: &mut [Job]) -> Result<()> {
+        if let Some(e) = &self.broken {
+            let e = e.clone();
+            if !self.reopen() {
+                return Err(e);
+            }
+        }
+        if self.wal.bytes() >= WAL_LIMIT {
+            // Checkpoints fail: take nothing more until one succeeds.
+            if let Err(e) = self.checkpoint() {
+                return Err(Error::Store {
+                    what: format!(
+                        "the write-ahead log holds {} MiB that the store cannot take ({}); \
+                         commits wait for room on the data dir's disk",
+                        self.wal.bytes() >> 20,
+                        e.report()
+                    ),
+                    source: None,
+                    no_space: true,
+                });
+            }
+        }
         let durable = batch.iter().any(|j| j.durable);
         let ops: Vec<Op> = batch
             .iter_mut()
@@ -249,11 +361,16 @@ impl Committer {
             ops,
         };
         let before = self.wal.bytes();
-        self.wal.append(&rec, durable)?;
-        if let Err(e) = apply_record(&self.db, &rec.ops, rec.seq, Durability::None) {
-            // Not applied: the log must not replay it either.
+        if let Err(e) = self.wal.append(&rec, durable) {
+            // A partial frame must not stay in front of the next record.
             let _ = self.wal.rewind(before);
             return Err(e);
+        }
+        let db = self.slot.get()?;
+        if let Err(e) = apply_record(&db, &rec.ops, rec.seq, Durability::None) {
+            // Not applied: the log must not replay it either.
+            let _ = self.wal.rewind(before);
+            return Err(self.failed(e));
         }
         self.seq = rec.seq;
         self.dirty = true;
@@ -263,12 +380,75 @@ impl Committer {
     /// Make redb durable up to the last applied record, then drop the log.
     fn checkpoint(&mut self) -> Result<()> {
         if self.dirty {
-            apply_record(&self.db, &[], self.seq, Durability::Immediate)?;
+            let db = self.slot.get()?;
+            if let Err(e) = apply_record(&db, &[], self.seq, Durability::Immediate) {
+                return Err(self.failed(e));
+            }
             self.wal.truncate()?;
             self.dirty = false;
         }
         self.last_checkpoint = Instant::now();
         Ok(())
+    }
+
+    /// Close redb and open it again after an I/O error (at most once a
+    /// second, and only once the disk has room): it comes back at its
+    /// last durable state, and the log's records since are applied again.
+    /// Readers wait out the moment it is closed.
+    fn reopen(&mut self) -> bool {
+        if self.last_reopen.elapsed() < CHECKPOINT_EVERY {
+            return false;
+        }
+        self.last_reopen = Instant::now();
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        if free_bytes(dir).is_some_and(|f| f < REOPEN_FREE_BYTES) {
+            return false;
+        }
+        let Some(old) = self.slot.set(None) else {
+            return false;
+        };
+        // Readers hold the old handle for a moment at most.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut old = Some(old);
+        while let Some(db) = old.take() {
+            match Arc::try_unwrap(db) {
+                Ok(db) => drop(db),
+                Err(db) if Instant::now() < deadline => {
+                    old = Some(db);
+                    thread::sleep(Duration::from_millis(5));
+                }
+                Err(db) => {
+                    tracing::warn!("readers hold the failed store; its reopen waits");
+                    self.slot.set(Some(db));
+                    return false;
+                }
+            }
+        }
+        let result = open_db(&self.path).and_then(|db| {
+            let records = self.wal.records()?;
+            let seq = replay(&db, &records)?;
+            apply_record(&db, &[], seq, Durability::Immediate)?;
+            Ok((db, seq))
+        });
+        match result {
+            Ok((db, seq)) => {
+                self.slot.set(Some(Arc::new(db)));
+                self.seq = seq;
+                if let Err(e) = self.wal.truncate() {
+                    tracing::warn!(error = %e.report(), "the log could not be cut after the reopen; it replays again at the next start");
+                    self.dirty = true;
+                } else {
+                    self.dirty = false;
+                }
+                self.broken = None;
+                tracing::info!("the store was reopened after an I/O error; commits resume");
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e.report(), "reopening the store failed; tried again in a second");
+                false
+            }
+        }
     }
 }
 
