@@ -81,6 +81,19 @@ impl Mount {
         env: &[(&str, &str)],
         prefix: &[&str],
     ) -> Mount {
+        let mut m = Self::prepared(config, args, env, prefix);
+        m.mount();
+        m
+    }
+
+    /// A mount made ready but not mounted: the test prepares its data dir
+    /// (a small file system, damaged files) and calls [`Mount::mount`].
+    pub fn prepared(
+        config: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        prefix: &[&str],
+    ) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("ctxfs-test-")
             .tempdir_in("/tmp")
@@ -95,7 +108,7 @@ impl Mount {
             std::fs::write(&p, c).unwrap();
             p
         });
-        let mut m = Mount {
+        Mount {
             dir,
             mnt,
             data,
@@ -107,9 +120,7 @@ impl Mount {
                 .collect(),
             prefix: prefix.iter().map(|a| a.to_string()).collect(),
             mounted: false,
-        };
-        m.mount();
-        m
+        }
     }
 
     pub fn mount(&mut self) {

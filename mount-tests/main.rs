@@ -5,6 +5,7 @@
 mod agent;
 mod commit;
 mod daemon;
+mod faults;
 mod fronts;
 mod harness;
 mod hostile;
