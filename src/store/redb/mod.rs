@@ -394,7 +394,7 @@ impl Committer {
     /// Close redb and open it again after an I/O error (at most once a
     /// second, and only once the disk has room): it comes back at its
     /// last durable state, and the log's records since are applied again.
-    /// Readers wait out the moment it is closed.
+    /// A reader meets an error (EIO) for the moment it is closed.
     fn reopen(&mut self) -> bool {
         if self.last_reopen.elapsed() < CHECKPOINT_EVERY {
             return false;
