@@ -770,3 +770,63 @@ fn search_rate_limits_are_the_accounts_across_daemons() {
     b.fails(STRANGER, q, "Resource temporarily unavailable");
     a.fails(STRANGER, q, "Resource temporarily unavailable");
 }
+
+/// One tenant's blocked `flock`s cannot freeze the daemon: each wait runs
+/// on a thread of its own, at most 8 per uid (more get `ENOLCK` at once),
+/// and a Ctrl-C ends a wait. Before: 24 blocking `flock -x` of one tenant
+/// on its own scratchpad file held every FUSE worker, and another
+/// account's `ls` took 58 s.
+#[test]
+fn a_tenants_blocked_flocks_do_not_hold_the_workers() {
+    let db = PgDb::new();
+    let m = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    let sp = "$M/accounts/other/projects/p/scratchpad";
+    m.ok(STRANGER, &format!("mkdir -p {sp} && : > {sp}/lock"));
+    m.ok(WRITER, "mkdir -p $M/accounts/acme/users/alice/memories/c");
+    let holder = m.spawn_as(STRANGER, &format!("flock -x {sp}/lock sleep 8"));
+    std::thread::sleep(Duration::from_millis(500));
+    let waiters: Vec<_> = (0..24)
+        .map(|_| {
+            m.spawn_piped(
+                STRANGER,
+                &format!("flock -x -w 20 {sp}/lock true; echo rc=$?"),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let t = std::time::Instant::now();
+    m.ok(
+        WRITER,
+        "ls $M/accounts/acme/users/alice/memories >/dev/null",
+    );
+    m.ok(READER, "stat $M/accounts/acme >/dev/null");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "another account waited {:?} behind one tenant's locks",
+        t.elapsed()
+    );
+    // Ctrl-C ends a wait at once.
+    let mut cc = m.spawn_as(WRITER, "mkdir -p $M/accounts/acme/projects/q/scratchpad && : > $M/accounts/acme/projects/q/scratchpad/l && exec flock -x $M/accounts/acme/projects/q/scratchpad/l sleep 30");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut other = m.spawn_as(
+        WRITER,
+        "exec flock -x $M/accounts/acme/projects/q/scratchpad/l true",
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    unsafe { libc::kill(other.id() as i32, libc::SIGINT) };
+    let t = std::time::Instant::now();
+    let gone = within(Duration::from_secs(3), || {
+        other.try_wait().unwrap().is_some()
+    });
+    assert!(gone.is_some(), "a waiting flock ignored Ctrl-C");
+    assert!(t.elapsed() < Duration::from_secs(3));
+    unsafe { libc::kill(cc.id() as i32, libc::SIGKILL) };
+    let _ = cc.wait();
+    holder.wait_with_output().unwrap();
+    let outs: Vec<String> = waiters
+        .into_iter()
+        .map(|c| String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).into_owned())
+        .collect();
+    let took = outs.iter().filter(|o| o.contains("rc=0")).count();
+    assert_eq!(took, 8, "8 waits of one uid, the rest refused: {outs:?}");
+}

@@ -164,6 +164,28 @@ fn sync_readers_cannot_hold_the_workers() {
     assert_eq!((waited, refused), (2, 4), "{outs:?}");
 }
 
+/// Ctrl-C ends a waiting read of `.ctxfs/sync` at once (the kernel waits
+/// out a request the daemon holds even through a fatal signal, so the
+/// daemon looks for the signal itself). Before: `cat .ctxfs/sync` sat
+/// through Ctrl-C until its timeout.
+#[test]
+fn ctrl_c_ends_a_waiting_sync() {
+    let config = format!(
+        "{CONFIG}\n[index]\nembedder = \"http\"\nhttp_url = \"http://127.0.0.1:9/v1/embeddings\"\n\
+         http_model = \"m\"\nhttp_dim = 16\nmax_retries = 100\nretry_backoff_ms = 60000\nsync_timeout_s = 60\n"
+    );
+    let m = Mount::with_args(Some(&config), &[]);
+    m.ok(WRITER, &four_steps(N, "pending forever", ACTIVE));
+    let mut cat = m.spawn_as(WRITER, "exec cat $M/.ctxfs/sync");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert!(cat.try_wait().unwrap().is_none(), "the sync did not wait");
+    unsafe { libc::kill(cat.id() as i32, libc::SIGINT) };
+    let gone = within(std::time::Duration::from_secs(3), || {
+        cat.try_wait().unwrap().is_some()
+    });
+    assert!(gone.is_some(), "cat .ctxfs/sync ignored Ctrl-C");
+}
+
 /// A writer cannot fill the disk through the daemon's log: client text in a
 /// refusal is cut to a short escaped excerpt (in the log and in
 /// `.commit-error`), refusals are logged at most 10 a minute per account,

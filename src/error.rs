@@ -82,6 +82,12 @@ pub enum Error {
     /// and again: try later.
     #[error("the node kept changing on another daemon: {0}")]
     Conflict(String),
+    /// The caller got a signal while it waited (`flock`, `.ctxfs/sync`).
+    #[error("interrupted")]
+    Interrupted,
+    /// Too many `flock` waits of one uid (or of the daemon) at once.
+    #[error("too many waiting locks: {0}")]
+    NoLocks(String),
 }
 
 /// The error under a storage failure: shared, so `Error` stays `Clone`.
@@ -189,6 +195,8 @@ impl Error {
             Error::RateLimited(_) => libc::EAGAIN,
             Error::NoSpace(_) => libc::ENOSPC,
             Error::Conflict(_) => libc::EAGAIN,
+            Error::Interrupted => libc::EINTR,
+            Error::NoLocks(_) => libc::ENOLCK,
         }
     }
 
@@ -222,6 +230,8 @@ pub fn errno_name(errno: i32) -> &'static str {
         libc::EAGAIN => "EAGAIN",
         libc::ENOSYS => "ENOSYS",
         libc::ENOSPC => "ENOSPC",
+        libc::EINTR => "EINTR",
+        libc::ENOLCK => "ENOLCK",
         _ => "EIO",
     }
 }
@@ -257,6 +267,8 @@ mod tests {
             (Error::RateLimited("x".into()), libc::EAGAIN, "EAGAIN"),
             (Error::NoSpace("x".into()), libc::ENOSPC, "ENOSPC"),
             (Error::Conflict("x".into()), libc::EAGAIN, "EAGAIN"),
+            (Error::Interrupted, libc::EINTR, "EINTR"),
+            (Error::NoLocks("x".into()), libc::ENOLCK, "ENOLCK"),
         ];
         let e = Error::store_from("reading blob 7", std::io::Error::other("disk on fire"));
         assert_eq!(e.to_string(), "storage error: reading blob 7");

@@ -12,8 +12,16 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-const WRITER: Caller = Caller { uid: 1, gid: 1 };
-const READER: Caller = Caller { uid: 2, gid: 2 };
+const WRITER: Caller = Caller {
+    uid: 1,
+    gid: 1,
+    pid: 0,
+};
+const READER: Caller = Caller {
+    uid: 2,
+    gid: 2,
+    pid: 0,
+};
 const CAT: &str = "acme/users/u/memories/c";
 const FILES: [&str; 3] = ["content.md", ".abstract.md", ".overview.md"];
 

@@ -6,18 +6,43 @@
 //! on one host excludes every holder on every other.
 
 use super::inodes::Key;
-use super::{lock, Fs};
+use super::{lock, Caller, Fs};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-/// A blocking `flock` waits this long at most (it holds a FUSE worker).
+/// A blocking `flock` waits this long at most.
 const MAX_WAIT: Duration = Duration::from_secs(60);
+/// Blocking `flock` waits of one uid at once; of the daemon at once. Each
+/// waits on a thread of its own, not on a FUSE worker; past these, a wait
+/// is refused with `ENOLCK`.
+pub const MAX_WAITS_PER_UID: usize = 8;
+pub const MAX_WAITS: usize = 64;
 
 #[derive(Default)]
 pub(super) struct Flocks {
     table: std::sync::Mutex<HashMap<String, Held>>,
     moved: std::sync::Condvar,
+    /// Blocking waits under way, by uid.
+    waits: std::sync::Mutex<HashMap<u32, usize>>,
+}
+
+/// A blocking `flock` wait counted against its uid until dropped.
+pub struct WaitSlot {
+    fs: std::sync::Arc<Fs>,
+    uid: u32,
+}
+
+impl Drop for WaitSlot {
+    fn drop(&mut self) {
+        let mut w = lock(&self.fs.flocks.waits);
+        if let Some(n) = w.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&self.uid);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -70,19 +95,47 @@ impl Fs {
     }
 
     /// `flock` (FUSE SETLK/SETLKW for a whole file): take a shared or
-    /// exclusive lock for `owner` (an open file), or drop it.
-    pub fn flock(&self, ino: u64, owner: u64, typ: i32, sleep: bool) -> Result<()> {
+    /// exclusive lock for `owner` (an open file), or drop it. With `sleep`,
+    /// wait for it (up to 60 s, or until `c` gets a signal): the FUSE
+    /// adapter calls that on a thread of its own after [`Fs::flock_wait_slot`].
+    pub fn flock(&self, c: Caller, ino: u64, owner: u64, typ: i32, sleep: bool) -> Result<()> {
         let name = self.lock_name(ino)?;
         match typ {
             libc::F_UNLCK => self.unlock_owner(&name, owner),
             libc::F_RDLCK | libc::F_WRLCK => {
-                self.lock_owner(&name, owner, typ == libc::F_WRLCK, sleep)
+                self.lock_owner(c, &name, owner, typ == libc::F_WRLCK, sleep)
             }
             _ => Err(Error::Invalid(format!("lock type {typ}"))),
         }
     }
 
-    fn lock_owner(&self, name: &str, owner: u64, exclusive: bool, sleep: bool) -> Result<()> {
+    /// A place for one more blocking wait of `uid`, or `ENOLCK` when it (or
+    /// the daemon) has as many as it may.
+    pub fn flock_wait_slot(self: &std::sync::Arc<Self>, uid: u32) -> Result<WaitSlot> {
+        let mut w = lock(&self.flocks.waits);
+        let all: usize = w.values().sum();
+        let mine = w.get(&uid).copied().unwrap_or(0);
+        if mine >= MAX_WAITS_PER_UID || all >= MAX_WAITS {
+            return Err(Error::NoLocks(format!(
+                "uid {uid} waits for {mine} locks, the daemon for {all} (at most \
+                 {MAX_WAITS_PER_UID} per uid and {MAX_WAITS} in all)"
+            )));
+        }
+        *w.entry(uid).or_default() += 1;
+        Ok(WaitSlot {
+            fs: self.clone(),
+            uid,
+        })
+    }
+
+    fn lock_owner(
+        &self,
+        c: Caller,
+        name: &str,
+        owner: u64,
+        exclusive: bool,
+        sleep: bool,
+    ) -> Result<()> {
         let deadline = Instant::now() + MAX_WAIT;
         let mut t = lock(&self.flocks.table);
         loop {
@@ -113,6 +166,9 @@ impl Fs {
                 h.put(owner, x);
             }
             let now = Instant::now();
+            if sleep && c.interrupted() {
+                return Err(Error::Interrupted);
+            }
             if !sleep || now >= deadline {
                 return Err(Error::Unavailable(format!(
                     "{} is locked{}",

@@ -48,6 +48,8 @@ const ERRNOS: &[i32] = &[
     libc::EAGAIN,
     libc::ENOSYS,
     libc::ENOSPC,
+    libc::EINTR,
+    libc::ENOLCK,
 ];
 
 struct OpStats {

@@ -56,6 +56,38 @@ const STRIPES: usize = 256;
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The calling thread (0: the daemon's own work, never interrupted).
+    pub pid: u32,
+}
+
+impl Caller {
+    /// Has the caller got a signal it does not block or ignore? A wait on
+    /// its behalf then ends with `EINTR`. The kernel waits out a FUSE
+    /// request already sent to the daemon even through Ctrl-C (and fuser
+    /// answers FUSE_INTERRUPT with ENOSYS), so a long wait looks for the
+    /// signal itself, in `/proc/PID/status`.
+    pub fn interrupted(&self) -> bool {
+        self.pid != 0 && signal_pending(self.pid)
+    }
+}
+
+/// A signal pending for thread `pid` (or its process) that it neither
+/// blocks nor ignores; SIGKILL (a fatal signal) always counts. A thread
+/// that is gone counts too: nobody waits for the answer.
+pub fn signal_pending(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return true;
+    };
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let pending = field("SigPnd:") | field("ShdPnd:");
+    let kill = 1u64 << (libc::SIGKILL - 1);
+    pending & kill != 0 || pending & !field("SigBlk:") & !field("SigIgn:") != 0
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

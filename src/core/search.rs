@@ -351,7 +351,7 @@ impl Fs {
         let ix = self.indexer()?;
         let _slot = self.sync_waiters.enter(c.uid)?;
         let target = self.last_event()?;
-        ix.sync(target)?;
+        ix.sync(target, &|| c.interrupted())?;
         // Several daemons: what the indexer did elsewhere has reached this one.
         self.store.caught_up()?;
         Ok(b"ok\n".to_vec())

@@ -116,6 +116,7 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
     }
 }
 
@@ -223,7 +224,7 @@ impl Filesystem for Adapter {
     /// by the daemon (`Fs::flock`).
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         lock_owner: LockOwner,
@@ -235,8 +236,35 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.fs.metrics.start("setlk");
-        match self.fs.flock(ino.0, lock_owner.0, typ, sleep) {
+        let c = caller(req);
+        let (ino, owner) = (ino.0, lock_owner.0);
+        // First without waiting; a wait then runs on a thread of its own,
+        // so a tenant's blocked locks never hold the FUSE workers.
+        match self.fs.flock(c, ino, owner, typ, false) {
             Ok(()) => reply.ok(),
+            Err(Error::Unavailable(_)) if sleep && typ != libc::F_UNLCK => {
+                let slot = match self.fs.flock_wait_slot(c.uid) {
+                    Ok(s) => s,
+                    Err(e) => return reply.error(self.err("setlk", &e)),
+                };
+                let fs = self.fs.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("ctxfs-flock".into())
+                    .spawn(move || {
+                        let r = fs.flock(c, ino, owner, typ, true);
+                        drop(slot);
+                        match r {
+                            Ok(()) => reply.ok(),
+                            Err(e) => {
+                                fs.metrics.error("setlk", e.errno());
+                                reply.error(errno("setlk", &e))
+                            }
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::error!(error = %e, "cannot start a lock waiter");
+                }
+            }
             Err(e) => reply.error(self.err("setlk", &e)),
         }
     }

@@ -312,7 +312,7 @@ impl Index {
 
     /// Block until every event with a sequence number up to `target` is
     /// indexed (or dead-lettered), or the configured timeout passes.
-    pub fn sync(&self, target: u64) -> Result<()> {
+    pub fn sync(&self, target: u64, cancelled: &dyn Fn() -> bool) -> Result<()> {
         let deadline = Instant::now() + self.cfg.sync_timeout;
         let mut p = lock(&self.progress);
         let s0 = p.started;
@@ -326,9 +326,13 @@ impl Index {
             if now >= deadline || !self.running.load(Ordering::SeqCst) && p.published.0 > s0 {
                 return Err(Error::TimedOut);
             }
+            if cancelled() {
+                return Err(Error::Interrupted);
+            }
+            // Woken by progress, or every 100 ms to see a Ctrl-C.
             p = self
                 .cv
-                .wait_timeout(p, deadline - now)
+                .wait_timeout(p, (deadline - now).min(Duration::from_millis(100)))
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
@@ -508,7 +512,7 @@ mod tests {
             }
             self.store.apply(ops, true).unwrap();
             self.ix.notify();
-            self.ix.sync(self.seq).unwrap();
+            self.ix.sync(self.seq, &|| false).unwrap();
         }
 
         fn upsert(&mut self, path: &str, text: &str) {
@@ -634,6 +638,14 @@ mod tests {
         assert!(!t.hits("widget20").iter().any(|p| p.ends_with("/c/n20")));
         let ai = t.ix.account("a").unwrap();
         assert_eq!(rlock(&ai.st).dead.len(), 31);
+        // The idle indexer's upkeep frees them without a restart (31
+        // tombstones, 10 live vectors: rebuilt).
+        t.ix.rebuild_tombstoned();
+        assert_eq!(
+            rlock(&ai.st).dead.len(),
+            0,
+            "tombstones held until a restart"
+        );
         // Rebuild: tombstones gone, results unchanged.
         t.ix.rebuild(&ai);
         assert_eq!(rlock(&ai.st).dead.len(), 0);

@@ -162,21 +162,39 @@ impl Index {
         self.dump_all();
     }
 
-    /// Rebuild the graphs whose tombstones outnumber a quarter of the live vectors.
+    /// Free what deleted vectors hold: a graph whose tombstones outnumber
+    /// a quarter of its live vectors is rebuilt from the live ones; one
+    /// whose account shrank to the exact-search size is dropped (exact
+    /// search needs no graph). The tombstones of any size of account go,
+    /// not only of large ones, so memory follows the live vectors without
+    /// a restart.
     pub(super) fn rebuild_tombstoned(&self) {
         let accts = self.loaded_accounts();
         for ai in accts {
             if !ai.ready.load(Ordering::Acquire) {
                 continue;
             }
-            let (dead, live) = {
+            let (dead, live, graphed) = {
                 let st = rlock(&ai.st);
-                (st.dead.len(), st.vecs.len())
+                (st.dead.len(), st.vecs.len(), st.graphed)
             };
-            if dead > 1000 && dead * 4 > live {
+            if graphed && dead > 0 && live <= self.cfg.exact_scope {
+                self.drop_graph(&ai);
+            } else if dead >= 16 && dead * 4 > live {
                 self.rebuild(&ai);
             }
         }
+    }
+
+    /// An account back at the exact-search size: its graph goes, with its
+    /// tombstones (exact search over the live vectors answers).
+    fn drop_graph(&self, ai: &AccountIndex) {
+        *wlock(&ai.graph) = Arc::new(ann::build(&self.cfg.ann, &[]));
+        let mut st = wlock(&ai.st);
+        st.dead.clear();
+        st.graphed = false;
+        st.dirty = true;
+        tracing::info!(account = %ai.name, vectors = st.vecs.len(), "graph dropped: exact search from here");
     }
 
     /// Build a new graph from the live vectors and swap it in (also the

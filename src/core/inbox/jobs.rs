@@ -458,6 +458,7 @@ fn extract_job(
     let caller = Caller {
         uid: job.uid,
         gid: job.gid,
+        pid: 0,
     };
     let proposal = std::mem::take(&mut job.proposal);
     if !proposal.is_empty() {
