@@ -3,6 +3,7 @@
 //! data dir and kernel cache, as two hosts would run them.
 
 use crate::harness::*;
+use std::process::Command;
 use std::time::Duration;
 
 const NODE: &str = "acme/users/alice/memories/prefs/tea";
@@ -829,4 +830,62 @@ fn a_tenants_blocked_flocks_do_not_hold_the_workers() {
         .collect();
     let took = outs.iter().filter(|o| o.contains("rc=0")).count();
     assert_eq!(took, 8, "8 waits of one uid, the rest refused: {outs:?}");
+}
+
+/// Daemons of one store share their tenancy, review, quota, indexing and
+/// redaction settings: a daemon whose config differs from those serving
+/// refuses to start, naming what differs; with no daemon serving, a new
+/// config becomes the store's. Before: each daemon used its own, so a
+/// leader lacking an account failed its jobs, one without `review = true`
+/// committed an account in review, and quotas were each daemon's.
+#[test]
+fn daemons_with_different_configs_do_not_share_a_store() {
+    let db = PgDb::new();
+    let a = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    let review = format!("{CONFIG}\n[[account]]\nid = \"rev\"\nwriters = [1004]\nreview = true\n");
+    let prepared = Mount::prepared(
+        Some(&review),
+        &["--store", db.url.as_str(), "--embedder", "hash"],
+        &[],
+        &[],
+    );
+    let out = Command::new(BIN)
+        .args(["mount", prepared.mnt.to_str().unwrap(), "--data"])
+        .arg(&prepared.data)
+        .args([
+            "--config",
+            prepared.config.as_ref().unwrap().to_str().unwrap(),
+        ])
+        .args(["--store", db.url.as_str(), "--embedder", "hash"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a daemon with another config joined");
+    assert!(
+        err.contains("differs from that of the daemons serving this store")
+            && err.contains("review: theirs \"\", this daemon's \"rev\""),
+        "{err}"
+    );
+    // The same config joins.
+    let b = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    b.ok(WRITER, &four_steps(NODE, "shared", ACTIVE));
+    drop(a);
+    drop(b);
+    // No daemon serves: the new config is the store's from now on.
+    let c = db.mount(Some(&review), &["--embedder", "hash"]);
+    assert_eq!(
+        c.ok(READER, &format!("cat $M/accounts/{NODE}/content.md")),
+        "shared"
+    );
+    let d = Command::new(BIN)
+        .args(["mount", prepared.mnt.to_str().unwrap(), "--data"])
+        .arg(&prepared.data)
+        .args(["--store", db.url.as_str(), "--embedder", "hash"])
+        .output()
+        .unwrap();
+    assert!(
+        !d.status.success(),
+        "a daemon without the config joined one with it"
+    );
+    drop(c);
 }

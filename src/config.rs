@@ -156,6 +156,54 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// What every daemon of one shared store must agree on, section by
+    /// section, in a canonical text: who may read and write each account,
+    /// which accounts are in review, their quotas, what is never indexed,
+    /// and redaction. A daemon whose sections differ from those of the
+    /// daemons already serving the store refuses to start (SEMANTICS
+    /// "Several hosts").
+    pub fn shared_sections(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        let tenancy = match &self.tenancy {
+            Tenancy::Owner(uid) => format!("owner {uid}"),
+            Tenancy::Accounts(a) => a
+                .iter()
+                .map(|(id, (w, r))| {
+                    let (mut w, mut r) = (w.clone(), r.clone());
+                    w.sort_unstable();
+                    r.sort_unstable();
+                    format!("{id}: writers {w:?} readers {r:?}")
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
+        m.insert("accounts (writers, readers)".into(), tenancy);
+        m.insert(
+            "review".into(),
+            self.review.iter().cloned().collect::<Vec<_>>().join(", "),
+        );
+        m.insert(
+            "quotas".into(),
+            self.quotas
+                .iter()
+                .map(|(a, q)| format!("{a}: {q:?}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+        let mut unindexed = self.unindexed.clone();
+        unindexed.sort();
+        m.insert("unindexed".into(), unindexed.join(", "));
+        let r = &self.redaction;
+        m.insert(
+            "redaction".into(),
+            format!(
+                "enabled {} keys {:?} off for {:?}",
+                r.section.enabled, r.section.keys, r.off
+            ),
+        );
+        m
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Settings> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;

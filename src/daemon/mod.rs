@@ -334,6 +334,8 @@ fn open_store(o: &MountOpts, s: &Settings) -> Result<(Arc<dyn Store>, Closer)> {
         Some(url) => {
             let pg = crate::store::PgStore::open(&url, &o.data)
                 .map_err(|e| anyhow!("{}", e.report()))?;
+            pg.agree_settings(&s.shared_sections())
+                .map_err(|e| anyhow!("{}", e.report()))?;
             tracing::info!(url = %pg.url(), "serving a shared PostgreSQL store");
             let closer = pg.clone();
             Ok((pg, Box::new(move || closer.close())))

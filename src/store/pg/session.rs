@@ -3,9 +3,9 @@
 //! PostgreSQL frees them all when the session ends (the daemon died).
 
 use super::{pe, PgStore};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::locks::lock;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 
@@ -108,6 +108,110 @@ async fn connect_session(pg: &tokio_postgres::Config) -> Result<Session> {
         client,
         held: BTreeSet::new(),
     })
+}
+
+/// Held shared by every daemon serving the store (on its lock session),
+/// exclusive for the moment a daemon that finds none writes its settings.
+fn live_key() -> i64 {
+    xxhash_rust::xxh3::xxh3_64(b"ctxfs-live-daemons") as i64
+}
+
+impl PgStore {
+    /// The settings the daemons serving this store share
+    /// (`Settings::shared_sections`).
+    fn stored_settings(&self) -> Result<Option<BTreeMap<String, String>>> {
+        let rows = self.query(
+            "SELECT value FROM ctxfs_meta WHERE key = 'settings' /* daemon-wide */",
+            &[],
+        )?;
+        Ok(rows
+            .first()
+            .and_then(|r| serde_json::from_str(&r.get::<_, String>(0)).ok()))
+    }
+
+    fn store_settings(&self, s: &BTreeMap<String, String>) -> Result<()> {
+        let text = serde_json::to_string(s).map_err(|e| Error::store_from("settings", e))?;
+        self.query(
+            "INSERT INTO ctxfs_meta (key, value) VALUES ('settings', $1) \
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value /* daemon-wide */",
+            &[&text],
+        )?;
+        Ok(())
+    }
+
+    /// Join the daemons serving this store with `mine`: when none serves,
+    /// they become the store's settings; when some do, they must be theirs,
+    /// or this daemon refuses to start, naming what differs. Held for the
+    /// daemon's life by a shared advisory lock on its lock session.
+    pub fn agree_settings(&self, mine: &BTreeMap<String, String>) -> Result<()> {
+        let key = live_key();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.session_bool("SELECT pg_try_advisory_lock($1)", key, None)? {
+                // No daemon serves: ours are the store's settings now.
+                let r = (|| {
+                    let old = self.stored_settings()?;
+                    if old.as_ref() != Some(mine) {
+                        if let Some(old) = old {
+                            let changed: Vec<&String> = mine
+                                .keys()
+                                .filter(|k| old.get(*k) != mine.get(*k))
+                                .collect();
+                            tracing::info!(?changed, "the store's shared settings change with this daemon (no other daemon serves it)");
+                        }
+                        self.store_settings(mine)?;
+                    }
+                    self.session_bool("SELECT pg_try_advisory_lock_shared($1)", key, None)
+                })();
+                self.session_bool("SELECT pg_advisory_unlock($1)", key, None)?;
+                return match r {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(Error::store("cannot mark this daemon as serving the store")),
+                    Err(e) => Err(e),
+                };
+            }
+            if self.session_bool("SELECT pg_try_advisory_lock_shared($1)", key, None)? {
+                let theirs = self.stored_settings()?;
+                let differ: Vec<String> = match &theirs {
+                    None => Vec::new(),
+                    Some(t) => mine
+                        .keys()
+                        .chain(t.keys())
+                        .filter(|k| t.get(*k) != mine.get(*k))
+                        .map(|k| {
+                            format!(
+                                "{k}: theirs {:?}, this daemon's {:?}",
+                                t.get(k).map(String::as_str).unwrap_or(""),
+                                mine.get(k).map(String::as_str).unwrap_or("")
+                            )
+                        })
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect(),
+                };
+                if theirs.is_none() {
+                    self.store_settings(mine)?;
+                }
+                if differ.is_empty() {
+                    return Ok(());
+                }
+                let _ = self.session_bool("SELECT pg_advisory_unlock_shared($1)", key, None);
+                return Err(Error::store(format!(
+                    "this daemon's config differs from that of the daemons serving this store \
+                     ({}); every daemon of one store must have the same accounts, review, \
+                     quotas, unindexed prefixes and redaction: fix the config, or stop every \
+                     daemon of the store to change them",
+                    differ.join("; ")
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::store(
+                    "another daemon kept joining this store for 10 s; try again",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// The advisory lock key of a leadership role.
