@@ -120,6 +120,17 @@ pub fn target(
     })
 }
 
+/// Is `node` (under the account) an instruction to an agent: a skill or a
+/// pattern, which an agent reads as what to do? Those extracted from a
+/// conversation wait for a writer's review.
+pub fn instructs_agent(node: &str) -> bool {
+    let p: Vec<&str> = node.split('/').collect();
+    matches!(
+        p.as_slice(),
+        ["agents", _, "skills", ..] | ["agents", _, "memories", "patterns", ..]
+    )
+}
+
 fn trim(s: &str, n: usize) -> &str {
     let t = &s[..s.len().min(n)];
     t.trim_end_matches('-')

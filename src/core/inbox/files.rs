@@ -382,8 +382,16 @@ impl Fs {
                 job.state = State::Done;
             }
             "drop" => {
+                // Only what waits is dropped (a job holding back its
+                // instructions to the agent committed the rest already).
+                let waiting: std::collections::HashSet<String> = job
+                    .proposal
+                    .iter()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .filter_map(|v| v["node"].as_str().map(String::from))
+                    .collect();
                 for ch in &mut job.changes {
-                    if ch.action != "skipped" {
+                    if ch.action != "skipped" && waiting.contains(&ch.path) {
                         ch.why = format!("dropped in review ({})", ch.why);
                         ch.action = "dropped".into();
                     }
@@ -416,11 +424,17 @@ fn conversation_only(name: &str, unknown: impl FnOnce() -> Error) -> Result<()> 
 }
 
 fn review_text(j: &Job) -> Vec<u8> {
+    let nodes: Vec<Value> = j
+        .proposal
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    let waiting = |path: &str| nodes.iter().any(|n| n["node"] == path);
     let v = json!({
         "file": j.file,
-        "proposed": j.changes.iter().filter(|c| c.action != "skipped").collect::<Vec<_>>(),
+        "proposed": j.changes.iter().filter(|c| c.action != "skipped" && waiting(&c.path)).collect::<Vec<_>>(),
         "skipped": j.changes.iter().filter(|c| c.action == "skipped").collect::<Vec<_>>(),
-        "nodes": j.proposal.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect::<Vec<_>>(),
+        "nodes": nodes,
         "decide": "write accept (commit every proposed node) or drop to this file",
     });
     let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();

@@ -450,11 +450,30 @@ fn extract_job(
         }
         job.changes.push(change);
     }
-    job.proposal = lines.into_iter().map(|(_, l)| l).collect();
     if ib.review.contains(&account) {
+        job.proposal = lines.into_iter().map(|(_, l)| l).collect();
         job.state = State::Review;
         return Outcome::Finished;
     }
+    // What a conversation would make an instruction to the agent (a skill,
+    // a pattern) waits for a writer, whatever the account's review mode:
+    // a message such as "SYSTEM OVERRIDE: …" must not become a procedure
+    // an agent follows (docs/HOSTILE.md, "Memory poisoning").
+    let (held, now): (Vec<_>, Vec<_>) = lines
+        .into_iter()
+        .partition(|(node, _)| policy::instructs_agent(node));
+    for ch in job
+        .changes
+        .iter_mut()
+        .filter(|c| c.action != "skipped" && policy::instructs_agent(&c.path))
+    {
+        ch.why = format!(
+            "held for review: an instruction to the agent, taken from a conversation, \
+             is committed only when a writer accepts it ({})",
+            ch.why
+        );
+    }
+    job.proposal = now.into_iter().map(|(_, l)| l).collect();
     let caller = Caller {
         uid: job.uid,
         gid: job.gid,
@@ -473,6 +492,11 @@ fn extract_job(
             Some(Err(e)) => return Outcome::Retry(e.to_string()),
             Some(Ok((result, _))) => record_results(job, &result),
         }
+    }
+    if !held.is_empty() {
+        job.proposal = held.into_iter().map(|(_, l)| l).collect();
+        job.state = State::Review;
+        return Outcome::Finished;
     }
     job.state = State::Done;
     Outcome::Finished
