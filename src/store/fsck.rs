@@ -55,9 +55,9 @@ pub(super) fn guarded<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String
 }
 
 /// Check the embedded store at `db_path` and its write-ahead log without
-/// changing a byte of either. A store that was not closed cleanly (a
-/// killed daemon) cannot be opened read-only: a copy is made beside it,
-/// opened (redb repairs the copy) and checked, then removed.
+/// changing a byte of either: the store is checked on a copy made beside
+/// it (page checksums, every row of every table, the invariants), then
+/// the copy is removed.
 pub fn fsck_file(db_path: &std::path::Path) -> Result<Report> {
     let mut r = Report::default();
     let salvage = format!(
@@ -86,39 +86,69 @@ pub fn fsck_file(db_path: &std::path::Path) -> Result<Report> {
             sc.total - sc.valid
         ));
     }
-    let opened = guarded(|| {
-        ::redb::Builder::new()
-            .set_cache_size(super::redb::CACHE_BYTES)
-            .open_read_only(db_path)
-    });
-    let checked = match opened {
-        Ok(Ok(db)) => guarded(|| check_all(&db)),
-        Ok(Err(::redb::DatabaseError::RepairAborted)) => {
-            r.notes.push(
-                "the store was not closed cleanly (a killed daemon): checked a repaired copy; \
-                 the next mount repairs the store itself"
-                    .into(),
-            );
-            let copy = db_path.with_extension("redb.fsck");
-            std::fs::copy(db_path, &copy).map_err(|e| {
-                Error::store_from(
-                    format!("copying the store to {} for its check", copy.display()),
-                    e,
-                )
+    // The store is checked on a copy beside it: redb verifies its page
+    // checksums only in `check_integrity`, which needs a writable database
+    // and repairs what it can, and a store not closed cleanly opens only by
+    // being repaired. The original is never opened for writing.
+    let unclean = matches!(
+        guarded(|| {
+            ::redb::Builder::new()
+                .set_cache_size(super::redb::CACHE_BYTES)
+                .open_read_only(db_path)
+                .map(drop)
+        }),
+        Ok(Err(::redb::DatabaseError::RepairAborted))
+    );
+    if unclean {
+        r.notes.push(
+            "the store was not closed cleanly (a killed daemon): the next mount repairs it \
+             (this check repaired a copy)"
+                .into(),
+        );
+    }
+    // Beside the store; where its disk has no room, in a private
+    // directory (0700) of the system's temporary directory.
+    let mut copy = db_path.with_extension("redb.fsck");
+    let mut scratch = None;
+    let _ = std::fs::remove_file(&copy);
+    if let Err(e) = std::fs::copy(db_path, &copy) {
+        let _ = std::fs::remove_file(&copy);
+        let dir = tempfile::Builder::new()
+            .prefix("ctxfs-fsck-")
+            .tempdir()
+            .map_err(|e2| {
+                Error::store_from(format!("no room for a copy of the store ({e})"), e2)
             })?;
-            let res = guarded(|| {
-                ::redb::Builder::new()
-                    .set_cache_size(super::redb::CACHE_BYTES)
-                    .create(&copy)
-                    .map_err(se)
-                    .and_then(|db| check_all(&db))
-            });
-            let _ = std::fs::remove_file(&copy);
-            res
+        copy = dir.path().join("ctxfs.redb");
+        std::fs::copy(db_path, &copy).map_err(|e| {
+            Error::store_from(
+                format!(
+                    "copying the store to {} for its check (fsck needs room for a copy)",
+                    copy.display()
+                ),
+                e,
+            )
+        })?;
+        r.notes.push(format!(
+            "no room beside the store for its copy ({e}): checked a copy in {}",
+            dir.path().display()
+        ));
+        scratch = Some(dir);
+    }
+    let checked = guarded(|| -> Result<Vec<Violation>> {
+        let mut db = ::redb::Builder::new()
+            .set_cache_size(super::redb::CACHE_BYTES)
+            .create(&copy)
+            .map_err(se)?;
+        if !db.check_integrity().map_err(se)? {
+            return Err(Error::store(
+                "page checksums do not verify: pages of the file were changed outside redb",
+            ));
         }
-        Ok(Err(e)) => Ok(Err(se(e))),
-        Err(p) => Err(p),
-    };
+        check_all(&db)
+    });
+    let _ = std::fs::remove_file(&copy);
+    drop(scratch);
     match checked {
         Ok(Ok(v)) => r.violations.extend(v),
         Ok(Err(e)) => r.violations.push(Violation {

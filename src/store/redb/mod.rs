@@ -122,7 +122,16 @@ fn open_db(path: &Path) -> Result<Database> {
             )),
             e => Error::store_from(format!("cannot open {}", path.display()), e),
         })?;
-    // Create every table so readers never meet a missing one.
+    // Create every table so readers never meet a missing one; a store that
+    // has them all is not written at open (a nearly full disk opens).
+    let have = {
+        let r = db.begin_read().map_err(se)?;
+        let n = r.list_tables().map_err(se)?.count();
+        n
+    };
+    if have >= compact::TABLES.len() {
+        return Ok(db);
+    }
     let txn = db.begin_write().map_err(se)?;
     {
         txn.open_table(NODES).map_err(se)?;
