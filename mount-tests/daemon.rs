@@ -215,6 +215,7 @@ fn repair_job_branches() {
         &py("partial", &["content.md", ".relations.json", ".meta.json"]),
     );
     m.ok(0, &py("nothing", &[".abstract.md"]));
+    m.ok(0, &py("no_content", &[".abstract.md", ".meta.json"]));
     m.kill9();
     let out = ctxfs(&["repair", "--data", m.data.to_str().unwrap()]);
     assert!(out.status.success());
@@ -223,7 +224,9 @@ fn repair_job_branches() {
         report.contains("rep/orphan: orphan content.md, .meta.json recreated"),
         "{report}"
     );
-    assert!(report.contains("rep/orphan: PENDING with missing .relations.json, .abstract.md, .overview.md; marked BROKEN"), "{report}");
+    // Content alone is completed as a commit of it would be (AGFS failure
+    // table: "recreate from content", "attempt completion").
+    assert!(report.contains("rep/orphan: PENDING without .relations.json, .abstract.md, .overview.md, completed as a commit would (summaries derived, no relations) and activated as version 1"), "{report}");
     assert!(
         report.contains("rep/complete: PENDING with all files, activated as version 1"),
         "{report}"
@@ -234,8 +237,13 @@ fn repair_job_branches() {
     );
     assert!(
         report.contains(
-            "rep/partial: PENDING with missing .abstract.md, .overview.md; marked BROKEN"
+            "rep/partial: PENDING without .abstract.md, .overview.md, completed as a commit would"
         ),
+        "{report}"
+    );
+    // BROKEN only for what nothing can complete.
+    assert!(
+        report.contains("rep/no_content: PENDING with missing content.md: nothing to complete the node from; marked BROKEN"),
         "{report}"
     );
     assert!(!report.contains("rep/nothing"), "{report}");
@@ -244,21 +252,25 @@ fn repair_job_branches() {
     // Activated nodes are ACTIVE; BROKEN ones are shown to writers only.
     assert_eq!(
         m.ok(0, &format!("ls {base}")),
-        "complete\norphan\npartial\npending_meta\n"
+        "complete\nno_content\norphan\npartial\npending_meta\n"
     );
-    assert!(m
-        .ok(0, &format!("cat {base}/partial/.meta.json"))
-        .contains("\"BROKEN\""));
-    assert!(m
-        .ok(0, &format!("cat {base}/partial/.meta.json"))
-        .contains("broken_reason"));
+    // The completed node reads as any commit of its content.
+    assert_eq!(
+        m.ok(0, &format!("cat {base}/orphan/.abstract.md")),
+        "text\n"
+    );
+    let broken = m.ok(0, &format!("cat {base}/no_content/.meta.json"));
+    assert!(
+        broken.contains("\"BROKEN\"") && broken.contains("broken_reason"),
+        "{broken}"
+    );
     let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
-    assert_eq!(s["nodes"]["ACTIVE"], 2);
-    assert_eq!(s["nodes"]["BROKEN"], 2);
-    // A BROKEN node is fixed by rewriting it.
-    m.ok(0, &format!("echo a > {base}/partial/.abstract.md; echo o > {base}/partial/.overview.md; /bin/echo '{ACTIVE}' > {base}/partial/.meta.json"));
-    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["ACTIVE"], 4);
     assert_eq!(s["nodes"]["BROKEN"], 1);
+    // A BROKEN node is fixed by rewriting it.
+    m.ok(0, &format!("echo body > {base}/no_content/content.md; /bin/echo '{ACTIVE}' > {base}/no_content/.meta.json"));
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    assert_eq!(s["nodes"]["BROKEN"], 0);
     // A second repair has nothing to do.
     m.umount();
     let out = ctxfs(&["repair", "--data", m.data.to_str().unwrap()]);

@@ -48,12 +48,29 @@ impl Fs {
                 );
                 actions.push(format!("{node}: orphan content.md, .meta.json recreated"));
             }
-            if content && relations && abstract_ && overview {
+            if content {
+                // As the AGFS failure table says: what an ordinary commit
+                // of these files derives (abstract, overview) or takes as
+                // empty (relations) completes the node.
+                let missing: Vec<&str> = [RELATIONS, ABSTRACT, OVERVIEW]
+                    .into_iter()
+                    .zip([relations, abstract_, overview])
+                    .filter(|(_, h)| !h)
+                    .map(|(n, _)| n)
+                    .collect();
                 self.set_meta_status(&draft, "ACTIVE");
                 match self.commit_as(&node, &draft, Intent::Close, None) {
-                    Ok(Committed::Version(v)) => {
+                    Ok(Committed::Version(v)) if missing.is_empty() => {
                         actions.push(format!(
                             "{node}: PENDING with all files, activated as version {v}"
+                        ));
+                        continue;
+                    }
+                    Ok(Committed::Version(v)) => {
+                        actions.push(format!(
+                            "{node}: PENDING without {}, completed as a commit would \
+                             (summaries derived, no relations) and activated as version {v}",
+                            missing.join(", ")
                         ));
                         continue;
                     }
@@ -66,13 +83,8 @@ impl Fs {
                     }
                 }
             } else {
-                let missing: Vec<&str> = [CONTENT, RELATIONS, ABSTRACT, OVERVIEW]
-                    .into_iter()
-                    .zip([content, relations, abstract_, overview])
-                    .filter(|(_, h)| !h)
-                    .map(|(n, _)| n)
-                    .collect();
-                let reason = format!("missing {}", missing.join(", "));
+                // Nothing can stand in for the content itself.
+                let reason = format!("missing {CONTENT}: nothing to complete the node from");
                 self.commit_as(&node, &draft, Intent::Broken(&reason), None)?;
                 actions.push(format!("{node}: PENDING with {reason}; marked BROKEN"));
             }
