@@ -1,6 +1,8 @@
 //! A node's life beyond one version: `.versions/` and restore, TTL, quotas.
 
 use crate::harness::*;
+use std::path::Path;
+use std::process::Command;
 
 const N: &str = "acme/users/alice/memories/prefs/tea";
 
@@ -518,4 +520,86 @@ fn export_import_round_trip_is_lossless_and_all_or_nothing() {
         "{}",
         String::from_utf8_lossy(&fsck.stdout)
     );
+}
+
+/// A data dir written by the previous release (format 1 without its
+/// marker: `tests/fixtures/data-format1.tar.gz`, made by that release's
+/// binary with the commands in `tests/fixtures/README.md`) opens: every
+/// node is there with its bytes and its versions, its scratchpad too, the
+/// marker is written and fsck is clean. A data dir of a newer format is
+/// refused with both format numbers, and nothing in it changes.
+#[test]
+fn a_data_dir_of_the_previous_release_opens_and_a_newer_one_is_refused() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut m = Mount::prepared(Some(CONFIG), &["--embedder", "hash"], &[], &[]);
+    std::fs::create_dir(&m.data).unwrap();
+    chmod(&m.data, 0o700);
+    let st = Command::new("tar")
+        .arg("-xzf")
+        .arg(fixtures.join("data-format1.tar.gz"))
+        .arg("-C")
+        .arg(&m.data)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(!m.data.join("ctxfs.format").exists());
+    m.mount();
+    let manifest = std::fs::read_to_string(fixtures.join("data-format1.manifest")).unwrap();
+    assert_eq!(manifest.lines().count(), 4);
+    for line in manifest.lines() {
+        let mut f = line.split(' ');
+        let (file, sha, versions) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+        let file = file.trim_start_matches("./");
+        let got = m.ok(0, &format!("sha256sum < $M/accounts/{file} | cut -c1-64"));
+        assert_eq!(got.trim(), sha, "{file}");
+        let dir = file.trim_end_matches("/content.md");
+        let n = m.ok(
+            0,
+            &format!("ls $M/accounts/{dir}/.versions | grep -c '^[0-9]'"),
+        );
+        assert_eq!(n.trim(), versions, "{dir}");
+    }
+    assert_eq!(
+        m.ok(
+            0,
+            "cat $M/accounts/acme/users/alice/memories/prefs/tea/.versions/1/content.md"
+        ),
+        "Sencha."
+    );
+    assert_eq!(
+        m.ok(
+            READER,
+            "cat $M/accounts/acme/projects/p/scratchpad/notes.txt"
+        ),
+        "scratch notes\n"
+    );
+    // Search works over it (the index is rebuilt from the stored documents).
+    m.ok(WRITER, "cat $M/.ctxfs/sync >/dev/null");
+    let hits = m.ok(READER, "cat \"$M/accounts/acme/.search/brother in Lyon\"");
+    assert!(hits.contains("people/bob"), "{hits}");
+    m.umount();
+    assert_eq!(
+        std::fs::read_to_string(m.data.join("ctxfs.format")).unwrap(),
+        "ctxfs-data 1\n"
+    );
+    m.fsck();
+
+    // A newer format: refused, with both numbers; nothing changes.
+    std::fs::write(m.data.join("ctxfs.format"), "ctxfs-data 2\n").unwrap();
+    let before = std::fs::read(m.data.join("ctxfs.redb")).unwrap();
+    let out = Command::new(BIN)
+        .args(["mount", m.mnt.to_str().unwrap(), "--data"])
+        .arg(&m.data)
+        .args(["--embedder", "hash"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("has format 2, written by a newer ctxfs; this one reads format 1"),
+        "{err}"
+    );
+    let fsck = ctxfs(&["fsck", "--data", m.data.to_str().unwrap()]);
+    assert!(!fsck.status.success());
+    assert_eq!(std::fs::read(m.data.join("ctxfs.redb")).unwrap(), before);
 }
