@@ -919,3 +919,85 @@ fn instructions_from_a_conversation_wait_for_review() {
         "No such file",
     );
 }
+
+/// A delete wins over extraction: a change is committed only over the
+/// version it was planned on. A merge accepted in review after its node
+/// was deleted is refused (the node stays deleted, its words gone), and a
+/// memory created meanwhile by hand is not overwritten. Before: the
+/// accepted review recreated the deleted node with its old text merged in.
+#[test]
+fn a_delete_wins_over_an_extraction_planned_before_it() {
+    let first = serde_json::json!({"memories": [
+        {"kind": "preference", "topic": "tea", "text": "The user likes green tea.", "messages": [0]},
+    ]});
+    let second = serde_json::json!({"memories": [
+        {"kind": "preference", "topic": "tea", "text": "The user now prefers oolong tea.", "messages": [0]},
+        {"kind": "preference", "topic": "coffee", "text": "The user drinks no coffee.", "messages": [0]},
+    ]});
+    let merge = serde_json::json!({"text": "The user now prefers oolong tea.", "changed": "green -> oolong"});
+    let replies = serde_json::json!([
+        {"content": first.to_string()},
+        {"content": second.to_string()},
+        {"content": merge.to_string()},
+    ]);
+    let (_server, m) = canned_mount(replies, |c| {
+        c.replacen("id = \"acme\"", "id = \"acme\"\nreview = true", 1)
+    });
+    let prefs = "$M/accounts/acme/users/priya/memories/preferences";
+    let wait = |name: &str| {
+        wait_state(
+            &m,
+            &format!("{INBOX}/{name}.status"),
+            &["review", "done", "failed"],
+            Duration::from_secs(30),
+        )
+    };
+    put(
+        &m,
+        WRITER,
+        &format!("{INBOX}/c1.json"),
+        r#"[{"role":"user","content":"I like green tea."}]"#,
+    );
+    assert_eq!(wait("c1")["state"], "review");
+    m.ok(WRITER, &format!("echo accept > \"$M/{INBOX}/c1.review\""));
+    m.ok(WRITER, &format!("test -f {prefs}/tea/content.md"));
+    put(
+        &m,
+        WRITER,
+        &format!("{INBOX}/c2.json"),
+        r#"[{"role":"user","content":"I now prefer oolong tea, and I drink no coffee."}]"#,
+    );
+    assert_eq!(wait("c2")["state"], "review");
+    // Meanwhile the user forgets the tea memory and writes coffee by hand.
+    m.ok(WRITER, &format!("rm -r {prefs}/tea"));
+    m.ok(
+        WRITER,
+        &four_steps(
+            "acme/users/priya/memories/preferences/coffee",
+            "Coffee: only on Mondays.",
+            ACTIVE,
+        ),
+    );
+    m.ok(WRITER, &format!("echo accept > \"$M/{INBOX}/c2.review\""));
+    let s = m.json(WRITER, &format!("cat \"$M/{INBOX}/c2.status\""));
+    assert_eq!(s["state"], "done", "{s:#}");
+    let why = s["changes"].to_string();
+    assert!(
+        why.contains("the node was deleted since this line was planned"),
+        "{s:#}"
+    );
+    assert!(
+        why.contains("the node was created since this line was planned"),
+        "{s:#}"
+    );
+    m.fails(WRITER, &format!("ls {prefs}/tea"), "No such file");
+    assert_eq!(
+        m.ok(READER, &format!("cat {prefs}/coffee/content.md")),
+        "Coffee: only on Mondays."
+    );
+    let found = m.ok(
+        0,
+        "grep -rl 'green tea' \"$M/accounts/acme/users/priya/memories\" || true",
+    );
+    assert_eq!(found, "", "the deleted words came back");
+}

@@ -34,6 +34,10 @@ struct BatchNode {
     overview: Option<String>,
     relations: Option<Value>,
     meta: Map<String, Value>,
+    /// Commit only over this version of the node (0: only where no node
+    /// is): a line planned on a version that was replaced or deleted since
+    /// is refused, not applied over the newer state.
+    if_version: Option<u32>,
 }
 
 /// The result of one line.
@@ -171,6 +175,22 @@ impl Fs {
             Some(_) if self.expired(path) => rec.take(),
             _ => None,
         };
+        if let Some(want) = n.if_version {
+            let have = rec.as_ref().map_or(0, |r| r.version);
+            if have != want {
+                return Err(if have == 0 {
+                    format!(
+                        "the node was deleted since this line was planned on its version {want}"
+                    )
+                } else if want == 0 {
+                    format!(
+                        "the node was created since this line was planned (now at version {have})"
+                    )
+                } else {
+                    format!("the node is at version {have}, not {want}: it changed since this line was planned")
+                });
+            }
+        }
         let mut draft = Draft::new(rec.as_ref().map(|r| (r.id, r.version)));
         let mut put = |name: &str, bytes: Vec<u8>| {
             draft

@@ -306,7 +306,7 @@ fn extract_job(
         };
         // Only what its messages (or the node it joins) say reaches a memory.
         let known = match &found {
-            Existing::Node(_, stored, _) => Some(policy::body(stored)),
+            Existing::Node(_, stored, ..) => Some(policy::body(stored)),
             _ => None,
         };
         let (kind, messages) = (c.kind, c.messages.clone());
@@ -333,6 +333,10 @@ fn extract_job(
         };
         // The sources of the text a merge keeps.
         let mut earlier: Vec<Value> = Vec::new();
+        // The version the change is planned on (0: a node that is not
+        // there): committed only over that version, so a delete (or an
+        // edit) made meanwhile wins over the job and over a late review.
+        let mut base = 0u32;
         let (content, action, why) = match (t.mode, found) {
             (policy::Mode::Append, Existing::Same(other, sim)) => {
                 change.path = other.clone();
@@ -365,8 +369,9 @@ fn extract_job(
                     "merged with another memory of this conversation".into(),
                 )
             }
-            (policy::Mode::Merge, Existing::Node(node, stored, sources)) => {
+            (policy::Mode::Merge, Existing::Node(node, stored, sources, version)) => {
                 earlier = sources;
+                base = version;
                 let dup = node != t.node;
                 t.node = node.clone();
                 change.path = node;
@@ -445,7 +450,9 @@ fn extract_job(
                 all.extend(earlier.into_iter().take(MAX_SOURCES - 1));
                 meta["sources"] = Value::Array(all);
             }
-            let line = json!({"node": t.node, "content": content, "meta": meta}).to_string();
+            let line =
+                json!({"node": t.node, "content": content, "meta": meta, "if_version": base})
+                    .to_string();
             lines.push((t.node.clone(), line));
         }
         job.changes.push(change);
@@ -506,8 +513,8 @@ fn extract_job(
 enum Existing {
     None,
     /// The node to merge into (the target's, or a near-duplicate found by
-    /// search), its `content.md` and the sources of its text.
-    Node(String, String, Vec<Value>),
+    /// search), its `content.md`, the sources of its text and its version.
+    Node(String, String, Vec<Value>, u32),
     /// For appends: the same event or case is already there (path, similarity).
     Same(String, f32),
 }
@@ -516,7 +523,11 @@ impl Fs {
     /// The committed ACTIVE node at `node` (under the account): its
     /// content and the sources of its text (`sources` of its `.meta.json`,
     /// or its `provenance` alone).
-    fn active_content(&self, account: &str, node: &str) -> Result<Option<(String, Vec<Value>)>> {
+    fn active_content(
+        &self,
+        account: &str,
+        node: &str,
+    ) -> Result<Option<(String, Vec<Value>, u32)>> {
         let path = format!("{account}/{node}");
         let Some(rec) = self.store.get_node(&path)? else {
             return Ok(None);
@@ -539,15 +550,15 @@ impl Fs {
             (_, p @ Value::Object(_)) => vec![p.clone()],
             _ => Vec::new(),
         };
-        Ok(Some((read(place::CONTENT)?, sources)))
+        Ok(Some((read(place::CONTENT)?, sources, rec.version)))
     }
 
     /// What candidate `c`, placed at `t`, meets: the node at its place, or
     /// the most similar memory of its category when that is close enough.
     fn existing_for(&self, account: &str, t: &policy::Target, c: &Candidate) -> Result<Existing> {
         if t.mode == policy::Mode::Merge {
-            if let Some((content, sources)) = self.active_content(account, &t.node)? {
-                return Ok(Existing::Node(t.node.clone(), content, sources));
+            if let Some((content, sources, v)) = self.active_content(account, &t.node)? {
+                return Ok(Existing::Node(t.node.clone(), content, sources, v));
             }
         }
         if t.node == t.category_dir {
@@ -583,12 +594,12 @@ impl Fs {
                     return Ok(Existing::Same(node.to_string(), sim))
                 }
                 policy::Mode::Merge if sim >= DUPLICATE_SIMILARITY => {
-                    if let Some((content, sources)) = self.active_content(account, node)? {
+                    if let Some((content, sources, v)) = self.active_content(account, node)? {
                         // Sentences about the user are alike to a small
                         // embedder whatever they say: a near-duplicate must
                         // also share a word that carries the subject.
                         if policy::share_subject(&c.text, &content) {
-                            return Ok(Existing::Node(node.to_string(), content, sources));
+                            return Ok(Existing::Node(node.to_string(), content, sources, v));
                         }
                     }
                 }
