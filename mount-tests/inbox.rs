@@ -1001,3 +1001,50 @@ fn a_delete_wins_over_an_extraction_planned_before_it() {
     );
     assert_eq!(found, "", "the deleted words came back");
 }
+
+/// What a reader can read of an inbox is redacted as a commit would be:
+/// the stored conversation (secrets replaced when it is stored) and the
+/// proposals of `NAME.review`, even when a model copies a secret into
+/// them. A conversation past 1 MiB is refused as too large, not as broken
+/// JSON. Before: a reader read `api_key: sk-…` in both, and a 1 MiB + 1
+/// conversation failed with "not JSON: EOF while parsing".
+#[test]
+fn readers_read_no_secret_of_the_inbox_and_a_large_conversation_says_so() {
+    let secret = "sk-live0123456789abcdefghijklmnop";
+    let leak = serde_json::json!({"memories": [
+        {"kind": "preference", "topic": "deploy key", "text": format!("The user keeps the key {secret} for deploys."), "messages": [0]},
+    ]});
+    let (_server, m) = canned_mount(serde_json::json!([{"content": leak.to_string()}]), |c| {
+        c.replacen("id = \"acme\"", "id = \"acme\"\nreview = true", 1)
+    });
+    let c1 = format!(
+        r#"[{{"role":"user","content":"My deploy key is {secret}, and my api_key: hunter2hunter2."}}]"#
+    );
+    put(&m, WRITER, &format!("{INBOX}/c1.json"), &c1);
+    let s = wait_state(
+        &m,
+        &format!("{INBOX}/c1.status"),
+        &["review", "done", "failed"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(s["state"], "review", "{s:#}");
+    for file in ["c1.json", "c1.review", "c1.status"] {
+        let text = m.ok(READER, &format!("cat \"$M/{INBOX}/{file}\""));
+        assert!(
+            !text.contains(secret) && !text.contains("hunter2"),
+            "{file}: {text}"
+        );
+    }
+    let stored = m.ok(READER, &format!("cat \"$M/{INBOX}/c1.json\""));
+    assert!(stored.contains("[REDACTED]"), "{stored}");
+    // Past 1 MiB: too large, said as such.
+    let big = m.shared_file("big.json");
+    std::fs::write(&big, vec![b' '; (1 << 20) + 1]).unwrap();
+    m.fails(
+        WRITER,
+        &format!("cp {} \"$M/{INBOX}/big.json\"", big.display()),
+        "File too large",
+    );
+    let st = m.ok(WRITER, &format!("cat \"$M/{INBOX}/big.status\""));
+    assert!(st.contains("larger than the 1048576 bytes"), "{st}");
+}

@@ -43,12 +43,14 @@ impl Fs {
             },
             Entry::Status => {
                 let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
-                let n = j.status_json().len() as u64;
+                let redactor = self.redaction().for_account(Self::account_of(inbox));
+                let n = status_text(&j, redactor.as_ref()).len() as u64;
                 Ok(self.file_attr(ino, n, 0o444, SystemTime::now(), false))
             }
             Entry::Review => match self.job_of_stem(inbox, &stem)? {
                 Some(j) if j.state == State::Review => {
-                    let n = review_text(&j).len() as u64;
+                    let redactor = self.redaction().for_account(Self::account_of(inbox));
+                    let n = review_text(&j, redactor.as_ref()).len() as u64;
                     Ok(self.file_attr(ino, n, 0o644, SystemTime::now(), false))
                 }
                 _ => Err(Error::NotFound),
@@ -143,6 +145,7 @@ impl Fs {
             caller: c,
             buf: Mutex::new(Vec::new()),
             review,
+            too_big: Default::default(),
         }));
         Opened {
             fh,
@@ -181,7 +184,8 @@ impl Fs {
                     return Err(Error::NotPermitted("read-only virtual file"));
                 }
                 let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
-                Ok(data(j.status_json()))
+                let redactor = self.redaction().for_account(Self::account_of(inbox));
+                Ok(data(status_text(&j, redactor.as_ref())))
             }
             Entry::Review => {
                 let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
@@ -191,7 +195,8 @@ impl Fs {
                 if write {
                     return Ok(self.inbox_handle(c, path.to_string(), true));
                 }
-                Ok(data(review_text(&j)))
+                let redactor = self.redaction().for_account(Self::account_of(inbox));
+                Ok(data(review_text(&j, redactor.as_ref())))
             }
         }
     }
@@ -222,6 +227,7 @@ impl Fs {
         let mut buf = lock(&h.buf);
         let end = offset as usize + data.len();
         if end > extract::MAX_CONVERSATION_BYTES {
+            h.too_big.store(true, std::sync::atomic::Ordering::Relaxed);
             return Err(Error::TooBig);
         }
         if buf.len() < end {
@@ -242,7 +248,14 @@ impl Fs {
         }
         let (inbox, name) = split_name(&h.path);
         self.inbox_writable(h.caller, inbox)?;
-        let parsed = extract::parse(name, &bytes);
+        let parsed = if h.too_big.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(format!(
+                "larger than the {} bytes a conversation may have",
+                extract::MAX_CONVERSATION_BYTES
+            ))
+        } else {
+            extract::parse(name, &bytes).map_err(|e| e.to_string())
+        };
         let _g = lock(&self.scratch_lock);
         if self.store.get_scratch(&h.path)?.is_some() {
             return Err(Error::NotPermitted(
@@ -267,6 +280,21 @@ impl Fs {
             }
         };
         let sha = sha256_hex(&bytes);
+        // Stored as a commit would store it: secrets redacted (readers
+        // read the conversation, and what extraction proposes from it).
+        let (bytes, conv) = match redact_conversation(
+            name,
+            &bytes,
+            self.redaction()
+                .for_account(Self::account_of(inbox))
+                .as_ref(),
+        ) {
+            Some(red) => match extract::parse(name, &red) {
+                Ok(c) => (red, c),
+                Err(_) => (bytes, conv),
+            },
+            None => (bytes, conv),
+        };
         let hash_path = format!("{inbox}/{HASHES}/{sha}");
         // Only a conversation still stored, and not failed or dropped,
         // makes the same bytes a duplicate (else they are extracted anew).
@@ -423,12 +451,37 @@ fn conversation_only(name: &str, unknown: impl FnOnce() -> Error) -> Result<()> 
     }
 }
 
-fn review_text(j: &Job) -> Vec<u8> {
-    let nodes: Vec<Value> = j
+/// `NAME.status`, redacted (it quotes the model's words, which may copy a
+/// secret, and a reader reads it).
+fn status_text(j: &Job, redactor: Option<&crate::schema::redact::Redactor>) -> Vec<u8> {
+    let raw = j.status_json();
+    let Some(r) = redactor else {
+        return raw;
+    };
+    let Ok(mut v) = serde_json::from_slice::<Value>(&raw) else {
+        return raw;
+    };
+    if r.redact_json(&mut v) == 0 {
+        return raw;
+    }
+    let mut out = serde_json::to_vec_pretty(&v).unwrap_or(raw);
+    out.push(b'\n');
+    out
+}
+
+/// `NAME.review`: what waits, redacted as its commit will be (a reader
+/// reads it).
+fn review_text(j: &Job, redactor: Option<&crate::schema::redact::Redactor>) -> Vec<u8> {
+    let mut nodes: Vec<Value> = j
         .proposal
         .iter()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .collect();
+    if let Some(r) = redactor {
+        for n in &mut nodes {
+            r.redact_json(n);
+        }
+    }
     let waiting = |path: &str| nodes.iter().any(|n| n["node"] == path);
     let v = json!({
         "file": j.file,
@@ -440,6 +493,39 @@ fn review_text(j: &Job) -> Vec<u8> {
     let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
     out.push(b'\n');
     out
+}
+
+/// A conversation's bytes with its secrets redacted (values of secret keys
+/// and credential shapes in every string, as at commit), or `None` when
+/// there is nothing to redact (the bytes are stored as written).
+fn redact_conversation(
+    name: &str,
+    bytes: &[u8],
+    redactor: Option<&crate::schema::redact::Redactor>,
+) -> Option<Vec<u8>> {
+    let r = redactor?;
+    let text = std::str::from_utf8(bytes).ok()?;
+    if name.ends_with(".jsonl") {
+        let mut n = 0;
+        let mut out = Vec::new();
+        for line in text.lines() {
+            match serde_json::from_str::<Value>(line) {
+                Ok(mut v) if !line.trim().is_empty() => {
+                    n += r.redact_json(&mut v);
+                    out.extend(serde_json::to_vec(&v).ok()?);
+                }
+                _ => out.extend(line.as_bytes()),
+            }
+            out.push(b'\n');
+        }
+        (n > 0).then_some(out)
+    } else {
+        let mut v: Value = serde_json::from_str(text).ok()?;
+        let n = r.redact_json(&mut v);
+        let mut out = serde_json::to_vec_pretty(&v).ok()?;
+        out.push(b'\n');
+        (n > 0).then_some(out)
+    }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -215,6 +215,9 @@ pub(crate) struct InboxHandle {
     buf: Mutex<Vec<u8>>,
     /// `NAME.review` (a decision) rather than a conversation.
     review: bool,
+    /// A write went past the size a conversation may have: the close
+    /// refuses it as too large (not as the truncated JSON it holds).
+    too_big: std::sync::atomic::AtomicBool,
 }
 
 /// The extraction service of a daemon: its settings, its queue, its threads.
