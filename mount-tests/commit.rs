@@ -602,6 +602,14 @@ except OSError as e:
     assert!(m
         .ok(READER, "cat \"$M/accounts/acme/.search/kayaks\"")
         .contains("batch/n"));
+    // A batch refused whole: reading the file says why, not the help.
+    m.fails(
+        WRITER,
+        "/usr/bin/python3 -c 'f = open(\"'$M'/accounts/acme/.ctxfs/batch\", \"wb\"); f.write(b\"\\xff\\n\"); f.close()'",
+        "Invalid argument",
+    );
+    let why = m.ok(WRITER, "cat $M/accounts/acme/.ctxfs/batch");
+    assert!(why.contains("UTF-8"), "{why}");
 }
 
 /// A batch may make containers nobody made with `mkdir` (a new agent, a

@@ -365,15 +365,30 @@ impl Fs {
         if let Handle::Batch(b) = &*h {
             let bytes = std::mem::take(&mut *lock(&b.buf));
             if !bytes.is_empty() {
-                let (result, refused) = self.commit_batch(b.caller, &b.account, &bytes)?;
-                let lines = result.iter().filter(|b| **b == b'\n').count();
-                {
+                let keep = |result: Vec<u8>| {
                     let mut r = lock(&self.batch_results);
                     if r.len() >= 4096 {
                         r.clear();
                     }
                     r.insert((b.account.to_string(), b.caller.uid), Arc::from(result));
-                }
+                };
+                let (result, refused) = match self.commit_batch(b.caller, &b.account, &bytes) {
+                    Ok(r) => r,
+                    // A batch refused whole (too many nodes, not UTF-8):
+                    // reading the file gives the reason, as for a node.
+                    Err(e @ (Error::Invalid(_) | Error::Quota(_))) => {
+                        let mut line = serde_json::to_vec(
+                            &serde_json::json!({"line": 0, "node": "", "error": e.to_string()}),
+                        )
+                        .unwrap_or_default();
+                        line.push(b'\n');
+                        keep(line);
+                        return Err(e);
+                    }
+                    Err(e) => return Err(e),
+                };
+                let lines = result.iter().filter(|b| **b == b'\n').count();
+                keep(result);
                 if refused > 0 {
                     return Err(Error::BadCommit(format!(
                         "{refused} of {lines} nodes refused (the others are committed); \
