@@ -1048,3 +1048,69 @@ fn readers_read_no_secret_of_the_inbox_and_a_large_conversation_says_so() {
     let st = m.ok(WRITER, &format!("cat \"$M/{INBOX}/big.status\""));
     assert!(st.contains("larger than the 1048576 bytes"), "{st}");
 }
+
+/// Quotas hold for the inbox and batches: stored conversations count in
+/// the byte quota (a conversation past it is refused `EDQUOT`, its removal
+/// gives the bytes back), and a batch commits no more nodes than the
+/// writes left today. Before: 40 × 1 MiB conversations were stored under a
+/// 1 MB quota (`bytes.used` stayed 0), and a batch of 500 nodes committed
+/// under `writes_per_day = 100`.
+#[test]
+fn conversations_and_batches_are_held_to_the_quota() {
+    let (_server, m) = canned_mount(serde_json::json!([]), |c| {
+        c.replacen(
+            "[[account]]\nid = \"other\"",
+            "[account.quota]\nbytes = 1000000\nwrites_per_day = 5\n\n[[account]]\nid = \"other\"",
+            1,
+        )
+    });
+    let usage = |m: &Mount| m.json(WRITER, "cat $M/accounts/acme/.ctxfs/usage");
+    let conv = |n: usize| {
+        let text = "x".repeat(n);
+        format!(r#"[{{"role":"user","content":"{text}"}}]"#)
+    };
+    put(&m, WRITER, &format!("{INBOX}/c1.json"), &conv(600_000));
+    let u = usage(&m);
+    assert!(u["bytes"]["used"].as_u64().unwrap() > 600_000, "{u:#}");
+    assert!(u["conversation_bytes"].as_u64().unwrap() > 600_000, "{u:#}");
+    let big = m.shared_file("c2.json");
+    std::fs::write(&big, conv(600_000)).unwrap();
+    m.fails(
+        WRITER,
+        &format!("cp {} \"$M/{INBOX}/c2.json\"", big.display()),
+        "Disk quota exceeded",
+    );
+    let st = m.ok(WRITER, &format!("cat \"$M/{INBOX}/c2.status\""));
+    assert!(st.contains("quota"), "{st}");
+    // A batch of 8 nodes with 5 writes left: 5 committed, 3 refused.
+    let lines: String = (0..8)
+        .map(|i| {
+            format!(
+                "{{\"node\": \"users/priya/memories/b/n{i}\", \"content\": \"note {i}\", \"meta\": {{\"status\": \"ACTIVE\"}}}}\n"
+            )
+        })
+        .collect();
+    let batch = m.shared_file("batch.jsonl");
+    std::fs::write(&batch, lines).unwrap();
+    m.fails(
+        WRITER,
+        &format!("cp {} $M/accounts/acme/.ctxfs/batch", batch.display()),
+        "Invalid argument",
+    );
+    let result = m.ok(WRITER, "cat $M/accounts/acme/.ctxfs/batch");
+    assert_eq!(result.matches("\"version\"").count(), 5, "{result}");
+    assert_eq!(result.matches("writes of today").count(), 3, "{result}");
+    assert_eq!(usage(&m)["writes_today"]["used"], 5);
+    // Removing the conversation gives its bytes back.
+    m.ok(WRITER, "cat \"$M/.ctxfs/sync\" >/dev/null");
+    let gone = within(Duration::from_secs(10), || {
+        m.sh(WRITER, &format!("rm \"$M/{INBOX}/c1.json\""))
+            .status
+            .success()
+    });
+    assert!(gone.is_some(), "c1.json could not be removed");
+    assert_eq!(usage(&m)["conversation_bytes"], 0);
+    let mut m = m;
+    m.umount();
+    m.fsck();
+}

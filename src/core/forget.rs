@@ -103,6 +103,7 @@ impl Fs {
                 if let Some(conv) = self.stored_conversation(&path)? {
                     ops.extend(self.message_event_ops(&path, &conv, true)?);
                 }
+                ops.extend(self.conversation_bytes_op(&path)?);
             }
             ops.push(Op::DelScratch { path });
             done.scratch_entries += 1;

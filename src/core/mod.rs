@@ -290,6 +290,7 @@ impl Fs {
             draft_limit: AtomicU64::new(DEFAULT_DRAFT_MEMORY),
         };
         fs.count_bytes_once()?;
+        fs.count_inbox_bytes_once()?;
         fs.expiry.load(fs.store.expiries()?);
         for (path, bytes) in fs.store.drafts()? {
             match crate::store::DraftRec::decode(&bytes) {
@@ -334,6 +335,38 @@ impl Fs {
             .collect();
         ops.push(Op::HighWater {
             key: counters::BYTES_COUNTED.into(),
+            value: 1,
+        });
+        self.store.apply(ops, true)
+    }
+
+    /// Data dirs from before conversations counted in byte quotas: count
+    /// the conversations every inbox stores, once.
+    fn count_inbox_bytes_once(&self) -> Result<()> {
+        if self.store.high_water(counters::INBOX_BYTES_COUNTED)? > 0 {
+            return Ok(());
+        }
+        let mut ops = Vec::new();
+        for a in self.store.list_dirs("")? {
+            let mut n = 0i64;
+            for u in self.store.list_dirs(&format!("{a}/users"))? {
+                let inbox = format!("{a}/users/{u}/{}", names::INBOX);
+                for (name, rec) in self.store.list_scratch(&inbox)? {
+                    if inbox::is_conversation_path(&format!("{inbox}/{name}")) {
+                        if let Ok(r) = crate::store::ScratchRec::decode(&rec) {
+                            n += r.data.len() as i64;
+                        }
+                    }
+                }
+            }
+            let key = counters::inbox_bytes_key(&a);
+            let delta = n - self.store.counter(&key)?;
+            if delta != 0 {
+                ops.push(Op::Count { key, delta });
+            }
+        }
+        ops.push(Op::HighWater {
+            key: counters::INBOX_BYTES_COUNTED.into(),
             value: 1,
         });
         self.store.apply(ops, true)

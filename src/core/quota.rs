@@ -92,7 +92,7 @@ impl Fs {
         let Some(max) = self.quota(account).and_then(|q| q.bytes) else {
             return Ok(());
         };
-        let used = self.store.counter(&bytes_key(account))?.max(0) as u64;
+        let used = self.stored_bytes(account)?;
         let drafts = self.draft_mem.of_account(account);
         if used.saturating_add(drafts).saturating_add(growth) > max {
             return Err(self.deny(
@@ -112,7 +112,7 @@ impl Fs {
         let Some(max) = self.quota(account).and_then(|q| q.bytes) else {
             return Ok(());
         };
-        let used = self.store.counter(&bytes_key(account))?.max(0) as u64;
+        let used = self.stored_bytes(account)?;
         if used.saturating_add(new_bytes) > max {
             return Err(self.deny(
                 account,
@@ -122,6 +122,75 @@ impl Fs {
                      (delete nodes or raise the quota)"
                 )),
             ));
+        }
+        Ok(())
+    }
+
+    /// What counts in `account`'s byte quota: every version of its nodes,
+    /// and the conversations stored in its inboxes.
+    pub(super) fn stored_bytes(&self, account: &str) -> Result<u64> {
+        let nodes = self.store.counter(&bytes_key(account))?.max(0) as u64;
+        let inbox = self
+            .store
+            .counter(&counters::inbox_bytes_key(account))?
+            .max(0) as u64;
+        Ok(nodes + inbox)
+    }
+
+    /// The writes and bytes `ops` count for `account` today.
+    pub(super) fn counted(&self, account: &str, ops: &[Op]) -> (i64, i64) {
+        let (wk, bk) = (writes_key(account, day_of(now_ns())), bytes_key(account));
+        let (mut writes, mut bytes) = (0i64, 0i64);
+        for op in ops {
+            if let Op::Count { key, delta } = op {
+                if *key == wk {
+                    writes += delta;
+                } else if *key == bk {
+                    bytes += delta;
+                }
+            }
+        }
+        (writes, bytes)
+    }
+
+    /// May `writes` and `bytes` more (several nodes of one batch, not
+    /// applied yet) be added to what `account` has used? Each node is
+    /// checked alone when it is planned; this adds the nodes planned
+    /// before it in the same transaction.
+    pub(super) fn check_pending(&self, account: &str, writes: i64, bytes: i64) -> Result<()> {
+        let Some(q) = self.quota(account) else {
+            return Ok(());
+        };
+        let wk = writes_key(account, day_of(now_ns()));
+        if let Some(max) = q.writes_per_day {
+            let used = self.store.counter(&wk)?;
+            if used + writes > max as i64 {
+                return Err(self.deny(
+                    account,
+                    "writes",
+                    Error::Quota(format!(
+                        "account {account} has {} of its {max} writes of today (UTC) left, \
+                         fewer than this batch's nodes so far; try again tomorrow or raise \
+                         writes_per_day",
+                        (max as i64 - used).max(0)
+                    )),
+                ));
+            }
+        }
+        if bytes > 0 {
+            if let Some(max) = q.bytes {
+                let used = self.stored_bytes(account)? as i64;
+                if used + bytes > max as i64 {
+                    return Err(self.deny(
+                        account,
+                        "bytes",
+                        Error::Quota(format!(
+                            "account {account} stores {used} of its {max} bytes; this batch's \
+                             nodes so far add {bytes} (delete nodes or raise the quota)"
+                        )),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -215,7 +284,8 @@ impl Fs {
         let v = json!({
             "account": account,
             "day": super::rfc3339(day as i128 * 86_400_000_000_000)[..10].to_string(),
-            "bytes": pair(self.store.counter(&bytes_key(account))?, q.bytes),
+            "bytes": pair(self.stored_bytes(account)? as i64, q.bytes),
+            "conversation_bytes": self.store.counter(&counters::inbox_bytes_key(account))?.max(0),
             "writes_today": pair(self.store.counter(&writes_key(account, day))?, q.writes_per_day),
             "searches_last_minute": pair(
                 self.searches_last_minute(account) as i64,

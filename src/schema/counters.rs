@@ -24,6 +24,12 @@ pub fn bytes_key(account: &str) -> String {
     format!("bytes:{account}")
 }
 
+/// Bytes of the conversations stored in an account's inboxes (they count
+/// in its byte quota with its nodes).
+pub fn inbox_bytes_key(account: &str) -> String {
+    format!("inbox_bytes:{account}")
+}
+
 /// Commits of an account on UTC day `day`.
 pub fn writes_key(account: &str, day: u64) -> String {
     format!("writes:{account}:{day}")
@@ -64,6 +70,8 @@ pub const BLOB_ID: &str = "blob";
 pub const EVENT_ID: &str = "event";
 /// Set once every account's stored bytes have been counted.
 pub const BYTES_COUNTED: &str = "bytes_counted";
+/// Set once the conversations stored in inboxes are counted in quotas.
+pub const INBOX_BYTES_COUNTED: &str = "inbox_bytes_counted";
 
 /// Tokens an embedding of `text` costs, by the documented estimate
 /// (4 bytes of UTF-8 per token, at least 1).

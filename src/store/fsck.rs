@@ -3,7 +3,7 @@
 
 use super::redb::{
     decode, split_key, BLOBS, COUNTERS, DIRS, DLQ, DLQ_BY_NODE, DRAFTS, EXPIRY, HIGH_WATER, NODES,
-    OUTBOX, OUTBOX_BY_NODE, VERSIONS,
+    OUTBOX, OUTBOX_BY_NODE, SCRATCH, VERSIONS,
 };
 use super::{DraftRec, Status};
 use crate::error::{Error, Result};
@@ -434,6 +434,26 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
                     .or_default() += 1;
             }
             _ => bad(9, format!("dead letter {seq} is not a valid event")),
+        }
+    }
+
+    // The conversations stored in inboxes (`{a}/users/{u}/inbox/NAME.json`
+    // or `.jsonl`): their bytes count in the account's quota.
+    let scratch = txn.open_table(SCRATCH).map_err(se)?;
+    for item in scratch.iter().map_err(se)? {
+        let (k, val) = item.map_err(se)?;
+        let (parent, name) = k.value();
+        let c = place::split(parent);
+        let conversation = c.len() == 4
+            && c[1] == "users"
+            && c[3] == crate::schema::names::INBOX
+            && (name.ends_with(".json") || name.ends_with(".jsonl"));
+        if conversation {
+            if let Ok(r) = super::ScratchRec::decode(val.value()) {
+                *recount
+                    .entry(crate::schema::counters::inbox_bytes_key(c[0]))
+                    .or_default() += r.data.len() as i64;
+            }
         }
     }
 

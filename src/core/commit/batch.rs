@@ -115,8 +115,10 @@ impl Fs {
         let redactor = self.redaction().for_account(account);
         let mut ops = Vec::new();
         let mut done: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
+        // Writes and bytes of the nodes planned so far (for the quota).
+        let mut pending = (0i64, 0i64);
         for (line, path, n) in todo {
-            let r = self.plan_batch_node(&path, n, now, redactor.as_ref(), &mut ops);
+            let r = self.plan_batch_node(&path, n, now, redactor.as_ref(), &mut ops, &mut pending);
             match r {
                 Ok((v, expires)) => done.push((line, path, v, expires)),
                 Err(e) => {
@@ -166,6 +168,7 @@ impl Fs {
         now: i128,
         redactor: Option<&crate::schema::redact::Redactor>,
         ops: &mut Vec<crate::store::Op>,
+        pending: &mut (i64, i64),
     ) -> std::result::Result<(u32, Option<u64>), String> {
         if self.draft(path).is_some_and(|d| !lock(&d).files.is_empty()) {
             return Err("the node has uncommitted changes in a draft".into());
@@ -229,6 +232,12 @@ impl Fs {
         let node_ops = self
             .commit_ops(path, id, rec.as_ref(), stale.as_ref(), plan, &Intent::Close)
             .map_err(|e| e.to_string())?;
+        // The quota counts this node with those planned before it.
+        let account = Self::account_of(path);
+        let (w, b) = self.counted(account, &node_ops);
+        self.check_pending(account, pending.0 + w, pending.1 + b)
+            .map_err(|e| e.to_string())?;
+        *pending = (pending.0 + w, pending.1 + b);
         ops.extend(node_ops);
         Ok((version, expires))
     }

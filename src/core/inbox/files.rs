@@ -319,16 +319,34 @@ impl Fs {
             now,
             State::Queued,
         );
-        let mut ops = vec![Op::PutScratch {
-            path: h.path.clone(),
-            data: ScratchRec {
-                dir: false,
-                data: bytes,
-                mode: 0o444,
-                mtime_ns: now,
-            }
-            .encode()?,
-        }];
+        // Stored conversations count in the account's byte quota.
+        let account = Self::account_of(inbox);
+        let size = bytes.len() as u64;
+        if let Err(e) = self.check_bytes(account, size) {
+            let job = Job {
+                error: Some(format!("{name} is not stored: {e}")),
+                finished_at: Some(rfc3339_ms(now)),
+                ..Job::new(name, h.caller, String::new(), 0, now, State::Failed)
+            };
+            self.save_job(inbox, &job)?;
+            return Err(e);
+        }
+        let mut ops = vec![
+            Op::PutScratch {
+                path: h.path.clone(),
+                data: ScratchRec {
+                    dir: false,
+                    data: bytes,
+                    mode: 0o444,
+                    mtime_ns: now,
+                }
+                .encode()?,
+            },
+            Op::Count {
+                key: crate::schema::counters::inbox_bytes_key(account),
+                delta: size as i64,
+            },
+        ];
         match first {
             // The same bytes were ingested before: nothing to extract.
             Some(other) => {
@@ -373,6 +391,7 @@ impl Fs {
             Some(conv) => self.message_event_ops(&path, &conv, true)?,
             None => Vec::new(),
         };
+        ops.extend(self.conversation_bytes_op(&path)?);
         ops.push(Op::DelScratch { path });
         if let Some(j) = job {
             if !j.state.finished() {

@@ -448,6 +448,15 @@ impl Fs {
     }
 
     /// The stored conversation file at `path`.
+    /// The counter op that takes a stored conversation's bytes out of its
+    /// account's quota (none when nothing is stored at `path`).
+    pub(in crate::core) fn conversation_bytes_op(&self, path: &str) -> Result<Option<Op>> {
+        Ok(self.conversation_rec(path)?.map(|r| Op::Count {
+            key: crate::schema::counters::inbox_bytes_key(Self::account_of(path)),
+            delta: -(r.data.len() as i64),
+        }))
+    }
+
     fn conversation_rec(&self, path: &str) -> Result<Option<ScratchRec>> {
         self.store
             .get_scratch(path)?
