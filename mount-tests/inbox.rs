@@ -436,6 +436,21 @@ fn server_errors_and_invalid_json_are_retried_then_dead_lettered() {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
 
+    drop(server);
+    // Tokens of answers of no use count too: an answer and its repair both
+    // invalid (a failed try), then a good one: three requests' tokens.
+    let (bad, m3) = canned_mount(
+        serde_json::json!([{"content": "nope"}, {"content": "still nope"}, {"content": ONE_MEMORY}]),
+        |c| c,
+    );
+    let s = ingest(&m3, "bad", TEA, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    assert_eq!(s["attempts"], 2, "{s:#}");
+    assert_eq!(s["tokens"]["total"], 45, "{s:#}");
+    let usage = m3.json(WRITER, "cat \"$M/accounts/acme/.ctxfs/usage\"");
+    assert_eq!(usage["llm_tokens_today"]["used"], 45, "{usage:#}");
+    drop(bad);
+
     // A server that never answers in time: three tries, then failed, nothing committed.
     let (slow, m2) = canned_mount(
         serde_json::json!([{"delay": 8, "content": ONE_MEMORY}]),
@@ -486,17 +501,25 @@ fn a_refused_key_fails_at_once_and_the_token_budget_waits() {
     assert_eq!(usage["llm_tokens_today"]["used"], 15, "{usage:#}");
     let src = m.shared_file("b.json");
     std::fs::write(&src, r#"[{"role":"user","content":"I like black tea."}]"#).unwrap();
-    // 15 < 20: taken; its extraction spends the rest.
+    // 15 < 20: taken; its extraction spends the rest, and the merge it
+    // would need next waits for tomorrow (the budget holds within a job).
     m.ok(
         WRITER,
         &format!("cp {} \"$M/{INBOX}/b.json\"", src.display()),
     );
-    wait_state(
+    let b = wait_state(
         &m,
         &format!("{INBOX}/b.status"),
-        &["done"],
+        &["waiting", "done", "failed"],
         Duration::from_secs(30),
     );
+    assert_eq!(b["state"], "waiting", "{b:#}");
+    assert!(
+        b["error"].as_str().unwrap().contains("this job spent 15"),
+        "{b:#}"
+    );
+    let usage = m.json(WRITER, "cat \"$M/accounts/acme/.ctxfs/usage\"");
+    assert_eq!(usage["llm_tokens_today"]["used"], 30, "{usage:#}");
     m.fails(
         WRITER,
         &format!("cp {} \"$M/{INBOX}/c.json\"", src.display()),

@@ -146,17 +146,18 @@ impl Client {
     }
 
     /// Ask for a JSON answer under `schema`; one repair request when the
-    /// answer is not a JSON object.
+    /// answer is not a JSON object. Every answered request's tokens are
+    /// added to `spent`, whether its answer was of use or not.
     pub fn chat_json(
         &self,
         messages: Vec<Value>,
         schema: &Value,
-    ) -> Result<(Value, Usage), LlmError> {
-        let mut spent = Usage::default();
+        spent: &mut Usage,
+    ) -> Result<Value, LlmError> {
         let (content, u) = self.complete(&messages, schema)?;
         spent.add(u);
         let err = match parse_object(&content) {
-            Ok(v) => return Ok((v, spent)),
+            Ok(v) => return Ok(v),
             Err(e) => e,
         };
         tracing::warn!(error = %err, "LLM answer is not valid JSON; asking for a repair");
@@ -168,7 +169,7 @@ impl Client {
         let (content, u) = self.complete(&again, schema)?;
         spent.add(u);
         match parse_object(&content) {
-            Ok(v) => Ok((v, spent)),
+            Ok(v) => Ok(v),
             Err(e) => Err(LlmError::Transient(format!(
                 "the model's answer is not valid JSON after a repair request: {e}"
             ))),

@@ -128,6 +128,28 @@ enum Outcome {
     Finished,
     Retry(String),
     Fail(String),
+    /// The account's LLM tokens of the day are spent: the job waits for
+    /// the next UTC day (and runs again whole then).
+    Wait(String),
+}
+
+impl Fs {
+    /// Why `account` may spend no more LLM tokens today, counting `running`
+    /// tokens a job spent that are not counted in the store yet.
+    fn llm_budget_spent(&self, account: &str, running: u64) -> Option<String> {
+        let max = self.quota(account).and_then(|q| q.llm_tokens_per_day)?;
+        let used = self
+            .store
+            .counter(&llm_tokens_key(account, day_of(now_ns())))
+            .ok()?
+            .max(0) as u64;
+        (used + running >= max).then(|| {
+            format!(
+                "the account's {max} LLM tokens of today are spent (this job spent {running}); \
+                 waits for the next UTC day"
+            )
+        })
+    }
 }
 
 fn run_job(ib: &Inbox, inbox: &str, file: &str) {
@@ -204,6 +226,15 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
             Outcome::Finished => {
                 job.finished_at = (job.state == State::Done).then(|| rfc3339_ms(now));
             }
+            Outcome::Wait(why) => {
+                // Waiting for the budget is no failed try.
+                job.attempts = job.attempts.saturating_sub(1);
+                job.state = State::Waiting;
+                job.error = Some(why.clone());
+                job.next_try_ms = (day_of(now) + 1) * 86_400_000;
+                job.changes.clear();
+                job.proposal.clear();
+            }
             Outcome::Retry(e) if job.attempts < ib.max_attempts => {
                 job.state = State::Queued;
                 job.error = Some(format!("try {} of {}: {e}", job.attempts, ib.max_attempts));
@@ -233,6 +264,7 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
         (_, State::Done) => "done",
         (_, State::Review) => "review",
         (_, State::Queued) => "retry",
+        (_, State::Waiting) => "waiting",
         _ => "failed",
     };
     ib.with_fs(|fs| {
@@ -260,11 +292,11 @@ fn extract_job(
     // `{a}/users/{u}/inbox`
     let user = place::split(inbox)[2].to_string();
     let schema = prompt::extract_schema(conv.messages.len());
-    let answer = match ib.client.chat_json(prompt::extract_messages(conv), &schema) {
-        Ok((v, u)) => {
-            spent.add(u);
-            v
-        }
+    let answer = match ib
+        .client
+        .chat_json(prompt::extract_messages(conv), &schema, spent)
+    {
+        Ok(v) => v,
         Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
         Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
     };
@@ -376,12 +408,20 @@ fn extract_job(
                 t.node = node.clone();
                 change.path = node;
                 let old = policy::body(&stored).to_string();
+                // The day's budget holds within a job too: a merge-heavy
+                // conversation stops at it and waits for the next day.
+                if let Some(why) = ib
+                    .with_fs(|fs| fs.llm_budget_spent(&account, spent.total()))
+                    .flatten()
+                {
+                    return Outcome::Wait(why);
+                }
                 match ib.client.chat_json(
                     prompt::merge_messages(&old, &c.text),
                     &prompt::merge_schema(),
+                    spent,
                 ) {
-                    Ok((v, u)) => {
-                        spent.add(u);
+                    Ok(v) => {
                         let text = v["text"].as_str().unwrap_or("").trim().to_string();
                         let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
                         // Each sentence of the merged text from the cited
