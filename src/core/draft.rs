@@ -67,6 +67,72 @@ impl DraftMemory {
     }
 }
 
+/// Bytes a handle buffers until its close (a batch, a conversation being
+/// written), counted in the daemon's draft memory and the account's
+/// uncommitted bytes like a draft file's, and given back when taken or
+/// dropped.
+pub(crate) struct HeldBuf {
+    data: Vec<u8>,
+    charge: Charge,
+    charged: u64,
+}
+
+impl HeldBuf {
+    pub(crate) fn new(charge: Charge) -> HeldBuf {
+        HeldBuf {
+            data: Vec::new(),
+            charge,
+            charged: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Write `data` at `offset` (growing with zeros); the caller checked
+    /// the growth against the limits.
+    pub(crate) fn write_at(&mut self, offset: usize, data: &[u8]) {
+        let end = offset + data.len();
+        if self.data.len() < end {
+            self.data.resize(end, 0);
+        }
+        self.data[offset..end].copy_from_slice(data);
+        self.recharge();
+    }
+
+    /// The bytes, leaving the buffer empty (and its charge given back).
+    pub(crate) fn take(&mut self) -> Vec<u8> {
+        let out = std::mem::take(&mut self.data);
+        self.recharge();
+        out
+    }
+
+    fn recharge(&mut self) {
+        let now = self.data.len() as u64;
+        let c = &self.charge;
+        if now >= self.charged {
+            c.account.fetch_add(now - self.charged, Ordering::Relaxed);
+            c.total.fetch_add(now - self.charged, Ordering::Relaxed);
+        } else {
+            c.account.fetch_sub(self.charged - now, Ordering::Relaxed);
+            c.total.fetch_sub(self.charged - now, Ordering::Relaxed);
+        }
+        self.charged = now;
+    }
+}
+
+impl Drop for HeldBuf {
+    fn drop(&mut self) {
+        self.data.clear();
+        self.recharge();
+    }
+}
+
 impl Drop for DFile {
     fn drop(&mut self) {
         if let Some(c) = &self.charge {

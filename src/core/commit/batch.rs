@@ -248,5 +248,5 @@ impl Fs {
 pub(crate) struct BatchHandle {
     pub(crate) account: Arc<str>,
     pub(crate) caller: Caller,
-    pub(crate) buf: std::sync::Mutex<Vec<u8>>,
+    pub(crate) buf: std::sync::Mutex<crate::core::draft::HeldBuf>,
 }

@@ -140,10 +140,11 @@ impl Fs {
     }
 
     fn inbox_handle(&self, c: Caller, path: String, review: bool) -> Opened {
+        let charge = self.draft_mem.charge_for(Self::account_of(&path));
         let fh = self.new_handle(Handle::Inbox(InboxHandle {
             path,
             caller: c,
-            buf: Mutex::new(Vec::new()),
+            buf: Mutex::new(crate::core::draft::HeldBuf::new(charge)),
             review,
             too_big: Default::default(),
         }));
@@ -215,11 +216,12 @@ impl Fs {
                 if buf.len() + data.len() > 64 {
                     return Err(Error::Invalid("write accept or drop".into()));
                 }
-                buf.extend_from_slice(data);
-                if !buf.contains(&b'\n') {
+                let at = buf.len();
+                buf.write_at(at, data);
+                if !buf.as_slice().contains(&b'\n') {
                     return Ok(data.len() as u32);
                 }
-                std::mem::take(&mut *buf)
+                buf.take()
             };
             self.inbox_decide(h, &line)?;
             return Ok(data.len() as u32);
@@ -230,16 +232,16 @@ impl Fs {
             h.too_big.store(true, std::sync::atomic::Ordering::Relaxed);
             return Err(Error::TooBig);
         }
-        if buf.len() < end {
-            buf.resize(end, 0);
-        }
-        buf[offset as usize..end].copy_from_slice(data);
+        // Buffered bytes count as uncommitted ones (draft memory, quota).
+        let now = buf.len() as u64;
+        self.check_growth(Self::account_of(&h.path), now, (end as u64).max(now))?;
+        buf.write_at(offset as usize, data);
         Ok(data.len() as u32)
     }
 
     /// `close`: queue the conversation (or apply the review decision).
     pub(in crate::core) fn inbox_flush(&self, h: &InboxHandle) -> Result<()> {
-        let bytes = std::mem::take(&mut *lock(&h.buf));
+        let bytes = lock(&h.buf).take();
         if bytes.is_empty() {
             return Ok(());
         }

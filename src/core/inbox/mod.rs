@@ -212,7 +212,7 @@ impl Job {
 pub(crate) struct InboxHandle {
     path: String,
     caller: Caller,
-    buf: Mutex<Vec<u8>>,
+    buf: Mutex<crate::core::draft::HeldBuf>,
     /// `NAME.review` (a decision) rather than a conversation.
     review: bool,
     /// A write went past the size a conversation may have: the close

@@ -128,7 +128,9 @@ impl Fs {
                     let fh = self.new_handle(Handle::Batch(commit::BatchHandle {
                         account: account.clone(),
                         caller: c,
-                        buf: Mutex::new(Vec::new()),
+                        buf: Mutex::new(super::super::draft::HeldBuf::new(
+                            self.draft_mem.charge_for(account),
+                        )),
                     }));
                     return Ok(Opened {
                         fh,
@@ -318,10 +320,13 @@ impl Fs {
         }
         if let Handle::Batch(b) = &*h {
             let mut buf = lock(&b.buf);
-            if buf.len() + data.len() > MAX_FILE_BYTES as usize {
+            let (now, end) = (buf.len(), buf.len() + data.len());
+            if end > MAX_FILE_BYTES as usize {
                 return Err(Error::TooBig);
             }
-            buf.extend_from_slice(data);
+            // Buffered bytes count as uncommitted ones (draft memory, quota).
+            self.check_growth(&b.account, now as u64, end as u64)?;
+            buf.write_at(now, data);
             return Ok(data.len() as u32);
         }
         let Handle::Draft(d) = &*h else {
@@ -363,7 +368,7 @@ impl Fs {
             self.inbox_flush(i)?;
         }
         if let Handle::Batch(b) = &*h {
-            let bytes = std::mem::take(&mut *lock(&b.buf));
+            let bytes = lock(&b.buf).take();
             if !bytes.is_empty() {
                 let keep = |result: Vec<u8>| {
                     let mut r = lock(&self.batch_results);
