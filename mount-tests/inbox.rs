@@ -1137,3 +1137,45 @@ fn conversations_and_batches_are_held_to_the_quota() {
     m.umount();
     m.fsck();
 }
+
+/// Jobs are fair between accounts: one account's long queue does not hold
+/// back another account's conversation queued after it (the account served
+/// longest ago goes next; within an account, first queued first). Before:
+/// jobs ran in path order, and another account's single conversation
+/// waited for all 70 of the first's (74 s).
+#[test]
+fn one_accounts_queue_does_not_hold_back_another() {
+    let (_server, m) = canned_mount(
+        serde_json::json!([{"delay": 0.3, "content": "{\"memories\": []}"}]),
+        |c| c,
+    );
+    m.ok(STRANGER, "mkdir -p \"$M/accounts/other/users/zed\"");
+    for i in 0..6 {
+        let text = format!(r#"[{{"role":"user","content":"Note number {i}."}}]"#);
+        put(&m, WRITER, &format!("{INBOX}/a{i}.json"), &text);
+    }
+    put(&m, STRANGER, "accounts/other/users/zed/inbox/z.json", TEA);
+    let zs = "accounts/other/users/zed/inbox/z.status";
+    let status = |uid: u32, path: &str| -> Value {
+        let mut last = Value::Null;
+        let done = within(Duration::from_secs(60), || {
+            last = m.json(uid, &format!("cat \"$M/{path}\""));
+            last["state"] == "done" || last["state"] == "failed"
+        });
+        assert!(done.is_some(), "{path}: {last:#}");
+        last
+    };
+    let z = status(STRANGER, zs);
+    let finished = |s: &Value| s["finished_at"].as_str().unwrap().to_string();
+    let mut later = 0;
+    for i in 0..6 {
+        let a = status(WRITER, &format!("{INBOX}/a{i}.status"));
+        if finished(&a) > finished(&z) {
+            later += 1;
+        }
+    }
+    assert!(
+        later >= 4,
+        "only {later} of acme's 6 jobs ran after other's one: {z:#}"
+    );
+}

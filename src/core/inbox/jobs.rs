@@ -45,10 +45,15 @@ impl Fs {
     }
 
     /// The next job to run now: (inbox, file), marked running in memory.
+    /// Fair between accounts: of the accounts with a job due, the one
+    /// served longest ago; within it, the job queued first.
     fn next_job(&self, ib: &Inbox) -> Result<Option<(String, String)>> {
         self.scan_jobs(ib)?;
         let now_ms = (now_ns() / 1_000_000) as u64;
         let pending: Vec<(String, String)> = lock(&ib.pending).iter().cloned().collect();
+        // Each account's oldest due job: (queued_at, inbox, file).
+        let mut oldest: std::collections::HashMap<String, (String, String, String)> =
+            Default::default();
         for (inbox, file) in pending {
             let job = self.get_job(&inbox, &file)?;
             let Some(j) = job.filter(|j| runnable_state(j.state)) else {
@@ -59,11 +64,33 @@ impl Fs {
             // Running in the store but not here: a daemon stopped during
             // it; run it again.
             let due = j.state == State::Running || j.next_try_ms <= now_ms;
-            if due && lock(&ib.running).insert(format!("{inbox}/{file}")) {
-                return Ok(Some((inbox, file)));
+            if !due || lock(&ib.running).contains(&format!("{inbox}/{file}")) {
+                continue;
+            }
+            let account = Self::account_of(&inbox).to_string();
+            let cand = (j.queued_at.clone(), inbox, file);
+            match oldest.get(&account) {
+                Some(o) if o.0 <= cand.0 => {}
+                _ => {
+                    oldest.insert(account, cand);
+                }
             }
         }
-        Ok(None)
+        let mut served = lock(&ib.served);
+        let pick = oldest.into_iter().min_by(|(a, x), (b, y)| {
+            let (sa, sb) = (served.1.get(a).copied(), served.1.get(b).copied());
+            sa.cmp(&sb).then_with(|| x.0.cmp(&y.0))
+        });
+        let Some((account, (_, inbox, file))) = pick else {
+            return Ok(None);
+        };
+        if !lock(&ib.running).insert(format!("{inbox}/{file}")) {
+            return Ok(None);
+        }
+        served.0 += 1;
+        let n = served.0;
+        served.1.insert(account, n);
+        Ok(Some((inbox, file)))
     }
 
     /// Start the extraction threads.

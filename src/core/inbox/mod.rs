@@ -235,6 +235,10 @@ pub struct Inbox {
     /// store at the first look for work (and every `RESCAN` on a shared
     /// store, where other daemons queue jobs) and by every queued close.
     pending: Mutex<BTreeSet<(String, String)>>,
+    /// When each account was last given a job (a count of picks): the
+    /// account served longest ago goes next, so one account's queue never
+    /// holds another's back.
+    served: Mutex<(u64, std::collections::HashMap<String, u64>)>,
     last_scan: Mutex<Option<std::time::Instant>>,
     /// Conversation files open for writing, not stored before their close.
     writing: Mutex<HashSet<String>>,
@@ -276,6 +280,7 @@ impl Inbox {
             wake: (Mutex::new(false), Condvar::new()),
             running: Mutex::new(HashSet::new()),
             pending: Mutex::new(BTreeSet::new()),
+            served: Mutex::new((0, std::collections::HashMap::new())),
             last_scan: Mutex::new(None),
             writing: Mutex::new(HashSet::new()),
             stop: AtomicBool::new(false),
