@@ -89,11 +89,26 @@ impl Fs {
                 )),
             ));
         }
+        // One account may hold half of it: another tenant's writes always
+        // have room.
+        let share = limit / 2;
+        let mine = self.draft_mem.of_account(account);
+        if mine.saturating_add(growth) > share {
+            return Err(self.deny(
+                account,
+                "draft_memory",
+                Error::NoSpace(format!(
+                    "account {account} holds {mine} bytes uncommitted, and one account may hold \
+                     {share} (half of the daemon's {limit}); {growth} more do not fit (commit \
+                     or remove drafts; the limit is ctxfs mount --draft-memory-mb)"
+                )),
+            ));
+        }
         let Some(max) = self.quota(account).and_then(|q| q.bytes) else {
             return Ok(());
         };
         let used = self.stored_bytes(account)?;
-        let drafts = self.draft_mem.of_account(account);
+        let drafts = mine;
         if used.saturating_add(drafts).saturating_add(growth) > max {
             return Err(self.deny(
                 account,
