@@ -427,9 +427,7 @@ print("refused", refused)
     // tenant's batches hold theirs, this one still writes.
     let held = m.spawn_as(
         STRANGER,
-        &format!(
-            "exec /usr/bin/python3 -c 'import os,time\nfd=os.open(\"'$M'/accounts/other/.ctxfs/batch\", os.O_WRONLY)\ntry:\n  for i in range(60): os.write(fd, b\" \" * (1 << 20))\nexcept OSError: pass\ntime.sleep(3)'"
-        ),
+        "exec /usr/bin/python3 -c 'import os,time\nfd=os.open(\"'$M'/accounts/other/.ctxfs/batch\", os.O_WRONLY)\ntry:\n  for i in range(60): os.write(fd, b\" \" * (1 << 20))\nexcept OSError: pass\ntime.sleep(3)'",
     );
     std::thread::sleep(std::time::Duration::from_millis(800));
     m.ok(WRITER, &format!("head -c 3000000 /dev/zero > {n}/tmp4"));
