@@ -23,6 +23,8 @@ use std::sync::{Arc, MutexGuard};
 
 /// Nodes one batch may hold.
 pub const MAX_BATCH_NODES: usize = 10_000;
+/// Nodes of a batch applied in one transaction (under their locks only).
+pub const BATCH_CHUNK: usize = 64;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,48 +105,61 @@ impl Fs {
                 Err(e) => results.push(outcome(line, "", Err(e))),
             }
         }
-        // The nodes' stripes, in index order (no deadlock with another batch).
-        let mut stripes: Vec<usize> = todo
-            .iter()
-            .map(|(_, p, _)| crate::core::stripe_of(p))
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let guards: Vec<MutexGuard<'_, ()>> = stripes.iter().map(|&s| self.stripe_at(s)).collect();
         let now = now_ns();
         let redactor = self.redaction().for_account(account);
-        let mut ops = Vec::new();
         let mut done: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
-        // Writes and bytes of the nodes planned so far (for the quota).
-        let mut pending = (0i64, 0i64);
-        for (line, path, n) in todo {
-            let r = self.plan_batch_node(&path, n, now, redactor.as_ref(), &mut ops, &mut pending);
-            match r {
-                Ok((v, expires)) => done.push((line, path, v, expires)),
-                Err(e) => {
-                    self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                    let node = path.split_once('/').map_or("", |(_, r)| r).to_string();
-                    results.push(outcome(line, &node, Err(e)));
+        let mut todo = todo;
+        // In transactions of BATCH_CHUNK nodes, each holding only its
+        // nodes' locks: another tenant's commit waits for one chunk at
+        // most, not for a 10,000-node batch.
+        while !todo.is_empty() {
+            let chunk: Vec<(usize, String, BatchNode)> =
+                todo.drain(..todo.len().min(BATCH_CHUNK)).collect();
+            // The nodes' stripes, in index order (no deadlock with another batch).
+            let mut stripes: Vec<usize> = chunk
+                .iter()
+                .map(|(_, p, _)| crate::core::stripe_of(p))
+                .collect();
+            stripes.sort_unstable();
+            stripes.dedup();
+            let guards: Vec<MutexGuard<'_, ()>> =
+                stripes.iter().map(|&s| self.stripe_at(s)).collect();
+            let mut ops = Vec::new();
+            let mut planned: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
+            // Writes and bytes of the chunk's nodes so far (for the quota;
+            // earlier chunks are in the store's counters).
+            let mut pending = (0i64, 0i64);
+            for (line, path, n) in chunk {
+                let r =
+                    self.plan_batch_node(&path, n, now, redactor.as_ref(), &mut ops, &mut pending);
+                match r {
+                    Ok((v, expires)) => planned.push((line, path, v, expires)),
+                    Err(e) => {
+                        self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                        let node = path.split_once('/').map_or("", |(_, r)| r).to_string();
+                        results.push(outcome(line, &node, Err(e)));
+                    }
                 }
             }
-        }
-        if !ops.is_empty() {
-            self.store.apply(ops, true)?;
-            self.notify_index();
-        }
-        for (_, path, _, expires) in &done {
-            self.set_expiry(path, *expires);
-            // An empty draft (a `mkdir` of the node) is committed over.
-            if let Some(d) = self.draft(path) {
-                self.drafts.remove_if_empty(path, &d);
+            if !ops.is_empty() {
+                self.store.apply(ops, true)?;
+                self.notify_index();
             }
-        }
-        drop(guards);
-        self.invalidate_ancestors(done.iter().map(|(_, p, _, _)| p.as_str()));
-        for (line, path, v, _) in &done {
-            self.invalidate_commit(path, false);
-            let node = path.split_once('/').map_or("", |(_, r)| r);
-            results.push(outcome(*line, node, Ok(*v)));
+            for (_, path, _, expires) in &planned {
+                self.set_expiry(path, *expires);
+                // An empty draft (a `mkdir` of the node) is committed over.
+                if let Some(d) = self.draft(path) {
+                    self.drafts.remove_if_empty(path, &d);
+                }
+            }
+            drop(guards);
+            self.invalidate_ancestors(planned.iter().map(|(_, p, _, _)| p.as_str()));
+            for (line, path, v, _) in &planned {
+                self.invalidate_commit(path, false);
+                let node = path.split_once('/').map_or("", |(_, r)| r);
+                results.push(outcome(*line, node, Ok(*v)));
+            }
+            done.extend(planned);
         }
         self.stats
             .commits
