@@ -1080,13 +1080,16 @@ fn readers_read_no_secret_of_the_inbox_and_a_large_conversation_says_so() {
 /// under `writes_per_day = 100`.
 #[test]
 fn conversations_and_batches_are_held_to_the_quota() {
-    let (_server, m) = canned_mount(serde_json::json!([]), |c| {
-        c.replacen(
+    let (_server, m) = canned_mount(
+        serde_json::json!([{"content": "{\"memories\": []}"}]),
+        |c| {
+            c.replacen(
             "[[account]]\nid = \"other\"",
             "[account.quota]\nbytes = 1000000\nwrites_per_day = 5\n\n[[account]]\nid = \"other\"",
             1,
         )
-    });
+        },
+    );
     let usage = |m: &Mount| m.json(WRITER, "cat $M/accounts/acme/.ctxfs/usage");
     let conv = |n: usize| {
         let text = "x".repeat(n);

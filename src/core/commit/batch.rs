@@ -108,7 +108,6 @@ impl Fs {
         let now = now_ns();
         let redactor = self.redaction().for_account(account);
         let mut done: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
-        let mut todo = todo;
         // In transactions of BATCH_CHUNK nodes, each holding only its
         // nodes' locks: another tenant's commit waits for one chunk at
         // most, not for a 10,000-node batch.

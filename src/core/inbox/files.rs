@@ -146,7 +146,7 @@ impl Fs {
             caller: c,
             buf: Mutex::new(crate::core::draft::HeldBuf::new(charge)),
             review,
-            too_big: Default::default(),
+            refused: Mutex::new(None),
         }));
         Opened {
             fh,
@@ -229,12 +229,18 @@ impl Fs {
         let mut buf = lock(&h.buf);
         let end = offset as usize + data.len();
         if end > extract::MAX_CONVERSATION_BYTES {
-            h.too_big.store(true, std::sync::atomic::Ordering::Relaxed);
+            *lock(&h.refused) = Some(format!(
+                "larger than the {} bytes a conversation may have",
+                extract::MAX_CONVERSATION_BYTES
+            ));
             return Err(Error::TooBig);
         }
         // Buffered bytes count as uncommitted ones (draft memory, quota).
         let now = buf.len() as u64;
-        self.check_growth(Self::account_of(&h.path), now, (end as u64).max(now))?;
+        if let Err(e) = self.check_growth(Self::account_of(&h.path), now, (end as u64).max(now)) {
+            *lock(&h.refused) = Some(format!("a write was refused: {e}"));
+            return Err(e);
+        }
         buf.write_at(offset as usize, data);
         Ok(data.len() as u32)
     }
@@ -250,13 +256,10 @@ impl Fs {
         }
         let (inbox, name) = split_name(&h.path);
         self.inbox_writable(h.caller, inbox)?;
-        let parsed = if h.too_big.load(std::sync::atomic::Ordering::Relaxed) {
-            Err(format!(
-                "larger than the {} bytes a conversation may have",
-                extract::MAX_CONVERSATION_BYTES
-            ))
-        } else {
-            extract::parse(name, &bytes).map_err(|e| e.to_string())
+        let refused = lock(&h.refused).take();
+        let parsed = match refused {
+            Some(why) => Err(why),
+            None => extract::parse(name, &bytes).map_err(|e| e.to_string()),
         };
         let _g = lock(&self.scratch_lock);
         if self.store.get_scratch(&h.path)?.is_some() {

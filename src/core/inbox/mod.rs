@@ -215,9 +215,9 @@ pub(crate) struct InboxHandle {
     buf: Mutex<crate::core::draft::HeldBuf>,
     /// `NAME.review` (a decision) rather than a conversation.
     review: bool,
-    /// A write went past the size a conversation may have: the close
-    /// refuses it as too large (not as the truncated JSON it holds).
-    too_big: std::sync::atomic::AtomicBool,
+    /// Why a write was refused (too large, a quota, the daemon's memory):
+    /// the close records that reason, not the truncated JSON it holds.
+    refused: Mutex<Option<String>>,
 }
 
 /// The extraction service of a daemon: its settings, its queue, its threads.
