@@ -643,3 +643,47 @@ fn a_batch_shows_new_containers_in_listings_read_before() {
     assert!(out.contains("\nu\n"), "{out}");
     assert_eq!(out.lines().last().unwrap().trim(), "2", "{out}");
 }
+
+/// Every committed version says who made it and how (`committed_by`: the
+/// uid of the request, and the front or path): a shell commit, a batch, a
+/// move, a restore. A client cannot write it for the daemon: a forged
+/// `committed_by` in `.meta.json` is replaced.
+#[test]
+fn every_version_says_who_made_it() {
+    let m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let n = "acme/users/alice/memories/prefs/tea";
+    let forged = r#"{"status":"ACTIVE","committed_by":{"uid":0,"via":"root"}}"#;
+    m.ok(WRITER, &four_steps(n, "Sencha.", forged));
+    let by = |path: &str| -> serde_json::Value {
+        let meta: serde_json::Value =
+            serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{path}/.meta.json")))
+                .unwrap();
+        meta["committed_by"].clone()
+    };
+    assert_eq!(by(n), serde_json::json!({"uid": WRITER, "via": "shell"}));
+    m.ok(WRITER, &four_steps(n, "Genmaicha.", ACTIVE));
+    m.ok(
+        WRITER,
+        &format!("echo 1 > $M/accounts/{n}/.versions/restore"),
+    );
+    assert_eq!(by(n), serde_json::json!({"uid": WRITER, "via": "restore"}));
+    let moved = "acme/users/alice/memories/prefs/green-tea";
+    m.ok(WRITER, &format!("mv $M/accounts/{n} $M/accounts/{moved}"));
+    assert_eq!(by(moved), serde_json::json!({"uid": WRITER, "via": "move"}));
+    m.ok(
+        WRITER,
+        "echo '{\"node\": \"users/alice/memories/prefs/coffee\", \"content\": \"None.\", \"meta\": {\"status\": \"ACTIVE\", \"committed_by\": \"me\"}}' > $M/accounts/acme/.ctxfs/batch",
+    );
+    assert_eq!(
+        by("acme/users/alice/memories/prefs/coffee"),
+        serde_json::json!({"uid": WRITER, "via": "batch"})
+    );
+    // The old version keeps who made it.
+    let v1: serde_json::Value = serde_json::from_str(&m.ok(
+        READER,
+        &format!("cat $M/accounts/{moved}/.versions/1/.meta.json"),
+    ))
+    .unwrap();
+    assert_eq!(v1["committed_by"]["via"], "shell");
+    m.umount_and_fsck();
+}

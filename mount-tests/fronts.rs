@@ -449,8 +449,17 @@ fn memory_tool_commands_are_committed_versioned_nodes() {
     assert!(error(17).contains("two levels at most"), "{}", a[17]);
     assert!(error(18).contains("already exists"), "{}", a[18]);
 
-    // On the mount: nodes with versions, the edits in place.
+    // On the mount: nodes with versions, the edits in place, each version
+    // saying who made it and through which front.
     let top = format!("$M/{SCOPE}/memories/_");
+    let meta: Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat {top}/preferences.txt/.meta.json")))
+            .unwrap();
+    assert_eq!(
+        meta["committed_by"],
+        json!({"uid": WRITER, "via": "memtool"}),
+        "{meta:#}"
+    );
     assert_eq!(
         m.ok(READER, &format!("cat {top}/preferences.txt/content.md")),
         "Favorite color: green\nFavorite tea: sencha\n"

@@ -885,6 +885,10 @@ fn instructions_from_a_conversation_wait_for_review() {
         .trim(),
         "The user likes green tea."
     );
+    assert_eq!(
+        meta(&m, "users/priya/memories/preferences/tea")["committed_by"],
+        serde_json::json!({"uid": WRITER, "via": "inbox"})
+    );
     m.fails(
         READER,
         "ls \"$M/accounts/acme/agents/helper/skills\"",

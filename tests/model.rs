@@ -166,7 +166,7 @@ impl Sut {
             Err(e) => return Err(e),
         };
         self.fs.write(fh, 0, v.as_bytes())?;
-        let r = self.fs.flush(fh);
+        let r = self.fs.flush(WRITER, fh);
         self.fs.release(fh);
         r
     }

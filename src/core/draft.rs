@@ -233,6 +233,8 @@ pub struct Draft {
     pub modified_ns: i128,
     /// Why the last commit was refused (shown as `.commit-error`).
     pub error: Option<String>,
+    /// Who commits it next (set by the path that commits).
+    pub by: Option<super::commit::rules::By>,
 }
 
 impl Draft {
@@ -242,6 +244,7 @@ impl Draft {
             files: BTreeMap::new(),
             modified_ns: now_ns(),
             error: None,
+            by: None,
         }
     }
 
@@ -296,6 +299,7 @@ impl Draft {
             base: rec.base,
             modified_ns: rec.modified_ns,
             error: None,
+            by: None,
             files: rec
                 .files
                 .into_iter()

@@ -46,6 +46,8 @@ impl Drop for DraftHandle {
 /// at close.
 pub(crate) struct RestoreHandle {
     pub(super) node: Arc<str>,
+    /// Who restores (or redacts): `committed_by` of the new version.
+    pub(super) by: super::commit::rules::By,
     /// `.versions/redact` rather than `.versions/restore`.
     pub(super) redact: bool,
     pub(super) buf: Mutex<Vec<u8>>,
@@ -53,9 +55,10 @@ pub(crate) struct RestoreHandle {
 }
 
 impl RestoreHandle {
-    pub(super) fn new(node: Arc<str>, redact: bool) -> RestoreHandle {
+    pub(super) fn new(node: Arc<str>, redact: bool, by: super::commit::rules::By) -> RestoreHandle {
         RestoreHandle {
             node,
+            by,
             redact,
             buf: Mutex::new(Vec::new()),
             applied: AtomicBool::new(false),

@@ -69,6 +69,37 @@ impl Caller {
     pub fn interrupted(&self) -> bool {
         self.pid != 0 && signal_pending(self.pid)
     }
+
+    /// The front a request came through, for `committed_by`: `mcp` or
+    /// `memtool` when the calling process is `ctxfs mcp` or `ctxfs memtool`,
+    /// else `shell` (any other process on the mount); `daemon` for the
+    /// daemon's own work. Attribution, not authority: the uid is what
+    /// tenancy checks.
+    pub fn front(&self) -> &'static str {
+        if self.pid == 0 {
+            return "daemon";
+        }
+        let Ok(cmd) = std::fs::read(format!("/proc/{}/cmdline", self.pid)) else {
+            return "shell";
+        };
+        let mut args = cmd.split(|b| *b == 0);
+        let prog = args.next().unwrap_or_default();
+        let prog = prog.rsplit(|b| *b == b'/').next().unwrap_or_default();
+        match (prog, args.next()) {
+            (b"ctxfs", Some(b"mcp")) => "mcp",
+            (b"ctxfs", Some(b"memtool")) => "memtool",
+            _ => "shell",
+        }
+    }
+
+    /// `committed_by` of a version this caller commits through `via`
+    /// (its front when `None`).
+    pub(crate) fn by(&self, via: Option<&'static str>) -> commit::rules::By {
+        commit::rules::By {
+            uid: self.uid,
+            via: via.unwrap_or_else(|| self.front()),
+        }
+    }
 }
 
 /// A signal pending for thread `pid` (or its process) that it neither

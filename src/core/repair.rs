@@ -59,6 +59,10 @@ impl Fs {
                     .map(|(n, _)| n)
                     .collect();
                 self.set_meta_status(&draft, "ACTIVE");
+                lock(&draft).by = Some(super::commit::rules::By {
+                    uid: 0,
+                    via: "repair",
+                });
                 match self.commit_as(&node, &draft, Intent::Close, None) {
                     Ok(Committed::Version(v)) if missing.is_empty() => {
                         actions.push(format!(

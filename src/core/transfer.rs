@@ -175,6 +175,10 @@ impl Fs {
             return Err(Error::Exists);
         }
         let mut draft = Draft::new(None);
+        draft.by = Some(super::commit::rules::By {
+            uid: 0,
+            via: "import",
+        });
         for (name, bytes) in &n.files {
             draft
                 .files

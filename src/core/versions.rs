@@ -200,8 +200,11 @@ impl Fs {
                 self.versions_of(c, node)?;
                 if write {
                     self.gate(c, Self::account_of(node), true)?;
-                    let fh =
-                        self.new_handle(Handle::Restore(RestoreHandle::new(node.clone(), redact)));
+                    let fh = self.new_handle(Handle::Restore(RestoreHandle::new(
+                        node.clone(),
+                        redact,
+                        c.by(Some(if redact { "redact" } else { "restore" })),
+                    )));
                     return Ok(Opened {
                         fh,
                         direct_io: true,
@@ -269,7 +272,7 @@ impl Fs {
         if h.redact {
             self.redact_version(&h.node, &data)
         } else {
-            self.restore(&h.node, &data)
+            self.restore(&h.node, &data, h.by)
         }
     }
 
@@ -374,7 +377,7 @@ impl Fs {
     /// Restore the version named by `data` of `node`: commit its files as
     /// the next version. Refused with EBUSY while the node has uncommitted
     /// changes.
-    fn restore(&self, node: &str, data: &[u8]) -> Result<()> {
+    fn restore(&self, node: &str, data: &[u8], by: super::commit::rules::By) -> Result<()> {
         let v = version_number(data, RESTORE)?;
         let done = {
             let _g = self.stripe(node);
@@ -421,6 +424,7 @@ impl Fs {
                     None => {}
                 }
             }
+            draft.by = Some(by);
             self.commit_as(node, &Arc::new(Mutex::new(draft)), Intent::Restore, None)?
         };
         if let Committed::Version(_) = done {

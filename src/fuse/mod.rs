@@ -478,14 +478,14 @@ impl Filesystem for Adapter {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let _t = self.fs.metrics.start("flush");
-        match self.fs.flush(fh.0) {
+        match self.fs.flush(caller(req), fh.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.err("flush", &e)),
         }

@@ -194,6 +194,7 @@ impl Fs {
             files,
             kept_text,
             derived_before,
+            by: d.by,
         })
     }
 

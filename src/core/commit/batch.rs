@@ -42,6 +42,13 @@ struct BatchNode {
     if_version: Option<u32>,
 }
 
+/// What every node of one batch is planned with.
+struct Planning<'a> {
+    now: i128,
+    redactor: Option<&'a crate::schema::redact::Redactor>,
+    by: super::rules::By,
+}
+
 /// The result of one line.
 fn outcome(line: usize, node: &str, r: std::result::Result<u32, String>) -> Value {
     match r {
@@ -58,6 +65,7 @@ impl Fs {
         c: Caller,
         account: &str,
         bytes: &[u8],
+        via: &'static str,
     ) -> Result<(Vec<u8>, usize)> {
         self.gate(c, account, true)?;
         let text = std::str::from_utf8(bytes)
@@ -129,8 +137,12 @@ impl Fs {
             // earlier chunks are in the store's counters).
             let mut pending = (0i64, 0i64);
             for (line, path, n) in chunk {
-                let r =
-                    self.plan_batch_node(&path, n, now, redactor.as_ref(), &mut ops, &mut pending);
+                let cx = Planning {
+                    now,
+                    redactor: redactor.as_ref(),
+                    by: c.by(Some(via)),
+                };
+                let r = self.plan_batch_node(&path, n, &cx, &mut ops, &mut pending);
                 match r {
                     Ok((v, expires)) => planned.push((line, path, v, expires)),
                     Err(e) => {
@@ -179,11 +191,11 @@ impl Fs {
         &self,
         path: &str,
         n: BatchNode,
-        now: i128,
-        redactor: Option<&crate::schema::redact::Redactor>,
+        cx: &Planning,
         ops: &mut Vec<crate::store::Op>,
         pending: &mut (i64, i64),
     ) -> std::result::Result<(u32, Option<u64>), String> {
+        let (now, redactor) = (cx.now, cx.redactor);
         if self.draft(path).is_some_and(|d| !lock(&d).files.is_empty()) {
             return Err("the node has uncommitted changes in a draft".into());
         }
@@ -209,6 +221,7 @@ impl Fs {
             }
         }
         let mut draft = Draft::new(rec.as_ref().map(|r| (r.id, r.version)));
+        draft.by = Some(cx.by);
         let mut put = |name: &str, bytes: Vec<u8>| {
             draft
                 .files

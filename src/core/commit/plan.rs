@@ -53,6 +53,8 @@ pub struct View<'a> {
     pub kept_text: Vec<(&'static str, String)>,
     /// The summary marks (`derived`) of the committed `.meta.json`.
     pub derived_before: Vec<String>,
+    /// Who commits (`committed_by` of the new version).
+    pub by: Option<rules::By>,
 }
 
 /// What the commit applies.
@@ -126,6 +128,7 @@ fn plan(
         mut files,
         kept_text,
         derived_before,
+        by,
     } = view;
     let invalid = Refusal::Invalid;
     let mut redacted = 0;
@@ -250,6 +253,7 @@ fn plan(
             version,
             created_at: &created_at,
             updated_at: &updated_at,
+            by,
         },
     );
     // `.meta.json` as rendered, when the draft wrote one (a BROKEN version
@@ -421,6 +425,7 @@ mod tests {
 
     fn view(files: Vec<(&'static str, Content)>) -> View<'static> {
         View {
+            by: None,
             node: N,
             committed: None,
             files,
@@ -617,6 +622,7 @@ mod tests {
         };
         // Only .meta.json rewritten; the rest kept, the abstract derived before.
         let v = View {
+            by: None,
             node: N,
             committed: Some(&rec),
             files: vec![

@@ -156,6 +156,18 @@ pub struct Derived<'a> {
     pub version: u32,
     pub created_at: &'a str,
     pub updated_at: &'a str,
+    /// Who made this version, through what (`committed_by`).
+    pub by: Option<By>,
+}
+
+/// Who made a version: the uid of the request that committed it, and the
+/// front it came through (`shell`: a process on the mount; `mcp`,
+/// `memtool`: those fronts; `batch`, `inbox`, `restore`, `move`,
+/// `repair`, `import`: the daemon's own paths, on that uid's behalf).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct By {
+    pub uid: u32,
+    pub via: &'static str,
 }
 
 /// `.meta.json` as stored: the client's fields with the derived ones filled in.
@@ -184,6 +196,17 @@ pub fn render_meta(mut obj: Map<String, Value>, d: &Derived) -> Vec<u8> {
     set(&mut obj, "version", Value::from(d.version));
     set(&mut obj, "created_at", Value::String(d.created_at.into()));
     set(&mut obj, "updated_at", Value::String(d.updated_at.into()));
+    // The daemon's word, never the client's.
+    match d.by {
+        Some(b) => set(
+            &mut obj,
+            "committed_by",
+            serde_json::json!({"uid": b.uid, "via": b.via}),
+        ),
+        None => {
+            obj.remove("committed_by");
+        }
+    }
     let mut out = serde_json::to_vec_pretty(&Value::Object(obj)).unwrap_or_default();
     out.push(b'\n');
     out
@@ -281,6 +304,7 @@ mod tests {
         let out = render_meta(
             obj,
             &Derived {
+                by: None,
                 node: N,
                 status: st,
                 version: 3,

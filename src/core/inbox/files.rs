@@ -429,7 +429,8 @@ impl Fs {
             "accept" => {
                 let lines = job.proposal.join("\n");
                 let account = Self::account_of(inbox);
-                let (result, _) = self.commit_batch(h.caller, account, lines.as_bytes())?;
+                let (result, _) =
+                    self.commit_batch(h.caller, account, lines.as_bytes(), "inbox")?;
                 record_results(&mut job, &result);
                 job.state = State::Done;
             }

@@ -555,7 +555,9 @@ fn extract_job(
     };
     let proposal = std::mem::take(&mut job.proposal);
     if !proposal.is_empty() {
-        let r = ib.with_fs(|fs| fs.commit_batch(caller, &account, proposal.join("\n").as_bytes()));
+        let r = ib.with_fs(|fs| {
+            fs.commit_batch(caller, &account, proposal.join("\n").as_bytes(), "inbox")
+        });
         match r {
             None => return Outcome::Retry("the daemon is stopping".into()),
             Some(Err(e @ (Error::AccessDenied | Error::ReadOnly))) => {

@@ -351,10 +351,13 @@ impl Fs {
     }
 
     /// `close(2)`: closing a written `.meta.json` is the commit point.
-    pub fn flush(&self, fh: u64) -> Result<()> {
+    pub fn flush(&self, c: Caller, fh: u64) -> Result<()> {
         let h = self.handle(fh)?;
         if let Handle::Draft(d) = &*h {
             if d.name == META && d.dirty.swap(false, Ordering::AcqRel) {
+                if let Some(dr) = self.draft(&d.node) {
+                    lock(&dr).by = Some(c.by(None));
+                }
                 self.commit(&d.node, Some(&d.file))?;
             }
         }
@@ -377,21 +380,22 @@ impl Fs {
                     }
                     r.insert((b.account.to_string(), b.caller.uid), Arc::from(result));
                 };
-                let (result, refused) = match self.commit_batch(b.caller, &b.account, &bytes) {
-                    Ok(r) => r,
-                    // A batch refused whole (too many nodes, not UTF-8):
-                    // reading the file gives the reason, as for a node.
-                    Err(e @ (Error::Invalid(_) | Error::Quota(_))) => {
-                        let mut line = serde_json::to_vec(
-                            &serde_json::json!({"line": 0, "node": "", "error": e.to_string()}),
-                        )
-                        .unwrap_or_default();
-                        line.push(b'\n');
-                        keep(line);
-                        return Err(e);
-                    }
-                    Err(e) => return Err(e),
-                };
+                let (result, refused) =
+                    match self.commit_batch(b.caller, &b.account, &bytes, "batch") {
+                        Ok(r) => r,
+                        // A batch refused whole (too many nodes, not UTF-8):
+                        // reading the file gives the reason, as for a node.
+                        Err(e @ (Error::Invalid(_) | Error::Quota(_))) => {
+                            let mut line = serde_json::to_vec(
+                                &serde_json::json!({"line": 0, "node": "", "error": e.to_string()}),
+                            )
+                            .unwrap_or_default();
+                            line.push(b'\n');
+                            keep(line);
+                            return Err(e);
+                        }
+                        Err(e) => return Err(e),
+                    };
                 let lines = result.iter().filter(|b| **b == b'\n').count();
                 keep(result);
                 if refused > 0 {

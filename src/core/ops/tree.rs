@@ -337,7 +337,7 @@ impl Fs {
                     "node files can only move into another node directory".into(),
                 ));
             }
-            return self.rename_file(&sp, name, &dp, newname, noreplace);
+            return self.rename_file(c, &sp, name, &dp, newname, noreplace);
         }
         let src = join(&sp, name);
         let dst = join(&dp, newname);
@@ -352,7 +352,7 @@ impl Fs {
                 "a node can only move to a node place".into(),
             ));
         }
-        self.move_node(&src, &dst, noreplace)
+        self.move_node(c, &src, &dst, noreplace)
     }
 
     pub(in crate::core) fn lock_two(
@@ -373,6 +373,7 @@ impl Fs {
 
     pub(in crate::core) fn rename_file(
         &self,
+        c: Caller,
         sn: &str,
         sname: &str,
         dn: &str,
@@ -426,6 +427,7 @@ impl Fs {
         }
         if dname == META {
             // A rename onto `.meta.json` commits, as its close would.
+            lock(&ddraft).by = Some(c.by(None));
             if let Err(e) = self.commit_as(dn, &ddraft, Intent::Close, None) {
                 let restore = |d: &mut Draft, name: &str, old: Option<Slot>| match old {
                     Some(s) => {
@@ -452,7 +454,13 @@ impl Fs {
         Ok(())
     }
 
-    pub(in crate::core) fn move_node(&self, src: &str, dst: &str, noreplace: bool) -> Result<()> {
+    pub(in crate::core) fn move_node(
+        &self,
+        c: Caller,
+        src: &str,
+        dst: &str,
+        noreplace: bool,
+    ) -> Result<()> {
         let _g = self.lock_two(src, dst);
         let rec = self.live_node(src)?;
         let draft = self.draft(src);
@@ -498,6 +506,7 @@ impl Fs {
                                 version,
                                 created_at: &rec.created_at,
                                 updated_at: &rfc3339(now),
+                                by: Some(c.by(Some("move"))),
                             },
                         ))
                     }
