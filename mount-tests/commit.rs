@@ -687,3 +687,68 @@ fn every_version_says_who_made_it() {
     assert_eq!(v1["committed_by"]["via"], "shell");
     m.umount_and_fsck();
 }
+
+/// The account's audit trail says who did what: a commit, a move, a
+/// restore, a delete, each a JSON line with the uid and the front, written
+/// with the change itself. Writers and root read it; readers get `EACCES`;
+/// nobody writes it.
+#[test]
+fn the_audit_trail_records_who_did_what() {
+    let m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let n = "acme/users/alice/memories/prefs/tea";
+    m.ok(WRITER, &four_steps(n, "Sencha.", ACTIVE));
+    m.ok(WRITER, &four_steps(n, "Genmaicha.", ACTIVE));
+    m.ok(
+        WRITER,
+        &format!("echo 1 > $M/accounts/{n}/.versions/restore"),
+    );
+    let to = "acme/users/alice/memories/prefs/green";
+    m.ok(WRITER, &format!("mv $M/accounts/{n} $M/accounts/{to}"));
+    m.ok(WRITER, &format!("rm -r $M/accounts/{to}"));
+    let trail = m.ok(WRITER, "cat $M/accounts/acme/.ctxfs/audit");
+    let lines: Vec<serde_json::Value> = trail
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ops: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            format!(
+                "{} {} {}",
+                l["op"].as_str().unwrap(),
+                l["via"].as_str().unwrap(),
+                l["uid"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "commit shell 1001",
+            "commit shell 1001",
+            "commit restore 1001",
+            "move move 1001",
+            "delete shell 1001"
+        ],
+        "{trail}"
+    );
+    assert_eq!(lines[3]["from"], "users/alice/memories/prefs/tea");
+    assert_eq!(lines[4]["node"], "users/alice/memories/prefs/green");
+    assert_eq!(m.ok(0, "cat $M/accounts/acme/.ctxfs/audit"), trail);
+    m.fails(
+        READER,
+        "cat $M/accounts/acme/.ctxfs/audit",
+        "Permission denied",
+    );
+    m.fails(
+        STRANGER,
+        "cat $M/accounts/acme/.ctxfs/audit",
+        "Permission denied",
+    );
+    m.fails(
+        WRITER,
+        "echo forged >> $M/accounts/acme/.ctxfs/audit",
+        "Operation not permitted",
+    );
+    m.umount_and_fsck();
+}

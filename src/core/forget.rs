@@ -115,6 +115,18 @@ impl Fs {
                 done.containers += 1;
             }
         }
+        ops.extend(self.audit_ops(
+            comps[0],
+            super::commit::rules::By {
+                uid: 0,
+                via: "delete",
+            },
+            serde_json::json!({
+                "op": "admin-delete",
+                "prefix": prefix,
+                "nodes": done.nodes,
+            }),
+        )?);
         self.store.apply(ops, true)?;
         for r in &recs {
             self.set_expiry(&r.path, None);

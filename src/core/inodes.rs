@@ -75,6 +75,8 @@ pub enum Key {
     Restore(Arc<str>),
     /// `accounts/{a}/.ctxfs/batch`.
     Batch(Arc<str>),
+    /// `accounts/{a}/.ctxfs/audit`.
+    Audit(Arc<str>),
     /// `NODE/.versions/redact`: write a version number to redact it.
     Redact(Arc<str>),
     /// `DIR/.search/`: reached by path, lists nothing.

@@ -6,6 +6,7 @@
 //! `inodes` and `handles` are leaf locks, never held while taking another.
 
 pub mod agent;
+mod audit;
 pub mod commit;
 pub(crate) mod draft;
 mod flock;

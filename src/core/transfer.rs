@@ -175,10 +175,25 @@ impl Fs {
             return Err(Error::Exists);
         }
         let mut draft = Draft::new(None);
-        draft.by = Some(super::commit::rules::By {
+        // An exported version keeps who made it (a lossless round trip);
+        // one without says it was imported.
+        let exported = n
+            .files
+            .iter()
+            .find(|(name, _)| name == META)
+            .and_then(|(_, b)| serde_json::from_slice::<serde_json::Value>(b).ok())
+            .and_then(|m| {
+                let b = &m["committed_by"];
+                let uid = u32::try_from(b["uid"].as_u64()?).ok()?;
+                let via = super::commit::rules::VIAS
+                    .iter()
+                    .find(|v| b["via"] == **v)?;
+                Some(super::commit::rules::By { uid, via })
+            });
+        draft.by = Some(exported.unwrap_or(super::commit::rules::By {
             uid: 0,
             via: "import",
-        });
+        }));
         for (name, bytes) in &n.files {
             draft
                 .files

@@ -270,7 +270,7 @@ impl Fs {
         let data = std::mem::take(&mut *lock(&h.buf));
         h.applied.store(true, Ordering::Release);
         if h.redact {
-            self.redact_version(&h.node, &data)
+            self.redact_version(&h.node, &data, h.by)
         } else {
             self.restore(&h.node, &data, h.by)
         }
@@ -281,7 +281,7 @@ impl Fs {
     /// version uses are deleted in the same transaction, and the account's
     /// stored bytes follow. The current version is refused (commit one
     /// without the secret first); redacting twice changes nothing.
-    fn redact_version(&self, node: &str, data: &[u8]) -> Result<()> {
+    fn redact_version(&self, node: &str, data: &[u8], by: super::commit::rules::By) -> Result<()> {
         let v = version_number(data, REDACT)?;
         let _g = self.stripe(node);
         let cur = self.live_node(node)?.ok_or(Error::NotFound)?;
@@ -369,6 +369,15 @@ impl Fs {
             key: crate::schema::counters::BLOB_ID.into(),
             value: max_blob,
         });
+        ops.extend(self.audit_ops(
+            Self::account_of(node),
+            by,
+            serde_json::json!({
+                "op": "redact",
+                "node": node.split_once('/').map_or("", |(_, r)| r),
+                "version": v,
+            }),
+        )?);
         self.store.apply(ops, true)?;
         tracing::info!(node, version = v, "version redacted");
         Ok(())

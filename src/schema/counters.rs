@@ -30,6 +30,11 @@ pub fn inbox_bytes_key(account: &str) -> String {
     format!("inbox_bytes:{account}")
 }
 
+/// Lines of an account's audit trail.
+pub fn audit_key(account: &str) -> String {
+    format!("audit:{account}")
+}
+
 /// Commits of an account on UTC day `day`.
 pub fn writes_key(account: &str, day: u64) -> String {
     format!("writes:{account}:{day}")

@@ -40,6 +40,8 @@ pub const CTXFS_FILES: [&str; 6] = [STATUS_FILE, PID_FILE, SYNC_FILE, HEADER, HE
 pub const USAGE_FILE: &str = "usage";
 /// `accounts/{a}/.ctxfs/batch`: many nodes committed by one write.
 pub const BATCH_FILE: &str = "batch";
+/// `accounts/{a}/.ctxfs/audit`: who did what (writers and root read it).
+pub const AUDIT_FILE: &str = "audit";
 
 /// A user's directory of conversations (`users/{u}/inbox/`).
 pub const INBOX: &str = "inbox";

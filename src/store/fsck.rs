@@ -448,6 +448,12 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
             && c[1] == "users"
             && c[3] == crate::schema::names::INBOX
             && (name.ends_with(".json") || name.ends_with(".jsonl"));
+        // An account's audit trail: its line count.
+        if c.len() == 3 && c[1] == ".ctxfs" && c[2] == "audit" {
+            *recount
+                .entry(crate::schema::counters::audit_key(c[0]))
+                .or_default() += 1;
+        }
         if conversation {
             if let Ok(r) = super::ScratchRec::decode(val.value()) {
                 *recount

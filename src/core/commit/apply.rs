@@ -211,6 +211,21 @@ impl Fs {
     ) -> Result<Vec<Op>> {
         let account = Self::account_of(node).to_string();
         let mut ops = Vec::new();
+        // Who did it, in the account's audit trail, in this transaction.
+        let by = plan.by.unwrap_or(super::rules::By {
+            uid: 0,
+            via: "daemon",
+        });
+        ops.extend(self.audit_ops(
+            &account,
+            by,
+            serde_json::json!({
+                "op": "commit",
+                "node": node.split_once('/').map_or("", |(_, r)| r),
+                "version": plan.version,
+                "status": plan.status.as_str(),
+            }),
+        )?);
         if self.store.shared() {
             ops.push(Op::Expect {
                 path: node.to_string(),

@@ -73,6 +73,8 @@ pub struct Plan {
     pub expires: Option<u64>,
     /// The outbox events of the commit.
     pub events: Vec<Change>,
+    /// Who commits (for the audit trail).
+    pub by: Option<rules::By>,
 }
 
 /// Why a commit is refused; the reason is also what the writer reads in
@@ -296,6 +298,7 @@ fn plan(
         texts,
         expires,
         events,
+        by,
     }))
 }
 

@@ -164,6 +164,11 @@ pub struct Derived<'a> {
 /// front it came through (`shell`: a process on the mount; `mcp`,
 /// `memtool`: those fronts; `batch`, `inbox`, `restore`, `move`,
 /// `repair`, `import`: the daemon's own paths, on that uid's behalf).
+/// Every `via` a version may say.
+pub const VIAS: &[&str] = &[
+    "shell", "mcp", "memtool", "batch", "inbox", "restore", "move", "repair", "import", "daemon",
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct By {
     pub uid: u32,

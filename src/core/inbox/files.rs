@@ -460,6 +460,15 @@ impl Fs {
         }
         job.proposal.clear();
         job.finished_at = Some(rfc3339_ms(now));
+        self.audit(
+            Self::account_of(inbox),
+            h.caller.by(Some("inbox")),
+            json!({
+                "op": "review",
+                "conversation": format!("{}/{stem}", inbox.split_once('/').map_or("", |(_, r)| r)),
+                "decision": word,
+            }),
+        )?;
         self.save_job(inbox, &job)
     }
 }

@@ -122,6 +122,15 @@ impl Fs {
                 self.versions_open(c, &key, write)
             }
             Key::Usage(account) => data(self.usage_json(c, account)?),
+            Key::Audit(account) => {
+                if write {
+                    self.gate(c, account, true)?;
+                    return Err(Error::NotPermitted(
+                        "the audit trail is the daemon's, append-only",
+                    ));
+                }
+                data(self.audit_text(c, account)?)
+            }
             Key::Batch(account) => {
                 if write {
                     self.gate(c, account, true)?;

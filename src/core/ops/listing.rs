@@ -160,6 +160,8 @@ impl Fs {
                 entries.push(d(k, names::USAGE_FILE, Kind::File));
                 let k = Key::Batch(account.clone());
                 entries.push(d(k, names::BATCH_FILE, Kind::File));
+                let k = Key::Audit(account.clone());
+                entries.push(d(k, names::AUDIT_FILE, Kind::File));
             }
             Key::Versions(_) | Key::VersionDir { .. } => {
                 shared = false;

@@ -146,6 +146,10 @@ impl Fs {
                 self.gate(c, account, false)?;
                 Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
             }
+            Key::Audit(account) => {
+                self.gate(c, account, false)?;
+                Ok(self.file_attr(ino, 0, 0o440, SystemTime::now(), false))
+            }
             Key::Versions(_)
             | Key::VersionDir { .. }
             | Key::VersionFile { .. }
@@ -327,6 +331,10 @@ impl Fs {
             Key::AccountCtxfs(account) if name == names::BATCH_FILE => {
                 self.gate(c, account, false)?;
                 Ok(Key::Batch(account.clone()))
+            }
+            Key::AccountCtxfs(account) if name == names::AUDIT_FILE => {
+                self.gate(c, account, false)?;
+                Ok(Key::Audit(account.clone()))
             }
             Key::Dir(path)
                 if ((name == names::MAP_FILE || name == names::HEADER_FILE)

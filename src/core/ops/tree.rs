@@ -95,7 +95,7 @@ impl Fs {
             Err(_) => return Err(Error::NotFound),
         };
         match placed {
-            DirPlace::Node => self.delete_node(&path),
+            DirPlace::Node => self.delete_node(c, &path),
             DirPlace::Fixed(_) | DirPlace::Account | DirPlace::Container => {
                 if !self.dir_present(&path, &comps)? {
                     return Err(Error::NotFound);
@@ -136,7 +136,7 @@ impl Fs {
         Ok(self.drafts.any_under(&prefix))
     }
 
-    pub(in crate::core) fn delete_node(&self, node: &str) -> Result<()> {
+    pub(in crate::core) fn delete_node(&self, c: Caller, node: &str) -> Result<()> {
         let _g = self.stripe(node);
         let rec = self.live_node(node)?;
         let draft = self.draft(node);
@@ -155,6 +155,15 @@ impl Fs {
         if let Some(rec) = &rec {
             ops.extend(self.remove_ops(node, rec)?);
             ops.extend(self.write_quota_ops(node, 0)?);
+            ops.extend(self.audit_ops(
+                Self::account_of(node),
+                c.by(None),
+                serde_json::json!({
+                    "op": "delete",
+                    "node": node.split_once('/').map_or("", |(_, r)| r),
+                    "version": rec.version,
+                }),
+            )?);
         }
         self.store.apply(ops, true)?;
         self.notify_index();
@@ -577,6 +586,12 @@ impl Fs {
                 },
             ]);
             new_base = Some((rec.id, version));
+            let rel = |p: &str| p.split_once('/').map_or("", |(_, r)| r).to_string();
+            ops.extend(self.audit_ops(
+                Self::account_of(dst),
+                c.by(Some("move")),
+                serde_json::json!({"op": "move", "from": rel(src), "to": rel(dst), "version": version}),
+            )?);
             let new_bytes = blob_bytes(&ops);
             self.check_write_quota(Self::account_of(dst), new_bytes)?;
             ops.extend(self.write_quota_ops(dst, new_bytes)?);

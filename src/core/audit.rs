@@ -1,0 +1,108 @@
+//! The audit trail of an account (`accounts/{a}/.ctxfs/audit`): one JSON
+//! line per commit, delete, move, restore, redaction, review decision and
+//! administrative delete, written in the same transaction as what it
+//! records, readable by the account's writers and root, append-only (no
+//! request can change or remove a line) and bounded: past `MAX_ENTRIES`
+//! the oldest lines go, as the daemon's log rotates.
+
+use super::commit::rules::By;
+use super::{now_ns, rfc3339_ms, Caller, Fs};
+use crate::error::{Error, Result};
+use crate::schema::counters;
+use crate::store::{Op, ScratchRec};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Lines an account's trail keeps (about 150 bytes each).
+pub const MAX_ENTRIES: i64 = 20_000;
+/// The oldest lines are dropped in groups of this many past the bound.
+const TRIM: i64 = 500;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Where an account's trail is stored (rows of the shared-area table).
+pub fn dir_of(account: &str) -> String {
+    format!("{account}/.ctxfs/audit")
+}
+
+impl Fs {
+    /// The ops that append `what` (an object: `op` and its fields) to the
+    /// trail of `account`, by `by`, dropping the oldest lines past the
+    /// bound.
+    pub(in crate::core) fn audit_ops(
+        &self,
+        account: &str,
+        by: By,
+        mut what: Value,
+    ) -> Result<Vec<Op>> {
+        let now = now_ns();
+        if let Value::Object(o) = &mut what {
+            o.insert("at".into(), json!(rfc3339_ms(now)));
+            o.insert("uid".into(), json!(by.uid));
+            o.insert("via".into(), json!(by.via));
+        }
+        let mut line = serde_json::to_vec(&what).map_err(|e| Error::store_from("audit line", e))?;
+        line.push(b'\n');
+        let dir = dir_of(account);
+        // Time order, then unique within this process and among daemons.
+        let name = format!(
+            "{now:020}-{:08x}-{:08}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let key = counters::audit_key(account);
+        let mut ops = vec![
+            Op::PutScratch {
+                path: format!("{dir}/{name}"),
+                data: ScratchRec {
+                    dir: false,
+                    data: line,
+                    mode: 0o444,
+                    mtime_ns: now,
+                }
+                .encode()?,
+            },
+            Op::Count {
+                key: key.clone(),
+                delta: 1,
+            },
+        ];
+        let n = self.store.counter(&key)?;
+        if n >= MAX_ENTRIES + TRIM {
+            let rows = self.store.list_scratch(&dir)?;
+            let drop = rows.len() as i64 - MAX_ENTRIES;
+            for (old, _) in rows.into_iter().take(drop.max(0) as usize) {
+                ops.push(Op::DelScratch {
+                    path: format!("{dir}/{old}"),
+                });
+            }
+            ops.push(Op::Count {
+                key,
+                delta: -drop.max(0),
+            });
+        }
+        Ok(ops)
+    }
+
+    /// Append one line to the trail of `account` on its own.
+    pub(in crate::core) fn audit(&self, account: &str, by: By, what: Value) -> Result<()> {
+        let ops = self.audit_ops(account, by, what)?;
+        self.store.apply(ops, true)
+    }
+
+    /// `accounts/{a}/.ctxfs/audit`: the trail, oldest line first. Writers
+    /// of the account and root read it; readers get `EACCES`.
+    pub(in crate::core) fn audit_text(&self, c: Caller, account: &str) -> Result<Vec<u8>> {
+        if self.gate(c, account, true).is_err() {
+            self.gate(c, account, false)?;
+            return Err(Error::AccessDenied);
+        }
+        let mut out = Vec::new();
+        for (_, rec) in self.store.list_scratch(&dir_of(account))? {
+            if let Ok(r) = ScratchRec::decode(&rec) {
+                out.extend(r.data);
+            }
+        }
+        Ok(out)
+    }
+}
