@@ -734,6 +734,23 @@ fn the_audit_trail_records_who_did_what() {
     );
     assert_eq!(lines[3]["from"], "users/alice/memories/prefs/tea");
     assert_eq!(lines[4]["node"], "users/alice/memories/prefs/green");
+    // Scratchpad writes and activity-log appends are attributed too.
+    let p = "$M/accounts/acme/projects/p";
+    m.ok(
+        WRITER,
+        &format!("mkdir -p {p}/scratchpad && echo draft > {p}/scratchpad/plan.md && echo '{{\"step\": 1}}' >> {p}/activity_log.jsonl"),
+    );
+    let trail = m.ok(WRITER, "cat $M/accounts/acme/.ctxfs/audit");
+    let last: Vec<serde_json::Value> = trail
+        .lines()
+        .rev()
+        .take(2)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(last[1]["op"], "scratch-write", "{trail}");
+    assert_eq!(last[1]["path"], "projects/p/scratchpad/plan.md");
+    assert_eq!(last[0]["op"], "log-append", "{trail}");
+    assert_eq!(last[0]["uid"], WRITER);
     assert_eq!(m.ok(0, "cat $M/accounts/acme/.ctxfs/audit"), trail);
     m.fails(
         READER,

@@ -84,6 +84,8 @@ pub(crate) struct ScratchHandle {
     writable: bool,
     log: bool,
     dirty: AtomicBool,
+    /// Who writes through this handle (the audit trail's line).
+    by: super::commit::rules::By,
 }
 
 impl Fs {
@@ -273,6 +275,7 @@ impl Fs {
             writable,
             log,
             dirty: AtomicBool::new(flags & libc::O_TRUNC != 0 && writable),
+            by: c.by(None),
         };
         Ok(Opened {
             fh: self.new_handle(Handle::Scratch(h)),
@@ -306,7 +309,8 @@ impl Fs {
 
     /// Write the file's bytes to the store (at close; durable at fsync).
     pub(super) fn scratch_persist(&self, h: &ScratchHandle, durable: bool) -> Result<()> {
-        if !h.dirty.swap(false, Ordering::AcqRel) && !durable {
+        let changed = h.dirty.swap(false, Ordering::AcqRel);
+        if !changed && !durable {
             return Ok(());
         }
         // The snapshot is taken under the lock so that writes reach the
@@ -330,15 +334,26 @@ impl Fs {
             if tail.is_empty() && !durable {
                 return Ok(());
             }
-            self.store.apply(
-                vec![Op::AppendLog {
-                    path: h.path.clone(),
-                    data: tail,
-                    mode,
-                    mtime_ns,
-                }],
-                durable,
-            )?;
+            let mut ops = Vec::new();
+            if !tail.is_empty() {
+                // Every append says who made it, in the account's trail.
+                ops.extend(self.audit_ops(
+                    Self::account_of(&h.path),
+                    h.by,
+                    serde_json::json!({
+                        "op": "log-append",
+                        "path": h.path.split_once('/').map_or("", |(_, r)| r),
+                        "bytes": tail.len(),
+                    }),
+                )?);
+            }
+            ops.push(Op::AppendLog {
+                path: h.path.clone(),
+                data: tail,
+                mode,
+                mtime_ns,
+            });
+            self.store.apply(ops, durable)?;
             lock(&self.log_synced).insert(h.path.clone(), len);
             return Ok(());
         }
@@ -347,8 +362,20 @@ impl Fs {
         if self.store.get_scratch(&h.path)?.is_none() && !h.log {
             return Ok(());
         }
-        self.store
-            .apply(vec![Self::put_op(&h.path, &rec)?], durable)
+        let mut ops = Vec::new();
+        if changed {
+            ops.extend(self.audit_ops(
+                Self::account_of(&h.path),
+                h.by,
+                serde_json::json!({
+                    "op": "scratch-write",
+                    "path": h.path.split_once('/').map_or("", |(_, r)| r),
+                    "bytes": rec.data.len(),
+                }),
+            )?);
+        }
+        ops.push(Self::put_op(&h.path, &rec)?);
+        self.store.apply(ops, durable)
     }
 
     /// After the handle is gone: drop the shared buffer once nobody holds it.
