@@ -20,6 +20,15 @@ const TRIM: i64 = 500;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// Lines of each account's trail as this process counts them, so a commit
+/// does not read the stored counter (a round trip on PostgreSQL): it is
+/// read once per account, and again only when the bound seems reached.
+fn counts() -> &'static std::sync::Mutex<std::collections::HashMap<String, i64>> {
+    static C: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, i64>>> =
+        std::sync::OnceLock::new();
+    C.get_or_init(Default::default)
+}
+
 /// Where an account's trail is stored (rows of the shared-area table).
 pub fn dir_of(account: &str) -> String {
     format!("{account}/.ctxfs/audit")
@@ -67,19 +76,35 @@ impl Fs {
                 delta: 1,
             },
         ];
-        let n = self.store.counter(&key)?;
-        if n >= MAX_ENTRIES + TRIM {
+        let seen = {
+            let mut c = crate::locks::lock(counts());
+            match c.get_mut(account) {
+                Some(n) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    drop(c);
+                    let n = self.store.counter(&key)? + 1;
+                    crate::locks::lock(counts()).insert(account.to_string(), n);
+                    n
+                }
+            }
+        };
+        if seen > MAX_ENTRIES + TRIM {
             let rows = self.store.list_scratch(&dir)?;
-            let drop = rows.len() as i64 - MAX_ENTRIES;
-            for (old, _) in rows.into_iter().take(drop.max(0) as usize) {
+            let excess = (rows.len() as i64 - MAX_ENTRIES).max(0);
+            for (old, _) in rows.iter().take(excess as usize) {
                 ops.push(Op::DelScratch {
                     path: format!("{dir}/{old}"),
                 });
             }
             ops.push(Op::Count {
                 key,
-                delta: -drop.max(0),
+                delta: -excess,
             });
+            crate::locks::lock(counts())
+                .insert(account.to_string(), rows.len() as i64 + 1 - excess);
         }
         Ok(ops)
     }
