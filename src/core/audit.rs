@@ -13,10 +13,11 @@ use crate::store::{Op, ScratchRec};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Lines an account's trail keeps (about 150 bytes each).
-pub const MAX_ENTRIES: i64 = 20_000;
+/// Lines an account's trail keeps (about 150 bytes each); small in the
+/// unit tests, which exercise the trimming.
+pub const MAX_ENTRIES: i64 = if cfg!(test) { 40 } else { 20_000 };
 /// The oldest lines are dropped in groups of this many past the bound.
-const TRIM: i64 = 500;
+const TRIM: i64 = if cfg!(test) { 10 } else { 500 };
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -129,5 +130,40 @@ impl Fs {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Tenancy;
+    use crate::store::{RedbStore, Store};
+    use std::sync::Arc;
+
+    #[test]
+    fn the_trail_keeps_its_newest_lines_within_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("db.redb")).unwrap();
+        let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0)).unwrap();
+        let by = By {
+            uid: 7,
+            via: "shell",
+        };
+        for i in 0..200 {
+            fs.audit("trimmed", by, json!({"op": "commit", "i": i}))
+                .unwrap();
+        }
+        let rows = store.list_scratch(&dir_of("trimmed")).unwrap();
+        let n = rows.len() as i64;
+        assert!(n >= MAX_ENTRIES && n <= MAX_ENTRIES + TRIM + 1, "{n}");
+        assert_eq!(store.counter(&counters::audit_key("trimmed")).unwrap(), n);
+        let line = |r: &Vec<u8>| -> Value {
+            serde_json::from_slice(&ScratchRec::decode(r).unwrap().data).unwrap()
+        };
+        // The newest is kept, the oldest gone, in order.
+        assert_eq!(line(&rows.last().unwrap().1)["i"], 199);
+        assert_eq!(line(&rows[0].1)["i"], 200 - n);
+        assert_eq!(line(&rows[0].1)["uid"], 7);
+        store.close();
     }
 }
