@@ -155,7 +155,7 @@ mod tests {
         }
         let rows = store.list_scratch(&dir_of("trimmed")).unwrap();
         let n = rows.len() as i64;
-        assert!(n >= MAX_ENTRIES && n <= MAX_ENTRIES + TRIM + 1, "{n}");
+        assert!((MAX_ENTRIES..=MAX_ENTRIES + TRIM + 1).contains(&n), "{n}");
         assert_eq!(store.counter(&counters::audit_key("trimmed")).unwrap(), n);
         let line = |r: &Vec<u8>| -> Value {
             serde_json::from_slice(&ScratchRec::decode(r).unwrap().data).unwrap()
