@@ -177,20 +177,13 @@ fn a_full_disk_refuses_commits_keeps_serving_and_recovers() {
     // Every acknowledged commit is there after a clean restart.
     m.umount();
     let before = df(&m);
-    let again = Command::new(BIN)
-        .args(["mount", m.mnt.to_str().unwrap(), "--data"])
-        .arg(&m.data)
-        .args(["--config", m.config.as_ref().unwrap().to_str().unwrap()])
-        .args(["--embedder", "hash"])
-        .output()
-        .unwrap();
+    let again = m.try_mount();
     assert!(
         again.status.success(),
         "remount: {}\nbefore:\n{before}\nafter:\n{}",
         String::from_utf8_lossy(&again.stderr),
         df(&m)
     );
-    m.mount_done();
     for n in acked.iter().chain(after.iter()) {
         let size = m.ok(READER, &format!("wc -c < {dir}/{n}/content.md"));
         assert_eq!(size.trim(), "100000", "{n} lost");
@@ -264,12 +257,7 @@ fn a_damaged_log_is_refused_and_salvaged() {
     );
     assert_eq!(std::fs::read(&wal).unwrap(), bytes, "fsck changed the log");
 
-    let mount = Command::new(BIN)
-        .args(["mount", m.mnt.to_str().unwrap(), "--data", &data])
-        .args(["--config", m.config.as_ref().unwrap().to_str().unwrap()])
-        .args(["--embedder", "hash"])
-        .output()
-        .unwrap();
+    let mount = m.try_mount();
     let err = String::from_utf8_lossy(&mount.stderr);
     assert!(!mount.status.success(), "a damaged log was mounted");
     assert!(
@@ -328,11 +316,7 @@ fn a_lost_store_file_is_refused() {
         } else {
             std::fs::remove_file(&db).unwrap();
         }
-        let mount = Command::new(BIN)
-            .args(["mount", m.mnt.to_str().unwrap(), "--data", &data])
-            .args(["--embedder", "hash"])
-            .output()
-            .unwrap();
+        let mount = m.try_mount();
         let err = String::from_utf8_lossy(&mount.stderr);
         assert!(!mount.status.success(), "a {how} store was mounted as new");
         assert!(

@@ -124,6 +124,18 @@ impl Mount {
     }
 
     pub fn mount(&mut self) {
+        let out = self.try_mount();
+        assert!(
+            out.status.success(),
+            "ctxfs mount failed (is FUSE available? /dev/fuse and fusermount3 are required): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `ctxfs mount` with this mount's data dir, config and arguments, as
+    /// it answers (a test that expects a refusal reads its stderr).
+    pub fn try_mount(&mut self) -> Output {
         let mut cmd = match self.prefix.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
@@ -142,18 +154,8 @@ impl Mount {
         cmd.args(&self.args);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let out = cmd.output().expect("run ctxfs mount");
-        assert!(
-            out.status.success(),
-            "ctxfs mount failed (is FUSE available? /dev/fuse and fusermount3 are required): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.mounted = true;
-    }
-
-    /// A mount the test made itself with `ctxfs mount`.
-    pub fn mount_done(&mut self) {
-        self.mounted = true;
+        self.mounted = out.status.success();
+        out
     }
 
     pub fn umount(&mut self) {

@@ -3,7 +3,6 @@
 //! data dir and kernel cache, as two hosts would run them.
 
 use crate::harness::*;
-use std::process::Command;
 use std::time::Duration;
 
 const NODE: &str = "acme/users/alice/memories/prefs/tea";
@@ -843,22 +842,13 @@ fn daemons_with_different_configs_do_not_share_a_store() {
     let db = PgDb::new();
     let a = db.mount(Some(CONFIG), &["--embedder", "hash"]);
     let review = format!("{CONFIG}\n[[account]]\nid = \"rev\"\nwriters = [1004]\nreview = true\n");
-    let prepared = Mount::prepared(
+    let mut prepared = Mount::prepared(
         Some(&review),
         &["--store", db.url.as_str(), "--embedder", "hash"],
         &[],
         &[],
     );
-    let out = Command::new(BIN)
-        .args(["mount", prepared.mnt.to_str().unwrap(), "--data"])
-        .arg(&prepared.data)
-        .args([
-            "--config",
-            prepared.config.as_ref().unwrap().to_str().unwrap(),
-        ])
-        .args(["--store", db.url.as_str(), "--embedder", "hash"])
-        .output()
-        .unwrap();
+    let out = prepared.try_mount();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a daemon with another config joined");
     assert!(
@@ -877,12 +867,8 @@ fn daemons_with_different_configs_do_not_share_a_store() {
         c.ok(READER, &format!("cat $M/accounts/{NODE}/content.md")),
         "shared"
     );
-    let d = Command::new(BIN)
-        .args(["mount", prepared.mnt.to_str().unwrap(), "--data"])
-        .arg(&prepared.data)
-        .args(["--store", db.url.as_str(), "--embedder", "hash"])
-        .output()
-        .unwrap();
+    prepared.config = None;
+    let d = prepared.try_mount();
     assert!(
         !d.status.success(),
         "a daemon without the config joined one with it"

@@ -587,12 +587,7 @@ fn a_data_dir_of_the_previous_release_opens_and_a_newer_one_is_refused() {
     // A newer format: refused, with both numbers; nothing changes.
     std::fs::write(m.data.join("ctxfs.format"), "ctxfs-data 2\n").unwrap();
     let before = std::fs::read(m.data.join("ctxfs.redb")).unwrap();
-    let out = Command::new(BIN)
-        .args(["mount", m.mnt.to_str().unwrap(), "--data"])
-        .arg(&m.data)
-        .args(["--embedder", "hash"])
-        .output()
-        .unwrap();
+    let out = m.try_mount();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -44,6 +44,19 @@ pub(crate) struct Charge {
     total: Arc<AtomicU64>,
 }
 
+impl Charge {
+    /// What is counted here went from `from` bytes to `to`.
+    fn shift(&self, from: u64, to: u64) {
+        if to >= from {
+            self.account.fetch_add(to - from, Ordering::Relaxed);
+            self.total.fetch_add(to - from, Ordering::Relaxed);
+        } else {
+            self.account.fetch_sub(from - to, Ordering::Relaxed);
+            self.total.fetch_sub(from - to, Ordering::Relaxed);
+        }
+    }
+}
+
 impl DraftMemory {
     pub(crate) fn charge_for(&self, account: &str) -> Charge {
         let account = crate::locks::lock(&self.by_account)
@@ -115,29 +128,21 @@ impl HeldBuf {
     fn recharge(&mut self) {
         let now = self.data.len() as u64;
         let c = &self.charge;
-        if now >= self.charged {
-            c.account.fetch_add(now - self.charged, Ordering::Relaxed);
-            c.total.fetch_add(now - self.charged, Ordering::Relaxed);
-        } else {
-            c.account.fetch_sub(self.charged - now, Ordering::Relaxed);
-            c.total.fetch_sub(self.charged - now, Ordering::Relaxed);
-        }
+        c.shift(self.charged, now);
         self.charged = now;
     }
 }
 
 impl Drop for HeldBuf {
     fn drop(&mut self) {
-        self.data.clear();
-        self.recharge();
+        self.charge.shift(self.charged, 0);
     }
 }
 
 impl Drop for DFile {
     fn drop(&mut self) {
         if let Some(c) = &self.charge {
-            c.account.fetch_sub(self.charged, Ordering::Relaxed);
-            c.total.fetch_sub(self.charged, Ordering::Relaxed);
+            c.shift(self.charged, 0);
         }
     }
 }
@@ -173,13 +178,7 @@ impl DFile {
     pub fn recharge(&mut self) {
         let Some(c) = &self.charge else { return };
         let now = self.data.len() as u64;
-        if now >= self.charged {
-            c.account.fetch_add(now - self.charged, Ordering::Relaxed);
-            c.total.fetch_add(now - self.charged, Ordering::Relaxed);
-        } else {
-            c.account.fetch_sub(self.charged - now, Ordering::Relaxed);
-            c.total.fetch_sub(self.charged - now, Ordering::Relaxed);
-        }
+        c.shift(self.charged, now);
         self.charged = now;
     }
 

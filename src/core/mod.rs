@@ -582,6 +582,11 @@ impl Fs {
         path.split('/').next().unwrap_or("")
     }
 
+    /// `path` under its account (`users/u/…` of `acme/users/u/…`).
+    fn in_account(path: &str) -> &str {
+        path.split_once('/').map_or("", |(_, r)| r)
+    }
+
     // ---- status ----------------------------------------------------------
 
     /// `.ctxfs/status`: what the caller's accounts hold.

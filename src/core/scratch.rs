@@ -342,7 +342,7 @@ impl Fs {
                     h.by,
                     serde_json::json!({
                         "op": "log-append",
-                        "path": h.path.split_once('/').map_or("", |(_, r)| r),
+                        "path": Self::in_account(&h.path),
                         "bytes": tail.len(),
                     }),
                 )?);
@@ -369,7 +369,7 @@ impl Fs {
                 h.by,
                 serde_json::json!({
                     "op": "scratch-write",
-                    "path": h.path.split_once('/').map_or("", |(_, r)| r),
+                    "path": Self::in_account(&h.path),
                     "bytes": rec.data.len(),
                 }),
             )?);

@@ -374,7 +374,7 @@ impl Fs {
             by,
             serde_json::json!({
                 "op": "redact",
-                "node": node.split_once('/').map_or("", |(_, r)| r),
+                "node": Self::in_account(node),
                 "version": v,
             }),
         )?);

@@ -221,7 +221,7 @@ impl Fs {
             by,
             serde_json::json!({
                 "op": "commit",
-                "node": node.split_once('/').map_or("", |(_, r)| r),
+                "node": Self::in_account(node),
                 "version": plan.version,
                 "status": plan.status.as_str(),
             }),

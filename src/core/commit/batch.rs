@@ -147,7 +147,7 @@ impl Fs {
                     Ok((v, expires)) => planned.push((line, path, v, expires)),
                     Err(e) => {
                         self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                        let node = path.split_once('/').map_or("", |(_, r)| r).to_string();
+                        let node = Self::in_account(&path).to_string();
                         results.push(outcome(line, &node, Err(e)));
                     }
                 }
@@ -167,7 +167,7 @@ impl Fs {
             self.invalidate_ancestors(planned.iter().map(|(_, p, _, _)| p.as_str()));
             for (line, path, v, _) in &planned {
                 self.invalidate_commit(path, false);
-                let node = path.split_once('/').map_or("", |(_, r)| r);
+                let node = Self::in_account(path);
                 results.push(outcome(*line, node, Ok(*v)));
             }
             done.extend(planned);

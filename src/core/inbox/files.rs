@@ -465,7 +465,7 @@ impl Fs {
             h.caller.by(Some("inbox")),
             json!({
                 "op": "review",
-                "conversation": format!("{}/{stem}", inbox.split_once('/').map_or("", |(_, r)| r)),
+                "conversation": format!("{}/{stem}", Self::in_account(inbox)),
                 "decision": word,
             }),
         )?;

@@ -160,7 +160,7 @@ impl Fs {
                 c.by(None),
                 serde_json::json!({
                     "op": "delete",
-                    "node": node.split_once('/').map_or("", |(_, r)| r),
+                    "node": Self::in_account(node),
                     "version": rec.version,
                 }),
             )?);
@@ -586,11 +586,15 @@ impl Fs {
                 },
             ]);
             new_base = Some((rec.id, version));
-            let rel = |p: &str| p.split_once('/').map_or("", |(_, r)| r).to_string();
             ops.extend(self.audit_ops(
                 Self::account_of(dst),
                 c.by(Some("move")),
-                serde_json::json!({"op": "move", "from": rel(src), "to": rel(dst), "version": version}),
+                serde_json::json!({
+                    "op": "move",
+                    "from": Self::in_account(src),
+                    "to": Self::in_account(dst),
+                    "version": version,
+                }),
             )?);
             let new_bytes = blob_bytes(&ops);
             self.check_write_quota(Self::account_of(dst), new_bytes)?;

@@ -95,7 +95,6 @@ pub fn salvage(src: &Path, dst: &Path) -> Result<Salvaged> {
         seq = r.seq;
         out.records += 1;
     }
-    let seq = seq.max(start);
     apply_record(&new, &[], seq, Durability::Immediate)?;
     Ok(out)
 }
