@@ -1,29 +1,33 @@
 //! The redb backend. Tables and key encoding are documented in
 //! `docs/ARCHITECTURE.md` ("Storage"); `fsck.rs` checks their invariants.
 //!
-//! Writes go through one committer thread that groups the operations of
-//! concurrent callers into one batch: with N writers committing at once, the
-//! cost of one sync is shared by N commits. A batch is made durable by the
-//! write-ahead log (`wal.rs`), then applied to redb without a sync; a
-//! checkpoint (`Immediate` commit, log truncated) runs at least every second.
-//! The scans and the rewrite of `ctxfs compact` are in `compact.rs`.
+//! Here: the tables, opening the file, and the reads. Writes go through one
+//! committer thread (`committer.rs`: batches made durable by the
+//! write-ahead log, checkpoints, the reopen after an I/O error), which
+//! applies them as `apply.rs` says. The scans and the rewrite of `ctxfs
+//! compact` are in `compact.rs`, the copy of `ctxfs salvage` in
+//! `salvage.rs`.
 
+mod apply;
+mod committer;
 mod compact;
 mod migrate;
 mod salvage;
 
+use self::apply::replay;
+use self::committer::{Committer, Job};
 pub use self::compact::{read_table, TABLES};
 pub use self::salvage::{salvage, Salvaged};
 
-use super::wal::{Record, Wal};
+use super::wal::Wal;
 use super::{NodeRec, Op, Store, StoredEvent};
 use crate::error::{Error, Result};
-use ::redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use ::redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 const CHECKPOINT_BYTES: u64 = 64 << 20;
@@ -81,12 +85,6 @@ fn encode(rec: &NodeRec) -> Result<Vec<u8>> {
 
 pub(super) fn split_key(path: &str) -> (&str, &str) {
     crate::schema::place::parent_name(path)
-}
-
-struct Job {
-    ops: Vec<Op>,
-    durable: bool,
-    done: mpsc::SyncSender<Result<()>>,
 }
 
 /// The open database, shared by the readers and the committer. Empty for
@@ -154,60 +152,6 @@ fn open_db(path: &Path) -> Result<Database> {
     Ok(db)
 }
 
-/// The last log sequence number redb holds.
-fn applied_seq(db: &Database) -> Result<u64> {
-    let t = db.begin_read().map_err(se)?;
-    let hw = t.open_table(HIGH_WATER).map_err(se)?;
-    let v = hw.get(WAL_SEQ).map_err(se)?.map(|g| g.value()).unwrap_or(0);
-    Ok(v)
-}
-
-/// Apply the log records redb does not hold yet; the last sequence number.
-fn replay(db: &Database, records: &[Record]) -> Result<u64> {
-    let applied = applied_seq(db)?;
-    let mut seq = applied;
-    let mut replayed = 0;
-    for r in records.iter().filter(|r| r.seq > applied) {
-        apply_record(db, &r.ops, r.seq, Durability::None)?;
-        seq = r.seq;
-        replayed += 1;
-    }
-    if replayed > 0 {
-        tracing::info!(replayed, "write-ahead log replayed into the store");
-    }
-    Ok(seq)
-}
-
-/// An error that leaves redb unusable until it is reopened (a failed
-/// write to its file: a full disk, an I/O error).
-fn is_io_failure(e: &Error) -> bool {
-    let r = e.report();
-    r.contains("Previous I/O error") || r.contains("(os error")
-}
-
-/// The log may grow to this while checkpoints fail (a full disk); past it,
-/// commits are refused with `ENOSPC` until a checkpoint succeeds, so a
-/// failing store cannot take the space that frees up.
-const WAL_LIMIT: u64 = 2 * CHECKPOINT_BYTES;
-/// Free bytes the data dir's disk must have before a store broken by an
-/// I/O error is reopened (a reopen may repair, and repair writes).
-const REOPEN_FREE_BYTES: u64 = 8 << 20;
-
-/// Free bytes on the file system of `dir`, for an unprivileged writer.
-fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a zeroed struct
-    // statvfs(3) fills; neither outlives the call.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
-            return None;
-        }
-        Some(st.f_bavail as u64 * st.f_frsize as u64)
-    }
-}
-
 pub struct RedbStore {
     db: Arc<DbSlot>,
     jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
@@ -223,16 +167,7 @@ impl RedbStore {
         let (wal, records) = Wal::open(&wal_path)?;
         let seq = replay(&db, &records)?;
         let slot = Arc::new(DbSlot(std::sync::RwLock::new(Some(db))));
-        let mut committer = Committer {
-            slot: slot.clone(),
-            path: path.to_path_buf(),
-            wal,
-            seq,
-            dirty: true,
-            last_checkpoint: Instant::now(),
-            broken: None,
-            last_reopen: Instant::now(),
-        };
+        let mut committer = Committer::new(slot.clone(), path, wal, seq);
         committer.checkpoint()?;
 
         let (tx, rx) = mpsc::channel::<Job>();
@@ -270,460 +205,6 @@ impl Drop for RedbStore {
     fn drop(&mut self) {
         self.close();
     }
-}
-
-struct Committer {
-    slot: Arc<DbSlot>,
-    path: std::path::PathBuf,
-    wal: Wal,
-    seq: u64,
-    dirty: bool,
-    last_checkpoint: Instant,
-    /// The I/O error that broke redb, until it is reopened.
-    broken: Option<Error>,
-    last_reopen: Instant,
-}
-
-impl Committer {
-    fn run(mut self, rx: mpsc::Receiver<Job>) {
-        loop {
-            match rx.recv_timeout(CHECKPOINT_EVERY) {
-                Ok(first) => {
-                    let mut batch = vec![first];
-                    // Everything that queued while the previous batch was
-                    // syncing rides in this one.
-                    while batch.len() < 512 {
-                        match rx.try_recv() {
-                            Ok(j) => batch.push(j),
-                            Err(_) => break,
-                        }
-                    }
-                    let result = self.batch(&mut batch);
-                    if let Err(e) = &result {
-                        tracing::error!(error = %e.report(), jobs = batch.len(), "store batch failed");
-                    }
-                    for j in batch {
-                        let _ = j.done.send(result.clone());
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-            if self.broken.is_some() {
-                self.reopen();
-                continue;
-            }
-            let due = self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
-                || self.wal.bytes() >= CHECKPOINT_BYTES;
-            if self.dirty && due {
-                if let Err(e) = self.checkpoint() {
-                    tracing::error!(error = %e.report(), "checkpoint failed; the log keeps the changes");
-                }
-            }
-        }
-        if self.broken.is_none() {
-            if let Err(e) = self.checkpoint() {
-                tracing::error!(error = %e.report(), "final checkpoint failed; the log keeps the changes");
-            }
-        }
-    }
-
-    /// Note an error of redb; one that leaves it unusable breaks the store
-    /// until [`Committer::reopen`] succeeds.
-    fn failed(&mut self, e: Error) -> Error {
-        if self.broken.is_none() && is_io_failure(&e) {
-            tracing::error!(error = %e.report(), "the store failed to write; commits are refused until it is reopened, which is tried every second once the disk has room");
-            self.broken = Some(e.clone());
-        }
-        e
-    }
-
-    fn batch(&mut self, batch: &mut [Job]) -> Result<()> {
-        if let Some(e) = &self.broken {
-            let e = e.clone();
-            if !self.reopen() {
-                return Err(e);
-            }
-        }
-        if self.wal.bytes() >= WAL_LIMIT {
-            // Checkpoints fail: take nothing more until one succeeds.
-            if let Err(e) = self.checkpoint() {
-                return Err(Error::Store {
-                    what: format!(
-                        "the write-ahead log holds {} MiB that the store cannot take ({}); \
-                         commits wait for room on the data dir's disk",
-                        self.wal.bytes() >> 20,
-                        e.report()
-                    ),
-                    source: None,
-                    no_space: true,
-                });
-            }
-        }
-        let durable = batch.iter().any(|j| j.durable);
-        let ops: Vec<Op> = batch
-            .iter_mut()
-            .flat_map(|j| std::mem::take(&mut j.ops))
-            .collect();
-        let rec = Record {
-            seq: self.seq + 1,
-            ops,
-        };
-        let before = self.wal.bytes();
-        if let Err(e) = self.wal.append(&rec, durable) {
-            // A partial frame must not stay in front of the next record.
-            let _ = self.wal.rewind(before);
-            return Err(e);
-        }
-        let db = self.slot.get()?;
-        if let Err(e) = apply_record(&db, &rec.ops, rec.seq, Durability::None) {
-            // Not applied: the log must not replay it either.
-            let _ = self.wal.rewind(before);
-            return Err(self.failed(e));
-        }
-        self.seq = rec.seq;
-        self.dirty = true;
-        Ok(())
-    }
-
-    /// Make redb durable up to the last applied record, then drop the log.
-    fn checkpoint(&mut self) -> Result<()> {
-        if self.dirty {
-            let db = self.slot.get()?;
-            if let Err(e) = apply_record(&db, &[], self.seq, Durability::Immediate) {
-                return Err(self.failed(e));
-            }
-            self.wal.truncate()?;
-            self.dirty = false;
-        }
-        self.last_checkpoint = Instant::now();
-        Ok(())
-    }
-
-    /// Close redb and open it again after an I/O error (at most once a
-    /// second, and only once the disk has room): it comes back at its
-    /// last durable state, and the log's records since are applied again.
-    /// A reader meets an error (EIO) for the moment it is closed.
-    fn reopen(&mut self) -> bool {
-        if self.last_reopen.elapsed() < CHECKPOINT_EVERY {
-            return false;
-        }
-        self.last_reopen = Instant::now();
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        if free_bytes(dir).is_some_and(|f| f < REOPEN_FREE_BYTES) {
-            return false;
-        }
-        let Some(old) = self.slot.set(None) else {
-            return false;
-        };
-        // Readers hold the old handle for a moment at most.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut old = Some(old);
-        while let Some(db) = old.take() {
-            match Arc::try_unwrap(db) {
-                Ok(db) => drop(db),
-                Err(db) if Instant::now() < deadline => {
-                    old = Some(db);
-                    thread::sleep(Duration::from_millis(5));
-                }
-                Err(db) => {
-                    tracing::warn!("readers hold the failed store; its reopen waits");
-                    self.slot.set(Some(db));
-                    return false;
-                }
-            }
-        }
-        let result = open_db(&self.path).and_then(|db| {
-            let records = self.wal.records()?;
-            let seq = replay(&db, &records)?;
-            apply_record(&db, &[], seq, Durability::Immediate)?;
-            Ok((db, seq))
-        });
-        match result {
-            Ok((db, seq)) => {
-                self.slot.set(Some(Arc::new(db)));
-                self.seq = seq;
-                if let Err(e) = self.wal.truncate() {
-                    tracing::warn!(error = %e.report(), "the log could not be cut after the reopen; it replays again at the next start");
-                    self.dirty = true;
-                } else {
-                    self.dirty = false;
-                }
-                self.broken = None;
-                tracing::info!("the store was reopened after an I/O error; commits resume");
-                true
-            }
-            Err(e) => {
-                tracing::error!(error = %e.report(), "reopening the store failed; tried again in a second");
-                false
-            }
-        }
-    }
-}
-
-/// Apply ops in one redb transaction, recording the log sequence number.
-fn apply_record(db: &Database, ops: &[Op], seq: u64, durability: Durability) -> Result<()> {
-    let mut txn = db.begin_write().map_err(se)?;
-    txn.set_durability(durability).map_err(se)?;
-    apply_ops(&txn, ops)?;
-    {
-        let mut hw = txn.open_table(HIGH_WATER).map_err(se)?;
-        hw.insert(WAL_SEQ, seq).map_err(se)?;
-    }
-    txn.commit().map_err(se)
-}
-
-fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
-    {
-        let mut nodes = txn.open_table(NODES).map_err(se)?;
-        let mut dirs = txn.open_table(DIRS).map_err(se)?;
-        let mut versions = txn.open_table(VERSIONS).map_err(se)?;
-        let mut blobs = txn.open_table(BLOBS).map_err(se)?;
-        let mut outbox = txn.open_table(OUTBOX).map_err(se)?;
-        let mut by_node = txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
-        let mut drafts = txn.open_table(DRAFTS).map_err(se)?;
-        let mut counters = txn.open_table(COUNTERS).map_err(se)?;
-        let mut hw = txn.open_table(HIGH_WATER).map_err(se)?;
-        let mut dlq = txn.open_table(DLQ).map_err(se)?;
-        let mut dlq_by_node = txn.open_table(DLQ_BY_NODE).map_err(se)?;
-        let mut ix = txn.open_table(IX_DOCS).map_err(se)?;
-        let mut vecs = txn.open_table(VECS).map_err(se)?;
-        let mut scratch = txn.open_table(SCRATCH).map_err(se)?;
-        let mut expiry = txn.open_table(EXPIRY).map_err(se)?;
-        for op in ops {
-            match op {
-                // One daemon: the core's node locks make every commit see
-                // the version it was planned on (and the log replays
-                // batches that held then), so there is nothing to check.
-                Op::Expect { .. } => {}
-                Op::PutNode { path, rec } => {
-                    nodes
-                        .insert(split_key(path), encode(rec)?.as_slice())
-                        .map_err(se)?;
-                }
-                Op::DelNode { path } => {
-                    nodes.remove(split_key(path)).map_err(se)?;
-                }
-                Op::PutDir { path } => {
-                    dirs.insert(split_key(path), ()).map_err(se)?;
-                }
-                Op::DelDir { path } => {
-                    dirs.remove(split_key(path)).map_err(se)?;
-                }
-                Op::PutVersion { rec } => {
-                    versions
-                        .insert((rec.id, rec.version), encode(rec)?.as_slice())
-                        .map_err(se)?;
-                }
-                Op::DropHistory { node_id } => {
-                    let mut blob_ids = Vec::new();
-                    let mut keys = Vec::new();
-                    for item in versions
-                        .range((*node_id, 0)..=(*node_id, u32::MAX))
-                        .map_err(se)?
-                    {
-                        let (k, v) = item.map_err(se)?;
-                        keys.push(k.value());
-                        blob_ids.extend(decode(v.value())?.files.iter().map(|f| f.blob));
-                    }
-                    for k in keys {
-                        versions.remove(k).map_err(se)?;
-                    }
-                    blob_ids.sort_unstable();
-                    blob_ids.dedup();
-                    for id in blob_ids {
-                        let chunks: Vec<(u64, u32)> = blobs
-                            .range((id, 0)..=(id, u32::MAX))
-                            .map_err(se)?
-                            .map(|r| r.map(|(k, _)| k.value()).map_err(se))
-                            .collect::<Result<_>>()?;
-                        for k in chunks {
-                            blobs.remove(k).map_err(se)?;
-                        }
-                    }
-                }
-                Op::DelBlob { id } => {
-                    let chunks: Vec<(u64, u32)> = blobs
-                        .range((*id, 0)..=(*id, u32::MAX))
-                        .map_err(se)?
-                        .map(|r| r.map(|(k, _)| k.value()).map_err(se))
-                        .collect::<Result<_>>()?;
-                    for k in chunks {
-                        blobs.remove(k).map_err(se)?;
-                    }
-                }
-                Op::PutBlob { id, data } | Op::PutBlobOf { id, data, .. } => {
-                    if data.is_empty() {
-                        blobs.insert((*id, 0), &[][..]).map_err(se)?;
-                    }
-                    for (i, chunk) in data.chunks(CHUNK).enumerate() {
-                        blobs.insert((*id, i as u32), chunk).map_err(se)?;
-                    }
-                }
-                Op::PutEvent {
-                    seq,
-                    node_path,
-                    account,
-                    json,
-                } => {
-                    let fresh = outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none();
-                    by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
-                    if fresh {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            1,
-                        )?;
-                    }
-                }
-                Op::DoneEvent {
-                    seq,
-                    node_path,
-                    account,
-                } => {
-                    if outbox.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            -1,
-                        )?;
-                    }
-                    by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
-                }
-                Op::UpdateEvent { seq, json } => {
-                    if outbox.get(*seq).map_err(se)?.is_some() {
-                        outbox.insert(*seq, json.as_slice()).map_err(se)?;
-                    }
-                }
-                Op::DeadEvent {
-                    seq,
-                    node_path,
-                    account,
-                    json,
-                } => {
-                    if outbox.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            -1,
-                        )?;
-                    }
-                    by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
-                    if dlq.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
-                        add(&mut counters, &crate::schema::counters::dlq_key(account), 1)?;
-                    }
-                    dlq_by_node
-                        .insert((node_path.as_str(), *seq), ())
-                        .map_err(se)?;
-                }
-                Op::ReviveEvent {
-                    seq,
-                    node_path,
-                    account,
-                    json,
-                } => {
-                    if dlq.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::dlq_key(account),
-                            -1,
-                        )?;
-                    }
-                    dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
-                    if outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            1,
-                        )?;
-                    }
-                    by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
-                }
-                Op::DropDead {
-                    seq,
-                    node_path,
-                    account,
-                } => {
-                    if dlq.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::dlq_key(account),
-                            -1,
-                        )?;
-                    }
-                    dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
-                }
-                Op::PutScratch { path, data } => {
-                    scratch
-                        .insert(split_key(path), data.as_slice())
-                        .map_err(se)?;
-                }
-                Op::DelScratch { path } => {
-                    scratch.remove(split_key(path)).map_err(se)?;
-                }
-                Op::AppendLog {
-                    path,
-                    data,
-                    mode,
-                    mtime_ns,
-                } => {
-                    let old = scratch
-                        .get(split_key(path))
-                        .map_err(se)?
-                        .map(|g| g.value().to_vec());
-                    let rec = super::ScratchRec::appended(old.as_deref(), data, *mode, *mtime_ns)?;
-                    scratch
-                        .insert(split_key(path), rec.as_slice())
-                        .map_err(se)?;
-                }
-                Op::PutExpiry { path, at_ns } => {
-                    expiry.insert(path.as_str(), *at_ns).map_err(se)?;
-                }
-                Op::DelExpiry { path } => {
-                    expiry.remove(path.as_str()).map_err(se)?;
-                }
-                Op::PutIx { path, data } => {
-                    ix.insert(path.as_str(), data.as_slice()).map_err(se)?;
-                }
-                Op::DelIx { path } => {
-                    ix.remove(path.as_str()).map_err(se)?;
-                }
-                Op::PutVec { model, hash, data } => {
-                    vecs.insert((model.as_str(), *hash), data.as_slice())
-                        .map_err(se)?;
-                }
-                Op::DelVec { model, hash } => {
-                    vecs.remove((model.as_str(), *hash)).map_err(se)?;
-                }
-                Op::PutDraft { path, data } => {
-                    drafts.insert(path.as_str(), data.as_slice()).map_err(se)?;
-                }
-                Op::DelDraft { path } => {
-                    drafts.remove(path.as_str()).map_err(se)?;
-                }
-                Op::Count { key, delta } => add(&mut counters, key, *delta)?,
-                Op::HighWater { key, value } => {
-                    let key: &str = key;
-                    let cur = hw.get(key).map_err(se)?.map(|g| g.value()).unwrap_or(0);
-                    if *value > cur {
-                        hw.insert(key, *value).map_err(se)?;
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn add(t: &mut ::redb::Table<&str, i64>, key: &str, delta: i64) -> Result<()> {
-    let cur = t.get(key).map_err(se)?.map(|g| g.value()).unwrap_or(0);
-    let new = cur + delta;
-    if new == 0 {
-        t.remove(key).map_err(se)?;
-    } else {
-        t.insert(key, new).map_err(se)?;
-    }
-    Ok(())
 }
 
 /// Range bounds for the direct children of `parent` in a (parent, name) table.

@@ -3,8 +3,9 @@
 //! write-ahead log, written into a new store file. The damaged files are
 //! only read (a store that needs repair is repaired on a copy).
 
+use super::apply::{applied_seq, apply_record};
 use super::compact::{copy_table, TABLES};
-use super::{applied_seq, apply_record, open_db, se, CACHE_BYTES};
+use super::{open_db, se, CACHE_BYTES};
 use crate::error::{Error, Result};
 use crate::store::fsck::guarded;
 use ::redb::{Database, Durability, ReadableDatabase};
