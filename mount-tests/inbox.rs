@@ -1186,3 +1186,119 @@ fn one_accounts_queue_does_not_hold_back_another() {
         "only {later} of acme's 6 jobs ran after other's one: {z:#}"
     );
 }
+
+/// Time: an event memory says when it happened (the date its text names,
+/// resolved from "next Saturday" against the message's `ts`) and when it
+/// became known (`valid_from`); the same event told again with a new date
+/// is a new node that supersedes the old one, and search ranks it first
+/// and says the old one is superseded; told again with nothing new, it is
+/// skipped. A memory on the subject of one already there is merged into it.
+#[test]
+fn an_event_told_again_with_a_new_date_supersedes_the_old_one() {
+    let ev = |d: &str| {
+        serde_json::json!({"memories": [
+            {"kind": "event", "topic": "Lisbon offsite", "text": format!("The user flies to Lisbon for the team offsite on {d}."), "messages": [0]},
+        ]})
+        .to_string()
+    };
+    let replies = serde_json::json!([
+        {"content": ev("2026-03-21")},
+        {"content": ev("2026-04-04")},
+        {"content": ev("2026-04-04")},
+        {"content": serde_json::json!({"memories": [
+            {"kind": "preference", "topic": "tea", "text": "The user drinks green tea every morning.", "messages": [0]}
+        ]}).to_string()},
+        {"content": serde_json::json!({"memories": [
+            {"kind": "preference", "topic": "morning drink", "text": "The user drinks green tea with honey every morning.", "messages": [0]}
+        ]}).to_string()},
+        {"content": serde_json::json!({"text": "The user drinks green tea with honey every morning.", "changed": "added honey"}).to_string()},
+    ]);
+    // MiniLM judges "the same event" as in real use.
+    let server = Canned::new(&replies);
+    let m = Mount::with_args(
+        Some(&config(&server.url, "")),
+        &["--model-dir", model_dir().to_str().unwrap()],
+    );
+    m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+    let s1 = ingest(
+        &m,
+        "c1",
+        r#"[{"role":"user","content":"I fly to Lisbon for the team offsite next Saturday.","ts":"2026-03-19T10:00:00Z"}]"#,
+        Duration::from_secs(30),
+    );
+    assert_eq!(s1["state"], "done", "{s1:#}");
+    let first = changes(&s1, "event")[0]["path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let m1 = meta(&m, &first);
+    assert_eq!(m1["happened"], "2026-03-21", "{m1:#}");
+    assert_eq!(m1["valid_from"], "2026-03-19", "{m1:#}");
+    m.ok(WRITER, "cat \"$M/.ctxfs/sync\" >/dev/null");
+    let s2 = ingest(
+        &m,
+        "c2",
+        r#"[{"role":"user","content":"The Lisbon offsite moved, I fly to Lisbon for the team offsite on 2026-04-04 now.","ts":"2026-03-25"}]"#,
+        Duration::from_secs(30),
+    );
+    assert_eq!(s2["state"], "done", "{s2:#}");
+    let c = changes(&s2, "event")[0].clone();
+    assert_eq!(c["action"], "appended", "{s2:#}");
+    assert!(c["why"].as_str().unwrap().contains("supersedes"), "{s2:#}");
+    let second = c["path"].as_str().unwrap().to_string();
+    assert_ne!(first, second);
+    let rel = m.json(
+        WRITER,
+        &format!("cat \"$M/accounts/acme/{second}/.relations.json\""),
+    );
+    assert_eq!(rel[0]["relation_type"], "supersedes", "{rel:#}");
+    assert_eq!(rel[0]["to_uri"], format!("ctx://acme/{first}"), "{rel:#}");
+    assert_eq!(meta(&m, &second)["happened"], "2026-04-04");
+    m.ok(WRITER, "cat \"$M/.ctxfs/sync\" >/dev/null");
+    let r = m.json(
+        READER,
+        "cat \"$M/accounts/acme/users/priya/memories/.search/when does the user fly to Lisbon?format=json\"",
+    );
+    let res = r["results"].as_array().unwrap();
+    assert_eq!(res[0]["path"], format!("accounts/acme/{second}"), "{r:#}");
+    let old = res
+        .iter()
+        .find(|x| x["path"] == format!("accounts/acme/{first}"))
+        .expect("the old event is still found");
+    assert_eq!(old["confidence"], "superseded", "{r:#}");
+    // The same again, nothing new: skipped.
+    let s3 = ingest(
+        &m,
+        "c3",
+        r#"[{"role":"user","content":"Reminder to self: I fly to Lisbon for the team offsite on 2026-04-04.","ts":"2026-03-30"}]"#,
+        Duration::from_secs(30),
+    );
+    let c = changes(&s3, "event")[0].clone();
+    assert_eq!(c["action"], "skipped", "{s3:#}");
+    assert!(c["why"].as_str().unwrap().contains("already in"), "{s3:#}");
+    // A memory on the same subject under another topic is merged into the
+    // one there (before, near-duplicates were never found: the search
+    // paths were compared without their `accounts/` prefix).
+    let s4 = ingest(
+        &m,
+        "c4",
+        r#"[{"role":"user","content":"I drink green tea every morning."}]"#,
+        Duration::from_secs(30),
+    );
+    assert_eq!(changes(&s4, "preference")[0]["action"], "created", "{s4:#}");
+    m.ok(WRITER, "cat \"$M/.ctxfs/sync\" >/dev/null");
+    let s5 = ingest(
+        &m,
+        "c5",
+        r#"[{"role":"user","content":"My morning drink: green tea with honey, every morning."}]"#,
+        Duration::from_secs(30),
+    );
+    let c = changes(&s5, "preference")[0].clone();
+    assert_eq!(c["action"], "merged", "{s5:#}");
+    assert_eq!(c["path"], "users/priya/memories/preferences/tea", "{s5:#}");
+    assert!(
+        c["why"].as_str().unwrap().contains("near-duplicate"),
+        "{s5:#}"
+    );
+    m.umount_and_fsck();
+}

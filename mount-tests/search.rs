@@ -528,3 +528,142 @@ fn unsearchable_nodes_and_prefixes_never_reach_the_index() {
     sync(&m);
     assert_eq!(found(&m, "code"), vec![a.clone()]);
 }
+
+/// Time and supersession: a node whose `supersedes` relation names an
+/// older one ranks above it, and the older one says `superseded` with the
+/// node that replaced it (until that node goes); an earlier version's
+/// `.meta.json` says which version superseded it and when; `happened` and
+/// `valid_from` place a node in a time range; a time field that is not a
+/// date is refused.
+#[test]
+fn a_newer_node_supersedes_an_older_one_and_versions_say_until_when() {
+    let hash_cfg = format!("{CONFIG}\n[index]\nembedder = \"hash\"\n");
+    let m = Mount::with_config(Some(&hash_cfg));
+    let old = format!("{ALICE}/events/offsite-1");
+    let new = format!("{ALICE}/events/offsite-2");
+    m.ok(
+        WRITER,
+        &four_steps(
+            &old,
+            "The team offsite is in Lisbon on 2026-05-02.",
+            r#"{"status":"ACTIVE","happened":"2026-05-02","valid_from":"2026-03-19"}"#,
+        ),
+    );
+    m.ok(
+        WRITER,
+        &format!(
+            "set -e; N=$M/accounts/{new}; mkdir -p $N; printf 'The team offsite in Lisbon moved to 2026-06-06.' > $N/content.md; \
+             printf '[{{\"from_uri\":\"ctx://{new}\",\"to_uri\":\"ctx://{old}\",\"relation_type\":\"supersedes\"}}]' > $N/.relations.json; \
+             /bin/echo '{{\"status\":\"ACTIVE\",\"happened\":\"2026-06-06\",\"valid_from\":\"2026-04-01T09:30:00Z\"}}' > $N/.meta.json"
+        ),
+    );
+    sync(&m);
+    let j = |q: &str| -> serde_json::Value {
+        serde_json::from_str(&m.ok(
+            READER,
+            &format!("cat \"$M/accounts/acme/users/alice/.search/{q}\""),
+        ))
+        .unwrap()
+    };
+    let r = j("team offsite Lisbon?format=json");
+    let res = r["results"].as_array().unwrap();
+    assert_eq!(res[0]["path"], format!("accounts/{new}"), "{r:#}");
+    assert!(res[0].get("superseded_by").is_none(), "{r:#}");
+    assert_eq!(res[1]["path"], format!("accounts/{old}"), "{r:#}");
+    assert_eq!(res[1]["confidence"], "superseded", "{r:#}");
+    assert_eq!(res[1]["superseded_by"], format!("accounts/{new}"), "{r:#}");
+    // The TSV form: the confidence column and a ninth column.
+    let tsv = m.ok(
+        READER,
+        "cat \"$M/accounts/acme/users/alice/.search/team offsite Lisbon\"",
+    );
+    let line = tsv.lines().find(|l| l.contains(&old)).unwrap();
+    let cols: Vec<&str> = line.split('\t').collect();
+    assert_eq!(cols[5], "superseded", "{tsv}");
+    assert_eq!(cols[8], format!("superseded-by:accounts/{new}"), "{tsv}");
+    // A time range by when each happened (not when it was committed).
+    let paths = |q: &str| -> Vec<String> {
+        j(q)["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["path"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        paths("team offsite?format=json&since=2026-06-01"),
+        [format!("accounts/{new}")]
+    );
+    assert_eq!(
+        paths("team offsite?format=json&until=2026-05-31"),
+        [format!("accounts/{old}")]
+    );
+    // The newer node gone, the older one is what holds again.
+    m.ok(WRITER, &format!("rm -r $M/accounts/{new}"));
+    sync(&m);
+    let r = j("team offsite Lisbon?format=json");
+    assert_eq!(r["results"][0]["path"], format!("accounts/{old}"), "{r:#}");
+    assert_ne!(r["results"][0]["confidence"], "superseded", "{r:#}");
+    assert!(r["results"][0].get("superseded_by").is_none(), "{r:#}");
+
+    // Versions: the earlier one says which superseded it and from when.
+    m.ok(
+        WRITER,
+        &four_steps(
+            &old,
+            "The team offsite is in Porto on 2026-05-02.",
+            r#"{"status":"ACTIVE","happened":"2026-05-02","valid_from":"2026-04-20"}"#,
+        ),
+    );
+    let v1: serde_json::Value = serde_json::from_str(&m.ok(
+        READER,
+        &format!("cat $M/accounts/{old}/.versions/1/.meta.json"),
+    ))
+    .unwrap();
+    assert_eq!(v1["superseded_by"], 2, "{v1:#}");
+    assert_eq!(v1["valid_until"], "2026-04-20", "{v1:#}");
+    assert_eq!(v1["valid_from"], "2026-03-19", "{v1:#}");
+    // The size stat gives is the size cat reads.
+    let size = m.ok(
+        READER,
+        &format!("stat -c %s $M/accounts/{old}/.versions/1/.meta.json"),
+    );
+    let bytes = m.ok(
+        READER,
+        &format!("wc -c < $M/accounts/{old}/.versions/1/.meta.json"),
+    );
+    assert_eq!(size.trim(), bytes.trim());
+    let v2: serde_json::Value = serde_json::from_str(&m.ok(
+        READER,
+        &format!("cat $M/accounts/{old}/.versions/2/.meta.json"),
+    ))
+    .unwrap();
+    assert!(v2.get("superseded_by").is_none(), "current: {v2:#}");
+    // A third version without valid_from: the second stopped at its commit.
+    m.ok(
+        WRITER,
+        &four_steps(&old, "The team offsite is in Porto, date open.", ACTIVE),
+    );
+    let v2: serde_json::Value = serde_json::from_str(&m.ok(
+        READER,
+        &format!("cat $M/accounts/{old}/.versions/2/.meta.json"),
+    ))
+    .unwrap();
+    assert_eq!(v2["superseded_by"], 3, "{v2:#}");
+    let v3: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{old}/.meta.json"))).unwrap();
+    assert_eq!(v2["valid_until"], v3["updated_at"], "{v2:#}");
+    // A time field that is not a date: refused, the version kept.
+    m.fails(
+        WRITER,
+        &four_steps(&old, "x", r#"{"status":"ACTIVE","valid_from":"last May"}"#),
+        "Invalid argument",
+    );
+    let err = m.ok(WRITER, &format!("cat $M/accounts/{old}/.commit-error"));
+    assert!(err.contains("valid_from"), "{err}");
+    assert_eq!(
+        m.json(READER, &format!("cat $M/accounts/{old}/.meta.json"))["version"],
+        3
+    );
+    m.umount_and_fsck();
+}

@@ -310,6 +310,8 @@ impl Fs {
             ));
             if let Some(v) = &h.via {
                 out.push_str(&format!("\trelated:{v}"));
+            } else if let Some(by) = &h.superseded_by {
+                out.push_str(&format!("\tsuperseded-by:{by}"));
             }
             out.push('\n');
         }
@@ -317,8 +319,8 @@ impl Fs {
     }
 
     /// When a result is from: a message's `ts` (its day's start when it
-    /// is a date), a node's last commit; `None` when unknown (a message
-    /// without a time). `convs` keeps the conversations read so far.
+    /// is a date); a node's `happened`, else its `valid_from`, else its
+    /// last commit; `None` when unknown (a message without a time). `convs` keeps the conversations read so far.
     fn time_of_result(
         &self,
         path: &str,
@@ -338,7 +340,22 @@ impl Fs {
                 _ => None,
             });
         }
-        Ok(self.store.get_node(path)?.map(|r| r.updated_ns))
+        let Some(rec) = self.store.get_node(path)? else {
+            return Ok(None);
+        };
+        // When its fact happened or became true, as its `.meta.json` says;
+        // else its last commit.
+        let said = match rec.file(crate::schema::names::META) {
+            Some(f) => {
+                let b = self.store.read_blob(rec.account(), f.blob, f.size)?;
+                let m: Value = serde_json::from_slice(&b).unwrap_or_default();
+                ["happened", "valid_from"]
+                    .iter()
+                    .find_map(|k| m[*k].as_str().and_then(super::commit::rules::time_value))
+            }
+            None => None,
+        };
+        Ok(Some(said.unwrap_or(rec.updated_ns)))
     }
 
     /// `.ctxfs/sync`: wait until everything committed before is searchable.

@@ -78,7 +78,12 @@ impl Fs {
             } => {
                 let rec = self.version_for(c, node, *version)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
-                Ok(self.file_attr(ino, f.size, 0o444, time_of(f.mtime_ns), false))
+                let size = if &**name == META {
+                    self.version_meta(node, &rec)?.len() as u64
+                } else {
+                    f.size
+                };
+                Ok(self.file_attr(ino, size, 0o444, time_of(f.mtime_ns), false))
             }
             Key::Restore(node) => {
                 self.versions_of(c, node)?;
@@ -192,8 +197,12 @@ impl Fs {
                     ));
                 }
                 let rec = self.version_for(c, node, *version)?;
-                let f = rec.file(name).ok_or(Error::NotFound)?;
-                self.store.read_blob(rec.account(), f.blob, f.size)?
+                if &**name == META {
+                    self.version_meta(node, &rec)?
+                } else {
+                    let f = rec.file(name).ok_or(Error::NotFound)?;
+                    self.store.read_blob(rec.account(), f.blob, f.size)?
+                }
             }
             Key::Restore(node) | Key::Redact(node) => {
                 let redact = matches!(key, Key::Redact(_));
@@ -220,14 +229,55 @@ impl Fs {
             }
             _ => return Err(Error::IsDir),
         };
+        // A version's bytes never change under its inode, except the
+        // `.meta.json` of the current version, which gains `superseded_by`
+        // when the next one is committed: read afresh every time.
+        let meta = matches!(key, Key::VersionFile { name, .. } if &**name == META);
         let fh = self.new_handle(Handle::Data(Arc::from(data)));
         Ok(Opened {
             fh,
-            direct_io: false,
-            // A version's bytes never change under its inode.
-            keep_cache: matches!(key, Key::VersionFile { .. }),
+            direct_io: meta,
+            keep_cache: matches!(key, Key::VersionFile { .. }) && !meta,
             no_flush: true,
         })
+    }
+
+    /// The `.meta.json` of version `rec` as `.versions/N/` shows it: as
+    /// committed, and for a version that is no longer the current one,
+    /// which version superseded it (`superseded_by`) and, unless it says
+    /// so itself, when it stopped holding (`valid_until`: the next
+    /// version's `valid_from`, else that version's commit time).
+    fn version_meta(&self, node: &str, rec: &NodeRec) -> Result<Vec<u8>> {
+        let account = rec.account().to_string();
+        let read = |r: &NodeRec| -> Result<Option<Vec<u8>>> {
+            match r.file(META) {
+                Some(f) => Ok(Some(self.store.read_blob(&account, f.blob, f.size)?)),
+                None => Ok(None),
+            }
+        };
+        let bytes = read(rec)?.ok_or(Error::NotFound)?;
+        let next = match self.store.get_version(&account, rec.id, rec.version + 1)? {
+            Some(n) => n,
+            None => match self.store.get_node(node)? {
+                Some(cur) if cur.id == rec.id && cur.version == rec.version + 1 => cur,
+                _ => return Ok(bytes),
+            },
+        };
+        let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&bytes) else {
+            return Ok(bytes);
+        };
+        obj.insert("superseded_by".into(), Value::from(rec.version + 1));
+        if !obj.contains_key("valid_until") {
+            let from = read(&next)?
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|m| m["valid_from"].as_str().map(str::to_string));
+            let until = from.unwrap_or_else(|| crate::schema::time::rfc3339(next.updated_ns));
+            obj.insert("valid_until".into(), Value::String(until));
+        }
+        let mut out = serde_json::to_vec_pretty(&Value::Object(obj))
+            .map_err(|e| Error::store_from("rendering .meta.json", e))?;
+        out.push(b'\n');
+        Ok(out)
     }
 
     /// A write to `NODE/.versions/restore`: kept until a line is complete

@@ -203,6 +203,35 @@ pub fn body(content: &str) -> &str {
     }
 }
 
+/// What makes a new event, alike to a stored one, an update of it: a
+/// number or date (a word with a digit, or a month's name) its text has and
+/// the stored text does not ("the trip moved to June", "now on 14 May").
+/// `None`: the same event told again.
+pub fn update_of(new: &str, old: &str) -> Option<String> {
+    const MONTHS: [&str; 12] = [
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+    ];
+    let marks = |s: &str| -> Vec<String> {
+        s.split(|c: char| !(c.is_alphanumeric() || c == '-'))
+            .map(|w| w.trim_matches('-').to_lowercase())
+            .filter(|w| w.chars().any(|c| c.is_ascii_digit()) || MONTHS.contains(&w.as_str()))
+            .collect()
+    };
+    let before = marks(old);
+    marks(new).into_iter().find(|m| !before.contains(m))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +314,23 @@ mod tests {
         assert_eq!(
             body(&content("Tea", Kind::Preference, "likes it")),
             "likes it"
+        );
+    }
+
+    #[test]
+    fn an_event_told_again_with_a_new_date_is_an_update() {
+        let old = "The user plans a trip to Lisbon in May [2026-05-02].";
+        assert_eq!(
+            update_of("The user's Lisbon trip moved to June [2026-06-06].", old).as_deref(),
+            Some("june")
+        );
+        assert_eq!(
+            update_of("The user plans a Lisbon trip in May [2026-05-02]", old),
+            None
+        );
+        assert_eq!(
+            update_of("Trip to Lisbon for 3 nights", old).as_deref(),
+            Some("3")
         );
     }
 }

@@ -182,6 +182,64 @@ pub fn annotate_conversation(conv: &mut super::Conversation) {
     }
 }
 
+/// The day the newest of `messages` (indexes into the conversation) was
+/// said: when what they say became known. `None` when none has a time.
+pub fn said_on(conv: &super::Conversation, messages: &[usize]) -> Option<Date> {
+    messages
+        .iter()
+        .filter_map(|&i| conv.messages.get(i))
+        .filter_map(|m| m.ts.as_ref().and_then(day_of))
+        .max()
+}
+
+fn date_pattern() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| {
+        let month = "january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec";
+        Regex::new(&format!(
+            r"(?i)\b(?P<iso>\d{{4}}-\d{{2}}-\d{{2}})\b|\b(?P<d1>\d{{1,2}})(?:st|nd|rd|th)? (?:of )?(?P<m1>{month})\.?,? (?P<y1>\d{{4}})\b|\b(?P<m2>{month})\.? (?P<d2>\d{{1,2}})(?:st|nd|rd|th)?,? (?P<y2>\d{{4}})\b"
+        ))
+        .expect("the date pattern compiles")
+    })
+}
+
+fn month_number(s: &str) -> Option<i8> {
+    let s = s.to_lowercase();
+    let names = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    names
+        .iter()
+        .position(|m| s.starts_with(m))
+        .map(|i| i as i8 + 1)
+}
+
+/// The first calendar date `text` names: `2026-03-14` (as the resolved
+/// relative times read), `14 March 2026` or `March 14, 2026`. When an event
+/// memory says it happened.
+pub fn first_date(text: &str) -> Option<Date> {
+    for c in date_pattern().captures_iter(text) {
+        let d = if let Some(iso) = c.name("iso") {
+            iso.as_str().parse::<Date>().ok()
+        } else {
+            let (d, m, y) = match (c.name("d1"), c.name("m1"), c.name("y1")) {
+                (Some(d), Some(m), Some(y)) => (d, m, y),
+                _ => (c.name("d2")?, c.name("m2")?, c.name("y2")?),
+            };
+            Date::new(
+                y.as_str().parse().ok()?,
+                month_number(m.as_str())?,
+                d.as_str().parse().ok()?,
+            )
+            .ok()
+        };
+        if d.is_some() {
+            return d;
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +302,47 @@ mod tests {
         );
         assert_eq!(day_of(&json!("yesterday")), None);
         assert_eq!(day_of(&json!(null)), None);
+    }
+
+    #[test]
+    fn dates_in_a_memory_and_the_day_it_was_said() {
+        let d = |s: &str| Some(s.parse::<Date>().unwrap());
+        assert_eq!(
+            first_date("ran a half marathon last Saturday [2026-03-14]"),
+            d("2026-03-14")
+        );
+        assert_eq!(
+            first_date("The user moves on 3 May 2026 to York."),
+            d("2026-05-03")
+        );
+        assert_eq!(first_date("flies out on March 14th, 2026"), d("2026-03-14"));
+        assert_eq!(
+            first_date("the week of [2026-02-30] then 2026-04-01"),
+            d("2026-04-01")
+        );
+        assert_eq!(first_date("likes tea, has 2 cats"), None);
+        let conv = super::super::Conversation {
+            messages: vec![
+                super::super::Message {
+                    role: "user".into(),
+                    content: "a".into(),
+                    ts: Some(json!("2026-03-19T10:00:00Z")),
+                },
+                super::super::Message {
+                    role: "user".into(),
+                    content: "b".into(),
+                    ts: None,
+                },
+                super::super::Message {
+                    role: "user".into(),
+                    content: "c".into(),
+                    ts: Some(json!("2026-01-02")),
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(said_on(&conv, &[0, 1, 2]), d("2026-03-19"));
+        assert_eq!(said_on(&conv, &[1]), None);
+        assert_eq!(said_on(&conv, &[2, 7]), d("2026-01-02"));
     }
 }

@@ -144,7 +144,7 @@ impl Index {
             }
             let lex_id = st.lex.add(&ix.terms);
             set_lex_path(&mut st.lex_path, lex_id, Some(path.clone()));
-            st.docs.insert(path, Doc { ix, lex_id });
+            st.put_doc(path, Doc { ix, lex_id });
             Ok(())
         })?;
         st.next_label = max_label + 1;

@@ -15,6 +15,8 @@ const MAX_LINES: usize = 12;
 /// How sure a result is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Tier {
+    /// A newer node supersedes this one: what was true, not what is.
+    Superseded,
     Low,
     Medium,
     High,
@@ -23,6 +25,7 @@ pub enum Tier {
 impl Tier {
     pub fn as_str(self) -> &'static str {
         match self {
+            Tier::Superseded => "superseded",
             Tier::Low => "low",
             Tier::Medium => "medium",
             Tier::High => "high",
@@ -39,6 +42,9 @@ impl Tier {
         } else {
             0.0
         };
+        if h.superseded_by.is_some() {
+            return Tier::Superseded;
+        }
         if h.via.is_some() {
             return Tier::Low;
         }
@@ -88,7 +94,7 @@ pub struct Answer {
 
 /// No good hit: the relaxed variants are worth trying.
 pub fn needs_retry(best: Option<Tier>) -> bool {
-    best.is_none_or(|t| t == Tier::Low)
+    best.is_none_or(|t| t <= Tier::Low)
 }
 
 /// Does an answer whose best hit is `again` beat one whose best is `now`?
@@ -289,6 +295,7 @@ mod tests {
             level: 2,
             line: 1,
             via: via.then(|| "related<-x".into()),
+            superseded_by: None,
         }
     }
 
@@ -319,6 +326,10 @@ mod tests {
         for (i, (v, lex, via, cov, sem, want)) in table.iter().enumerate() {
             assert_eq!(Tier::of(&hit(*v, *lex, *via), *cov, *sem), *want, "row {i}");
         }
+        // Superseded by a newer node: says so, however well it matches.
+        let mut h = hit(Some(0.99), true, false);
+        h.superseded_by = Some("accounts/a/users/u/memories/c/m".into());
+        assert_eq!(Tier::of(&h, 1.0, true), Superseded);
     }
 
     #[test]
@@ -326,6 +337,7 @@ mod tests {
         use Tier::*;
         assert!(needs_retry(None));
         assert!(needs_retry(Some(Low)));
+        assert!(needs_retry(Some(Superseded)));
         assert!(!needs_retry(Some(Medium)));
         assert!(!needs_retry(Some(High)));
         // A variant's answer replaces the first only when its best is better.
@@ -335,6 +347,8 @@ mod tests {
             (Some(Low), None, false),
             (Some(Low), Some(Low), false),
             (Some(Low), Some(Medium), true),
+            (Some(Superseded), Some(Low), true),
+            (Some(Low), Some(Superseded), false),
             (Some(Medium), Some(High), true),
             (Some(High), Some(Medium), false),
         ];

@@ -107,7 +107,7 @@ impl Change {
                 }
                 let lex_id = st.lex.add(&doc.terms);
                 set_lex_path(&mut st.lex_path, lex_id, Some(path.clone()));
-                st.docs.insert(path, Doc { ix: doc, lex_id });
+                st.put_doc(path, Doc { ix: doc, lex_id });
                 st.dirty = true;
             }
             Change::Del { path } => {
@@ -117,7 +117,7 @@ impl Change {
             }
             Change::Move { from, to, doc } => {
                 let mut st = wlock(&ai.st);
-                let Some(old) = st.docs.remove(from.as_str()) else {
+                let Some(old) = st.take_doc(from.as_str()) else {
                     return;
                 };
                 let to: Arc<str> = Arc::from(to);
@@ -125,7 +125,7 @@ impl Change {
                     st.slots.insert(r.label as usize, (to.clone(), i as u16));
                 }
                 set_lex_path(&mut st.lex_path, old.lex_id, Some(to.clone()));
-                st.docs.insert(
+                st.put_doc(
                     to,
                     Doc {
                         ix: doc,
@@ -140,7 +140,7 @@ impl Change {
 /// Forget the document at `path`; its vectors become tombstones in the
 /// graph (if the account has one), except the labels in `keep`.
 pub(super) fn remove_doc(st: &mut State, path: &str, keep: &HashSet<usize>) {
-    let Some(old) = st.docs.remove(path) else {
+    let Some(old) = st.take_doc(path) else {
         return;
     };
     for r in &old.ix.recs {

@@ -63,6 +63,9 @@ pub const MAX_K: usize = 1000;
 pub const MESSAGE_WEIGHT: f32 = 0.8;
 /// The `level` of a search hit that is a conversation's message.
 pub const MESSAGE_LEVEL: u8 = 3;
+/// A node another ACTIVE node supersedes scores this share of its fused
+/// score, so the newer one ranks above it when both match.
+pub const SUPERSEDED_WEIGHT: f32 = 0.5;
 /// Account indexes held in memory at most (least recently used first out).
 pub const MAX_LOADED_ACCOUNTS: usize = 256;
 
@@ -150,6 +153,10 @@ pub struct Hit {
     pub line: u32,
     /// For relation expansions: `relation_type<-source path`.
     pub via: Option<String>,
+    /// An ACTIVE node that supersedes this one (a `supersedes` relation
+    /// of it names this node): `accounts/...` path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
 }
 
 /// Recent query vectors, oldest first in the queue.
@@ -180,9 +187,59 @@ struct State {
     graphed: bool,
     lex: lex::Lex,
     lex_path: Vec<Option<Arc<str>>>,
+    /// node → the indexed nodes whose `supersedes` relations name it.
+    superseded: HashMap<Arc<str>, Vec<Arc<str>>>,
     next_label: usize,
     /// Changed since the last dump.
     dirty: bool,
+}
+
+impl State {
+    /// Put the document of `path` in place (and its `supersedes` edges).
+    fn put_doc(&mut self, path: Arc<str>, doc: Doc) {
+        self.link(&path, &doc.ix, true);
+        self.docs.insert(path, doc);
+    }
+
+    /// Take the document of `path` out (and its `supersedes` edges).
+    fn take_doc(&mut self, path: &str) -> Option<Doc> {
+        let (path, doc) = self.docs.remove_entry(path)?;
+        self.link(&path, &doc.ix, false);
+        Some(doc)
+    }
+
+    fn link(&mut self, path: &Arc<str>, ix: &IxDoc, on: bool) {
+        for e in &ix.edges {
+            if !e
+                .kind
+                .eq_ignore_ascii_case(crate::schema::names::SUPERSEDES)
+            {
+                continue;
+            }
+            let Some(to) = place::node_of_uri(&e.to) else {
+                continue;
+            };
+            if on {
+                let by = self.superseded.entry(Arc::from(to)).or_default();
+                if !by.contains(path) {
+                    by.push(path.clone());
+                }
+            } else if let Some(by) = self.superseded.get_mut(to) {
+                by.retain(|p| p != path);
+                if by.is_empty() {
+                    self.superseded.remove(to);
+                }
+            }
+        }
+    }
+
+    /// The indexed node that supersedes `path`, if any.
+    fn superseder(&self, path: &str) -> Option<&Arc<str>> {
+        self.superseded
+            .get(path)?
+            .iter()
+            .find(|p| &***p != path && self.docs.contains_key(&***p))
+    }
 }
 
 pub struct AccountIndex {

@@ -186,6 +186,7 @@ impl Index {
             level: 2,
             line: 0,
             via: None,
+            superseded_by: None,
         };
         for (r, (p, s, i)) in vec_hits.iter().enumerate() {
             let h = by.entry(p.clone()).or_insert_with(|| blank(p));
@@ -230,6 +231,11 @@ impl Index {
                     // A conversation's message: below a memory saying the same.
                     h.score *= MESSAGE_WEIGHT;
                     h.level = MESSAGE_LEVEL;
+                }
+                if let Some(by) = st.superseder(&p) {
+                    // What a newer node replaced: below it.
+                    h.score *= SUPERSEDED_WEIGHT;
+                    h.superseded_by = Some(format!("accounts/{by}"));
                 }
                 if let Some(d) = st.docs.get(&p) {
                     h.abstract_ = d.ix.abstract_.clone();

@@ -10,6 +10,9 @@ pub const CONTENT: &str = "content.md";
 pub const ABSTRACT: &str = ".abstract.md";
 pub const OVERVIEW: &str = ".overview.md";
 pub const RELATIONS: &str = ".relations.json";
+/// The `relation_type` of an edge from a node to an older one it replaces
+/// (search ranks the older one below it and says it is superseded).
+pub const SUPERSEDES: &str = "supersedes";
 
 /// Virtual, read-only: pending index events of the node (not listed, reached by path).
 pub const OUTBOX: &str = ".outbox";

@@ -162,6 +162,7 @@ fn plan(
                 ))
             }
         }
+        rules::check_times(&mut obj).map_err(invalid)?;
         // Secrets leave before anything is checked, stored or indexed.
         if let Some(r) = redactor {
             redacted = redact(r, &mut files, &mut obj);

@@ -149,6 +149,41 @@ pub fn rebase_relations(bytes: &[u8], new_node: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The fields of `.meta.json` that say when a fact held: when it became
+/// true (`valid_from`), stopped (`valid_until`), or happened (an event).
+pub const TIME_FIELDS: [&str; 3] = ["valid_from", "valid_until", "happened"];
+
+/// Each time field a date (`YYYY-MM-DD`) or an RFC 3339 time; and
+/// `superseded_by`, which the daemon derives when a version is read from
+/// `.versions/` (a copy of an old version's file carries it), dropped.
+pub fn check_times(obj: &mut Map<String, Value>) -> Result<(), String> {
+    obj.remove("superseded_by");
+    for k in TIME_FIELDS {
+        match obj.get(k) {
+            None => {}
+            Some(Value::String(s)) if time_value(s).is_some() => {}
+            Some(v) => {
+                return Err(format!(
+                    "\"{k}\" in .meta.json is a date (YYYY-MM-DD) or an RFC 3339 time, not {}",
+                    crate::schema::excerpt(&v.to_string())
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A time field's value as nanoseconds since the epoch (a date: its day's
+/// start, UTC).
+pub fn time_value(s: &str) -> Option<i128> {
+    if s.len() == 10 {
+        let d: jiff::civil::Date = s.parse().ok()?;
+        let t = d.to_zoned(jiff::tz::TimeZone::UTC).ok()?.timestamp();
+        return Some(t.as_nanosecond());
+    }
+    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_nanosecond())
+}
+
 /// Fields of `.meta.json` the daemon owns.
 pub struct Derived<'a> {
     pub node: &'a str,
@@ -222,6 +257,28 @@ mod tests {
     use super::*;
 
     const N: &str = "acme/users/alice/memories/events/e1";
+
+    #[test]
+    fn time_fields_are_dates_or_times() {
+        let mut o = serde_json::json!({
+            "valid_from": "2026-03-14",
+            "happened": "2026-03-14T10:00:00Z",
+            "superseded_by": 3
+        });
+        let m = o.as_object_mut().unwrap();
+        assert_eq!(check_times(m), Ok(()));
+        assert!(!m.contains_key("superseded_by"), "derived: dropped");
+        assert_eq!(time_value("2026-03-14"), time_value("2026-03-14T00:00:00Z"));
+        for bad in [
+            serde_json::json!("last May"),
+            serde_json::json!(20260314),
+            serde_json::json!("2026-13-01"),
+        ] {
+            let mut o = serde_json::json!({"valid_until": bad});
+            let e = check_times(o.as_object_mut().unwrap()).unwrap_err();
+            assert!(e.contains("valid_until"), "{e}");
+        }
+    }
 
     #[test]
     fn meta_intent() {

@@ -396,17 +396,39 @@ fn extract_job(
         // there): committed only over that version, so a delete (or an
         // edit) made meanwhile wins over the job and over a late review.
         let mut base = 0u32;
+        // An earlier event this one updates.
+        let mut supersedes: Option<String> = None;
         let (content, action, why) = match (t.mode, found) {
-            (policy::Mode::Append, Existing::Same(other, sim)) => {
-                change.path = other.clone();
-                (
-                    None,
-                    "skipped",
-                    format!(
-                        "the same {} is already in {other} (similarity {sim:.2})",
-                        c.kind.as_str()
-                    ),
-                )
+            (policy::Mode::Append, Existing::Same(other, sim, stored)) => {
+                match policy::update_of(&c.text, policy::body(&stored)) {
+                    // The same event told again with a new date or number:
+                    // what changed is a new node that supersedes the old
+                    // one, which stays (what was planned then) but ranks
+                    // below it in search.
+                    Some(new) => {
+                        supersedes = Some(other.clone());
+                        (
+                            Some(policy::content(&c.topic, c.kind, &c.text)),
+                            "appended",
+                            format!(
+                                "an update of {other} (similarity {sim:.2}; {} is new): \
+                                 supersedes it",
+                                crate::schema::excerpt(&new)
+                            ),
+                        )
+                    }
+                    None => {
+                        change.path = other.clone();
+                        (
+                            None,
+                            "skipped",
+                            format!(
+                                "the same {} is already in {other} (similarity {sim:.2})",
+                                c.kind.as_str()
+                            ),
+                        )
+                    }
+                }
             }
             (policy::Mode::Append, _) => (
                 Some(policy::content(&c.topic, c.kind, &c.text)),
@@ -507,6 +529,17 @@ fn extract_job(
                 "kind": c.kind.as_str(),
                 "provenance": here,
             });
+            // When it became known (the newest message it cites), and for
+            // an event or case when it happened (the date its text names).
+            let said = extract::when::said_on(conv, &c.messages);
+            if let Some(d) = said {
+                meta["valid_from"] = json!(d.to_string());
+            }
+            if matches!(c.kind, extract::Kind::Event | extract::Kind::Case) {
+                if let Some(d) = extract::when::first_date(&c.text).or(said) {
+                    meta["happened"] = json!(d.to_string());
+                }
+            }
             if action == "merged" {
                 // What this version changed, in the model's words.
                 meta["changed"] = json!(change.why);
@@ -517,9 +550,17 @@ fn extract_job(
                 all.extend(earlier.into_iter().take(MAX_SOURCES - 1));
                 meta["sources"] = Value::Array(all);
             }
-            let line =
-                json!({"node": t.node, "content": content, "meta": meta, "if_version": base})
-                    .to_string();
+            let mut line =
+                json!({"node": t.node, "content": content, "meta": meta, "if_version": base});
+            if let Some(old) = &supersedes {
+                line["relations"] = json!([{
+                    "from_uri": place::uri_of(&format!("{account}/{}", t.node)),
+                    "to_uri": place::uri_of(&format!("{account}/{old}")),
+                    "relation_type": crate::schema::names::SUPERSEDES,
+                    "reason": change.why,
+                }]);
+            }
+            let line = line.to_string();
             lines.push((t.node.clone(), line));
         }
         job.changes.push(change);
@@ -584,8 +625,9 @@ enum Existing {
     /// The node to merge into (the target's, or a near-duplicate found by
     /// search), its `content.md`, the sources of its text and its version.
     Node(String, String, Vec<Value>, u32),
-    /// For appends: the same event or case is already there (path, similarity).
-    Same(String, f32),
+    /// For appends: the same event or case is already there (path,
+    /// similarity, its `content.md`).
+    Same(String, f32, String),
 }
 
 impl Fs {
@@ -651,7 +693,7 @@ impl Fs {
         };
         for h in hits {
             let sim = h.vector_score.unwrap_or(0.0);
-            let Some(node) = h.path.strip_prefix(&format!("{account}/")) else {
+            let Some(node) = h.path.strip_prefix(&format!("accounts/{account}/")) else {
                 continue;
             };
             // Only siblings: a node of the same category directory.
@@ -660,7 +702,9 @@ impl Fs {
             }
             match t.mode {
                 policy::Mode::Append if sim >= SAME_EVENT_SIMILARITY => {
-                    return Ok(Existing::Same(node.to_string(), sim))
+                    if let Some((content, ..)) = self.active_content(account, node)? {
+                        return Ok(Existing::Same(node.to_string(), sim, content));
+                    }
                 }
                 policy::Mode::Merge if sim >= DUPLICATE_SIMILARITY => {
                     if let Some((content, sources, v)) = self.active_content(account, node)? {
