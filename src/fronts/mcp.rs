@@ -84,7 +84,7 @@ pub fn tools() -> Vec<Tool> {
     vec![
         Tool::new(
             "search",
-            "Search memory by meaning and keywords. Returns ranked hits: path, uri, abstract, confidence (high/medium/low), the matching lines of content.md, and whether the question looks answerable.",
+            "Search memory by meaning and keywords. Returns ranked hits: path, uri, abstract, confidence (high/medium/low, or superseded with the newer node in superseded_by), the matching lines of content.md, and whether the question looks answerable.",
             schema(json!({"type": "object", "properties": {
                 "query": string("the question or keywords"),
                 "k": {"type": "integer", "minimum": 1, "maximum": 100, "description": "how many hits (default 10)"},
