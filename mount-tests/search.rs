@@ -667,3 +667,72 @@ fn a_newer_node_supersedes_an_older_one_and_versions_say_until_when() {
     );
     m.umount_and_fsck();
 }
+
+/// `mode=tree` ranks the directories by their children's abstracts, then
+/// searches inside the best ones: a query about one category's subject
+/// finds that category's nodes; a node's own scope (no directory to rank)
+/// is searched as hybrid; every result is one flat search could return.
+#[test]
+fn tree_mode_descends_into_the_closest_directories() {
+    let m = Mount::with_config(Some(&minilm_config()));
+    for (i, t) in [
+        "Alice drinks sencha green tea every morning.",
+        "Alice likes oolong tea after lunch.",
+        "Alice never drinks coffee after noon.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        put(&m, WRITER, &format!("{ALICE}/drinks/d{i}"), t, t);
+    }
+    for (i, t) in [
+        "Alice maintains the ctxfs FUSE file system in Rust.",
+        "Alice reviews pull requests for the storage engine.",
+        "Alice deploys the indexer on Debian servers.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        put(&m, WRITER, &format!("{ALICE}/work/w{i}"), t, t);
+    }
+    put(
+        &m,
+        WRITER,
+        &format!("{BOB}/drinks/b0"),
+        "Bob drinks tea.",
+        "Bob drinks tea.",
+    );
+    sync(&m);
+    let tree = search(
+        &m,
+        READER,
+        "acme/users/alice",
+        "what tea does she drink?mode=tree",
+    );
+    assert!(!tree.is_empty());
+    assert!(tree[0].contains("/drinks/"), "{tree:?}");
+    assert!(
+        tree.iter().all(|p| p.starts_with(ALICE)),
+        "only the scope: {tree:?}"
+    );
+    let j = m.json(
+        READER,
+        "cat \"$M/accounts/acme/users/alice/.search/code review of the storage engine?mode=tree&format=json\"",
+    );
+    assert_eq!(j["mode"], "tree");
+    assert!(
+        j["results"][0]["path"].as_str().unwrap().contains("/work/"),
+        "{j:#}"
+    );
+    // A node's scope has no directory to rank: hybrid there.
+    assert_eq!(
+        search(&m, READER, &format!("{ALICE}/work/w1"), "storage?mode=tree"),
+        [format!("{ALICE}/work/w1")]
+    );
+    m.fails(
+        READER,
+        "cat \"$M/accounts/acme/.search/tea?mode=forest\"",
+        "Invalid argument",
+    );
+    m.umount_and_fsck();
+}

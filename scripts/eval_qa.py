@@ -10,6 +10,8 @@ Rows (the same questions, the same model, the same prompt):
   memories     ctxfs search over the memories the inbox extracted, top 10
   mem+conv     ctxfs search over the memories and the stored conversations
                (the user directory: memories rank above messages), top 10
+  mem+conv tree  the same with mode=tree (hierarchical: directories ranked by
+               their children's abstracts, then searched inside the best 3)
   whole        the whole conversation history in the prompt (it fits the
                model's 8,192-token context here)
 
@@ -267,9 +269,10 @@ class Model:
 # ---- the mount
 
 
-def search(mnt, scope, q, k=10):
+def search(mnt, scope, q, k=10, mode=None):
     """[(path, abstract)] of `scope`'s search file."""
-    with open(os.path.join(mnt, scope, ".search", query_name(q, f"k={k}"))) as f:
+    opts = f"k={k}" + (f"&mode={mode}" if mode else "")
+    with open(os.path.join(mnt, scope, ".search", query_name(q, opts))) as f:
         rows = [line.split("\t") for line in f.read().splitlines() if line.strip()]
     return [(r[2], r[4]) for r in rows]
 
@@ -392,7 +395,7 @@ def main():
         extract_secs = time.time() - t0
         faith = [faithfulness(mnt, u) for u in users]
 
-        rows = ["none", "bm25", "turns", "memories", "mem+conv", "whole"]
+        rows = ["none", "bm25", "turns", "memories", "mem+conv", "mem+conv tree", "whole"]
         score = defaultdict(list)  # (row, kind) -> [f1]
         recall = defaultdict(list)  # row -> [0/1]
         ctx_tokens = defaultdict(list)
@@ -416,9 +419,11 @@ def main():
                     ids.add((int(m.group(1)), int(m.group(2))))
                 got["turns"] = ([node_body(mnt, p) for p, _ in hits], ids)
                 # Memories, then memories and conversations.
-                for row, scope in (("memories", f"{mem_root}/memories"), ("mem+conv", mem_root)):
+                for row, scope, mode in (("memories", f"{mem_root}/memories", None),
+                                         ("mem+conv", mem_root, None),
+                                         ("mem+conv tree", mem_root, "tree")):
                     texts, ids = [], set()
-                    for p, abstract in search(mnt, scope, q):
+                    for p, abstract in search(mnt, scope, q, mode=mode):
                         m = MSG.search(p)
                         if m:
                             # The message as search shows it: number, role,

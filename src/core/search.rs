@@ -87,6 +87,7 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
                             "hybrid" => Mode::Hybrid,
                             "vector" => Mode::Vector,
                             "lexical" => Mode::Lexical,
+                            "tree" => Mode::Tree,
                             _ => return Err(bad()),
                         }
                     }
@@ -260,6 +261,7 @@ impl Fs {
                 Mode::Hybrid => "hybrid",
                 Mode::Vector => "vector",
                 Mode::Lexical => "lexical",
+                Mode::Tree => "tree",
             };
             let v = json!({
                 "query": qn.text,

@@ -83,6 +83,7 @@ impl Index {
             st: RwLock::new(State::default()),
             ready: AtomicBool::new(true),
             loading: Mutex::new(()),
+            summaries: Mutex::new(None),
         }
     }
 
@@ -160,6 +161,7 @@ impl Index {
             st: RwLock::new(st),
             ready: AtomicBool::new(false),
             loading: Mutex::new(()),
+            summaries: Mutex::new(None),
         })
     }
 

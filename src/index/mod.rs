@@ -66,6 +66,8 @@ pub const MESSAGE_LEVEL: u8 = 3;
 /// A node another ACTIVE node supersedes scores this share of its fused
 /// score, so the newer one ranks above it when both match.
 pub const SUPERSEDED_WEIGHT: f32 = 0.5;
+/// The directories a hierarchical search (`mode=tree`) descends into.
+pub const TREE_DIRS: usize = 3;
 /// Account indexes held in memory at most (least recently used first out).
 pub const MAX_LOADED_ACCOUNTS: usize = 256;
 
@@ -124,6 +126,9 @@ pub enum Mode {
     Hybrid,
     Vector,
     Lexical,
+    /// Hierarchical (seed 002 `search_children`): the directories first,
+    /// by their summaries, then hybrid inside the best of them.
+    Tree,
 }
 
 #[derive(Debug, Clone)]
@@ -189,6 +194,9 @@ struct State {
     lex_path: Vec<Option<Arc<str>>>,
     /// node → the indexed nodes whose `supersedes` relations name it.
     superseded: HashMap<Arc<str>, Vec<Arc<str>>>,
+    /// Bumped by every document put or taken (the directory summaries'
+    /// cache is keyed by it).
+    generation: u64,
     next_label: usize,
     /// Changed since the last dump.
     dirty: bool,
@@ -197,6 +205,7 @@ struct State {
 impl State {
     /// Put the document of `path` in place (and its `supersedes` edges).
     fn put_doc(&mut self, path: Arc<str>, doc: Doc) {
+        self.generation += 1;
         self.link(&path, &doc.ix, true);
         self.docs.insert(path, doc);
     }
@@ -204,6 +213,7 @@ impl State {
     /// Take the document of `path` out (and its `supersedes` edges).
     fn take_doc(&mut self, path: &str) -> Option<Doc> {
         let (path, doc) = self.docs.remove_entry(path)?;
+        self.generation += 1;
         self.link(&path, &doc.ix, false);
         Some(doc)
     }
@@ -251,7 +261,13 @@ pub struct AccountIndex {
     ready: AtomicBool,
     /// Held by the one thread that loads the vectors.
     loading: Mutex<()>,
+    /// The directory summary vectors of `Mode::Tree`, and the state they
+    /// were computed from: (generation, live vectors).
+    summaries: Mutex<Summaries>,
 }
+
+/// (generation, live vectors) → directory → summary vector.
+type Summaries = Option<((u64, usize), Arc<HashMap<Arc<str>, ann::Vector>>)>;
 
 #[derive(Default)]
 struct Progress {

@@ -53,8 +53,61 @@ impl Index {
         Ok(())
     }
 
+    /// Hierarchical search (seed 002 `search_children`): the directories
+    /// under `scope` (a node's parent, a conversation's inbox) ranked by
+    /// their summary vector, the mean of their children's abstract
+    /// vectors; then a hybrid search of each of the best `TREE_DIRS`, its
+    /// hits weighted by its closeness to the query against the best
+    /// directory's. Hybrid over the whole scope when there is no directory
+    /// to rank (a node's scope) or the vectors are not there.
+    fn search_tree(&self, scope: &str, q: &Query) -> Result<Vec<Hit>> {
+        let flat = Query {
+            mode: Mode::Hybrid,
+            ..q.clone()
+        };
+        let account = scope.split('/').next().unwrap_or("");
+        let ai = self.account(account)?;
+        if !ai.ready.load(Ordering::Acquire) {
+            return self.search(scope, &flat);
+        }
+        let Ok(qv) = self.query_vec(&q.text) else {
+            return self.search(scope, &flat);
+        };
+        let sums = ai.summaries();
+        let mut dirs: Vec<(f32, &Arc<str>)> = sums
+            .iter()
+            .filter(|(d, _)| in_scope(d, scope))
+            .map(|(d, v)| (ann::dot(&qv, v), d))
+            .collect();
+        if dirs.len() <= 1 {
+            return self.search(scope, &flat);
+        }
+        dirs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+        let best = dirs[0].0.max(f32::EPSILON);
+        let mut out = Vec::new();
+        for (sim, d) in dirs.into_iter().take(TREE_DIRS) {
+            for mut h in self.search_in(d, &flat, true)? {
+                h.score *= (sim / best).max(0.0);
+                out.push(h);
+            }
+        }
+        out.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
+        out.truncate(q.k.clamp(1, MAX_K));
+        Ok(out)
+    }
+
     /// The best ACTIVE nodes under `scope` (a path under `accounts/`).
     pub fn search(&self, scope: &str, q: &Query) -> Result<Vec<Hit>> {
+        if q.mode == Mode::Tree {
+            return self.search_tree(scope, q);
+        }
+        self.search_in(scope, q, false)
+    }
+
+    /// The best ACTIVE nodes under `scope`, or with `direct` only those
+    /// whose directory is `scope` (its children, and a conversation's
+    /// messages when `scope` is its inbox).
+    fn search_in(&self, scope: &str, q: &Query, direct: bool) -> Result<Vec<Hit>> {
         self.stats.searches.fetch_add(1, Ordering::Relaxed);
         let account = scope.split('/').next().unwrap_or("");
         let k = q.k.clamp(1, MAX_K);
@@ -71,7 +124,7 @@ impl Index {
         }
         let t_embed = Instant::now();
         let qv = match q.mode {
-            Mode::Lexical => None,
+            Mode::Lexical | Mode::Tree => None,
             Mode::Hybrid if !vectors => None,
             Mode::Vector => Some(self.query_vec(&q.text)?),
             Mode::Hybrid => match self.query_vec(&q.text) {
@@ -87,7 +140,15 @@ impl Index {
         let qterms = text::terms(&q.text);
         // Candidates per channel before fusion; records fetched per node candidate.
         let cand = (k * 3).max(30);
-        let whole = scope == account;
+        let whole = scope == account && !direct;
+        // Is the document at `p` one this search may return?
+        let inside = |p: &str| {
+            if direct {
+                dir_of(p) == scope
+            } else {
+                whole || in_scope(p, scope)
+            }
+        };
         let graph = rlock(&ai.graph).clone();
         let st = rlock(&ai.st);
 
@@ -105,7 +166,7 @@ impl Index {
                 let start: Arc<str> = Arc::from(scope);
                 let mut labels = Vec::new();
                 for (p, d) in st.docs.range(start..) {
-                    if !in_scope(p, scope) {
+                    if !in_scope(p, scope) || !inside(p) {
                         if p.as_ref() > scope && !p.starts_with(scope) {
                             break;
                         }
@@ -134,11 +195,7 @@ impl Index {
                 }
                 None => {
                     let keep = |l: usize| {
-                        !st.dead.contains(&l)
-                            && st
-                                .slots
-                                .get(&l)
-                                .is_some_and(|(p, _)| whole || in_scope(p, scope))
+                        !st.dead.contains(&l) && st.slots.get(&l).is_some_and(|(p, _)| inside(p))
                     };
                     ann::search(&graph, &self.cfg.ann, qv, cand * 2, Some(&keep))
                 }
@@ -163,7 +220,7 @@ impl Index {
                 st.lex_path
                     .get(d as usize)
                     .and_then(|p| p.as_ref())
-                    .is_some_and(|p| whole || in_scope(p, scope))
+                    .is_some_and(|p| inside(p))
             };
             for (d, s) in st.lex.search(&qterms, cand, &keep) {
                 if let Some(Some(p)) = st.lex_path.get(d as usize) {
@@ -221,7 +278,7 @@ impl Index {
                 h.score = match q.mode {
                     Mode::Vector => h.vector_score.unwrap_or(0.0),
                     Mode::Lexical => h.lexical_score.unwrap_or(0.0),
-                    Mode::Hybrid => fuse(
+                    Mode::Hybrid | Mode::Tree => fuse(
                         wv,
                         h.vector_score.map(|s| scale_v.unit(s)),
                         h.lexical_score.map(|s| scale_l.unit(s)),
@@ -366,6 +423,68 @@ impl Index {
             })
             .collect();
         Ok(changed.then(|| out.join(" ")))
+    }
+}
+
+/// The directory of an indexed document: a node's parent, a message's
+/// inbox.
+fn dir_of(path: &str) -> &str {
+    let node = path.split_once('#').map_or(path, |(c, _)| c);
+    node.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+impl AccountIndex {
+    /// The summary vector of every directory that holds indexed documents
+    /// (computed again after the documents or vectors changed).
+    fn summaries(&self) -> Arc<HashMap<Arc<str>, ann::Vector>> {
+        let st = rlock(&self.st);
+        let key = (st.generation, st.vecs.len());
+        let mut cache = lock(&self.summaries);
+        if let Some((k, s)) = cache.as_ref() {
+            if *k == key {
+                return s.clone();
+            }
+        }
+        let mut sums: HashMap<&str, (Vec<f32>, u32)> = HashMap::new();
+        for (path, d) in &st.docs {
+            let dir = dir_of(path);
+            if dir.is_empty() {
+                continue;
+            }
+            // The abstract's vector, else the first record's.
+            let rec =
+                d.ix.recs
+                    .iter()
+                    .find(|r| r.level == 0)
+                    .or(d.ix.recs.first());
+            let Some(v) = rec.and_then(|r| st.vecs.get(&(r.label as usize))) else {
+                continue;
+            };
+            let e = sums.entry(dir).or_insert_with(|| (vec![0.0; v.len()], 0));
+            if e.0.len() != v.len() {
+                continue;
+            }
+            for (s, x) in e.0.iter_mut().zip(v.iter()) {
+                *s += half::f16::from_bits(*x).to_f32();
+            }
+            e.1 += 1;
+        }
+        let out: HashMap<Arc<str>, ann::Vector> = sums
+            .into_iter()
+            .map(|(d, (s, _))| {
+                let n = s
+                    .iter()
+                    .map(|x| x * x)
+                    .sum::<f32>()
+                    .sqrt()
+                    .max(f32::EPSILON);
+                let unit: Vec<f32> = s.iter().map(|x| x / n).collect();
+                (Arc::from(d), ann::half(&unit))
+            })
+            .collect();
+        let out = Arc::new(out);
+        *cache = Some((key, out.clone()));
+        out
     }
 }
 
