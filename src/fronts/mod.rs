@@ -12,8 +12,11 @@ pub mod mcp;
 pub mod memtool;
 
 use serde_json::{json, Map, Value};
+use std::ffi::CString;
 use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use crate::schema::names::{
     ABSTRACT, COMMIT_ERROR, CONTENT, HEADER_FILE, MAP_FILE, META, OVERVIEW, RELATIONS, RESTORE,
@@ -106,6 +109,104 @@ pub struct Front {
     pub mount: PathBuf,
     /// Relative to the mount, no leading or trailing `/` ("" = the mount).
     pub scope: String,
+    /// The scope directory held open (`O_PATH`) once it exists: node writes
+    /// walk from it, so the account's entry, which the kernel looks up
+    /// afresh for every path (its answer depends on the caller), is not
+    /// looked up again for each file.
+    held: Arc<OnceLock<OwnedFd>>,
+}
+
+/// A node directory held open (`O_PATH`): each of its files is opened
+/// relative to it, costing the kernel a lookup of its own name only (the
+/// AGENTS recipe for programs does the same).
+struct NodeDir {
+    fd: OwnedFd,
+    /// The node, relative to the mount (for messages).
+    node: String,
+}
+
+fn cstr(p: &str) -> std::io::Result<CString> {
+    CString::new(p).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `openat(dir, rel, flags, mode)` as an owned descriptor.
+fn open_at(dir: BorrowedFd, rel: &str, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
+    let c = cstr(rel)?;
+    // SAFETY: `dir` is a live descriptor, `c` a NUL-terminated path; the
+    // returned descriptor is owned by the `OwnedFd` made of it.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mkdir -p` of `rel` under `dir`: true when `rel` itself was made.
+fn mkdirs_at(dir: BorrowedFd, rel: &str) -> std::io::Result<bool> {
+    let c = cstr(rel)?;
+    // SAFETY: as in `open_at`.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EEXIST) => Ok(false),
+        Some(libc::ENOENT) => match rel.rsplit_once('/') {
+            Some((parent, _)) => {
+                mkdirs_at(dir, parent)?;
+                mkdirs_at(dir, rel)
+            }
+            None => Err(e),
+        },
+        _ => Err(e),
+    }
+}
+
+impl NodeDir {
+    /// Create or truncate `name`, write `data` and close it, checking the
+    /// close (where a commit is refused).
+    fn write(&self, name: &str, data: &[u8]) -> std::io::Result<()> {
+        let fd = open_at(
+            self.fd.as_fd(),
+            name,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            0o644,
+        )?;
+        let mut f = std::fs::File::from(fd);
+        f.write_all(data)?;
+        close_checked(f)
+    }
+
+    /// The text of `name`, `None` when it is not there.
+    fn read(&self, name: &str) -> std::io::Result<Option<String>> {
+        match open_at(self.fd.as_fd(), name, libc::O_RDONLY, 0) {
+            Ok(fd) => {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut s)?;
+                Ok(Some(s))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn unlink_if_present(&self, name: &str) -> FrontResult<()> {
+        let c = cstr(name).map_err(|e| FrontError::io(name, &e, None))?;
+        // SAFETY: as in `open_at`.
+        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Ok(());
+        }
+        Err(FrontError::io(
+            &format!("removing {}/{name}", self.node),
+            &e,
+            None,
+        ))
+    }
 }
 
 impl Front {
@@ -115,6 +216,7 @@ impl Front {
         let f = Front {
             mount: mount.to_path_buf(),
             scope,
+            held: Arc::default(),
         };
         // A scope the caller may not enter is refused at once; one that does
         // not exist yet (a new user) is made by the first write in it.
@@ -154,6 +256,59 @@ impl Front {
             (false, true) => self.scope.clone(),
             (false, false) => format!("{}/{p}", self.scope),
         })
+    }
+
+    /// The node directory `node` (relative to the mount) held open, made
+    /// first (with its parents) when `create`; true when it was made now.
+    fn node_dir(&self, node: &str, create: bool) -> FrontResult<(NodeDir, bool)> {
+        let io = |e: std::io::Error| FrontError::io(&format!("opening {node}"), &e, None);
+        // Walk from the scope when the node is under it and it exists.
+        let under = node
+            .strip_prefix(&self.scope)
+            .and_then(|r| r.strip_prefix('/'))
+            .filter(|_| !self.scope.is_empty());
+        let root;
+        let (base, rel): (BorrowedFd, &str) = match under {
+            Some(rel) => match self.scope_fd() {
+                Some(fd) => (fd, rel),
+                None => {
+                    root = self.mount_fd().map_err(io)?;
+                    (root.as_fd(), node)
+                }
+            },
+            None => {
+                root = self.mount_fd().map_err(io)?;
+                (root.as_fd(), node)
+            }
+        };
+        let made = if create {
+            mkdirs_at(base, rel)
+                .map_err(|e| FrontError::io(&format!("creating {node}"), &e, None))?
+        } else {
+            false
+        };
+        let fd = open_at(base, rel, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(io)?;
+        Ok((
+            NodeDir {
+                fd,
+                node: node.to_string(),
+            },
+            made,
+        ))
+    }
+
+    fn mount_fd(&self) -> std::io::Result<OwnedFd> {
+        Ok(std::fs::File::open(&self.mount)?.into())
+    }
+
+    /// The scope held open, once it exists.
+    fn scope_fd(&self) -> Option<BorrowedFd<'_>> {
+        if self.held.get().is_none() {
+            let fd = self.mount_fd().ok()?;
+            let fd = open_at(fd.as_fd(), &self.scope, libc::O_PATH | libc::O_DIRECTORY, 0).ok()?;
+            let _ = self.held.set(fd);
+        }
+        self.held.get().map(|fd| fd.as_fd())
     }
 
     pub fn abs(&self, rel: &str) -> PathBuf {
@@ -369,57 +524,80 @@ impl Front {
             .content
             .as_deref()
             .ok_or_else(|| FrontError::invalid("content is required"))?;
-        let dir = self.abs(node);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| FrontError::io(&format!("creating {node}"), &e, None))?;
+        let (dir, made) = self.node_dir(node, true)?;
         let mut w = w.clone();
         w.content = Some(content.to_string());
-        // Left out: derived again by the daemon, not kept from an older version.
-        for (given, name) in [
-            (w.abstract_.is_some(), ABSTRACT),
-            (w.overview.is_some(), OVERVIEW),
-        ] {
-            if !given {
-                self.unlink_if_present(node, name)?;
+        // A node made just now has nothing to keep or to clear.
+        let committed: Map<String, Value> = if made {
+            Map::new()
+        } else {
+            // Left out: derived again by the daemon, not kept from an older version.
+            for (given, name) in [
+                (w.abstract_.is_some(), ABSTRACT),
+                (w.overview.is_some(), OVERVIEW),
+            ] {
+                if !given {
+                    dir.unlink_if_present(name)?;
+                }
             }
-        }
-        let committed: Map<String, Value> =
-            std::fs::read_to_string(self.abs(&format!("{node}/{META}")))
+            dir.read(META)
                 .ok()
+                .flatten()
                 .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or_default();
+                .unwrap_or_default()
+        };
         if w.relations.is_none() && committed.is_empty() {
             w.relations = Some(json!([]));
         }
-        self.write_and_commit(node, &w, committed)
+        self.write_and_commit(&dir, &w, committed)
     }
 
     /// A new version of an existing node: the files given replace the
     /// committed ones, the others are kept; `.meta.json`'s own fields are
     /// kept unless given.
     pub fn update(&self, node: &str, w: &NodeWrite) -> FrontResult<Value> {
-        let meta_text = self.read_text(&format!("{node}/{META}"))?;
+        let (dir, _) = self.node_dir(node, false)?;
+        let meta_text = dir
+            .read(META)
+            .map_err(|e| FrontError::io(&format!("reading {node}/{META}"), &e, None))?
+            .ok_or_else(|| {
+                FrontError::io(
+                    &format!("reading {node}/{META}"),
+                    &std::io::Error::from_raw_os_error(libc::ENOENT),
+                    None,
+                )
+            })?;
         let committed: Map<String, Value> = serde_json::from_str(&meta_text).unwrap_or_default();
-        self.write_and_commit(node, w, committed)
+        self.write_and_commit(&dir, w, committed)
     }
 
     fn write_and_commit(
         &self,
-        node: &str,
+        dir: &NodeDir,
         w: &NodeWrite,
         mut meta: Map<String, Value>,
     ) -> FrontResult<Value> {
+        let node = &dir.node;
+        let put = |name: &str, data: &[u8]| {
+            dir.write(name, data).map_err(|e| {
+                // A refused commit says why in `.commit-error`.
+                let reason = (name == META)
+                    .then(|| dir.read(COMMIT_ERROR).ok().flatten())
+                    .flatten();
+                FrontError::io(&format!("writing {node}/{name}"), &e, reason)
+            })
+        };
         if let Some(c) = &w.content {
-            self.write(node, CONTENT, c.as_bytes())?;
+            put(CONTENT, c.as_bytes())?;
         }
         if let Some(r) = &w.relations {
-            self.write(node, RELATIONS, r.to_string().as_bytes())?;
+            put(RELATIONS, r.to_string().as_bytes())?;
         }
         if let Some(a) = &w.abstract_ {
-            self.write(node, ABSTRACT, a.as_bytes())?;
+            put(ABSTRACT, a.as_bytes())?;
         }
         if let Some(o) = &w.overview {
-            self.write(node, OVERVIEW, o.as_bytes())?;
+            put(OVERVIEW, o.as_bytes())?;
         }
         for (k, v) in &w.meta {
             meta.insert(k.clone(), v.clone());
@@ -427,7 +605,12 @@ impl Front {
         if !w.meta.contains_key("status") {
             meta.insert("status".into(), json!("ACTIVE"));
         }
-        self.commit(node, &Value::Object(meta))
+        put(META, Value::Object(meta).to_string().as_bytes())?;
+        let text = dir
+            .read(META)
+            .map_err(|e| FrontError::io(&format!("reading {node}/{META}"), &e, None))?
+            .unwrap_or_default();
+        info_of(node, &text)
     }
 
     /// Write `.meta.json` (the commit point) and report the committed version.
@@ -438,14 +621,7 @@ impl Front {
 
     /// `{path, uri, version, status}` of a committed node.
     pub fn node_info(&self, node: &str) -> FrontResult<Value> {
-        let meta: Value = serde_json::from_str(&self.read_text(&format!("{node}/{META}"))?)
-            .map_err(|e| FrontError::invalid(format!("{node}/{META}: {e}")))?;
-        Ok(json!({
-            "path": node,
-            "uri": meta.get("uri").cloned().unwrap_or(Value::Null),
-            "version": meta.get("version").cloned().unwrap_or(Value::Null),
-            "status": meta.get("status").cloned().unwrap_or(Value::Null),
-        }))
+        info_of(node, &self.read_text(&format!("{node}/{META}"))?)
     }
 
     /// Write one file of a node and close it, reporting a refused close (a
@@ -458,14 +634,6 @@ impl Front {
                 .flatten();
             FrontError::io(&format!("writing {node}/{name}"), &e, reason)
         })
-    }
-
-    fn unlink_if_present(&self, node: &str, name: &str) -> FrontResult<()> {
-        match std::fs::remove_file(self.abs(&format!("{node}/{name}"))) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(FrontError::io(&format!("removing {node}/{name}"), &e, None)),
-        }
     }
 
     /// Delete a node (and its history): `rm -r NODE`.
@@ -642,17 +810,21 @@ fn check_segments(p: &str) -> FrontResult<()> {
     Ok(())
 }
 
-/// Create or truncate `path`, write `data`, and close it checking the
-/// result: a node's commit (and a refused one) is reported at `close`,
-/// which `File`'s drop would ignore.
-pub fn write_checked(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::os::fd::IntoRawFd;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)?;
-    f.write_all(data)?;
+/// `{path, uri, version, status}` of `node` from its `.meta.json` text.
+fn info_of(node: &str, meta: &str) -> FrontResult<Value> {
+    let meta: Value = serde_json::from_str(meta)
+        .map_err(|e| FrontError::invalid(format!("{node}/{META}: {e}")))?;
+    Ok(json!({
+        "path": node,
+        "uri": meta.get("uri").cloned().unwrap_or(Value::Null),
+        "version": meta.get("version").cloned().unwrap_or(Value::Null),
+        "status": meta.get("status").cloned().unwrap_or(Value::Null),
+    }))
+}
+
+/// Close `f`, reporting what `close` says (a refused commit), which
+/// `File`'s drop would ignore.
+fn close_checked(f: std::fs::File) -> std::io::Result<()> {
     let fd = f.into_raw_fd();
     // SAFETY: `fd` was just released by the `File` that owned it; it is
     // closed exactly once, here.
@@ -660,6 +832,19 @@ pub fn write_checked(path: &Path, data: &[u8]) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Create or truncate `path`, write `data`, and close it checking the
+/// result: a node's commit (and a refused one) is reported at `close`,
+/// which `File`'s drop would ignore.
+pub fn write_checked(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    f.write_all(data)?;
+    close_checked(f)
 }
 
 #[cfg(test)]
@@ -670,6 +855,7 @@ mod tests {
         Front {
             mount: PathBuf::from("/m"),
             scope: scope.into(),
+            held: Arc::default(),
         }
     }
 
