@@ -6,6 +6,8 @@ Rows (N nodes each, one writer, one category per front, no indexer):
   recipe    the four-step write in Python (open/write/close of the five
             files with the builtins, .meta.json last), as docs/AGENTS.md
             shows it for programs
+  recipe-at the same with the node directory held open (os.O_PATH) and each
+            file opened relative to it, as docs/AGENTS.md advises programs
   memtool   `ctxfs memtool` (the memory-tool protocol) fed N `create`
             commands on stdin, one process
   mcp       `ctxfs mcp`'s `remember` tool is the same Front code as
@@ -57,6 +59,22 @@ def recipe(mnt, n):
                 f.write(data)
 
 
+def recipe_at(mnt, n):
+    base = os.path.join(mnt, "accounts/bench/users/u/memories/recipe-at")
+    for i in range(n):
+        d = os.path.join(base, f"n{i}")
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(d, os.O_PATH | os.O_DIRECTORY)
+        at = lambda name, flags: os.open(name, flags, 0o644, dir_fd=fd)  # noqa: E731
+        text = f"Node {i} of the recipe-at row: a short memory of one line.\n"
+        for name, data in (("content.md", text), (".relations.json", "[]\n"),
+                           (".abstract.md", f"node {i}\n"), (".overview.md", "# overview\n"),
+                           (".meta.json", '{"status": "ACTIVE"}\n')):
+            with open(name, "w", buffering=65536, opener=at) as f:
+                f.write(data)
+        os.close(fd)
+
+
 def memtool(bin_path, mnt, n):
     p = subprocess.Popen([bin_path, "memtool", "--mount", mnt, "--scope", "accounts/bench/users/u"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -90,6 +108,7 @@ def main():
         probe = sum(v for k, v in diff(a, b).items() if k not in ASYNC)
         rows = []
         for name, work in (("recipe", lambda: recipe(mnt, args.nodes)),
+                           ("recipe-at", lambda: recipe_at(mnt, args.nodes)),
                            ("memtool", lambda: memtool(bin_path, mnt, args.nodes))):
             before = metrics(mnt)
             t = time.perf_counter()
