@@ -8,7 +8,8 @@ For each embedder: commit N nodes (four-step protocol), wait for
 `.ctxfs/sync`, then
   - indexing throughput (nodes/s from the first commit until the indexer
     has caught up, with 8 writers committing; and offline `ctxfs reindex`),
-  - `cat DIR/.search/QUERY` end-to-end latency (p50/p99, distinct queries),
+  - `cat DIR/.search/QUERY` end-to-end latency (p50/p99, distinct queries;
+    and with `mode=tree`, the hierarchical search),
     with the query-embedding share from the JSON form, beside `grep -rli`
     for one query word over the same nodes as plain files (the baseline an
     agent would otherwise use),
@@ -118,14 +119,16 @@ def umount(mnt):
     subprocess.run([BIN, "umount", mnt], check=True)
 
 
-def latency(mnt, qs):
+def latency(mnt, qs, opts="k=10"):
     scope = os.path.join(mnt, "accounts/bench/.search")
     tot, emb = [], []
     for q in qs:
         t = time.perf_counter()
-        with open(os.path.join(scope, query_name(q, "k=10"))) as f:
+        with open(os.path.join(scope, query_name(q, opts))) as f:
             f.read()
         tot.append((time.perf_counter() - t) * 1000)
+    if opts != "k=10":
+        return tot, []
     retried = 0
     for q in qs[:200]:
         with open(os.path.join(scope, query_name(q + " x", "k=10&format=json"))) as f:
@@ -205,6 +208,11 @@ def main():
             tot, embd = latency(mnt, qs[:600])
             r["search_ms"] = {"p50": pct(tot, .5), "p99": pct(tot, .99), "n": len(tot)}
             r["query_embedding_ms"] = {"p50": pct(embd, .5), "p99": pct(embd, .99)}
+            # Hierarchical (mode=tree): the directories first, then inside the best 3.
+            tree, _ = latency(mnt, qs[:300], "k=10&mode=tree")
+            r["tree_search_ms"] = {"p50": pct(tree, .5), "p99": pct(tree, .99), "n": len(tree)}
+            print(f"[{emb}] mode=tree search p50 {pct(tree, .5):.2f} ms p99 {pct(tree, .99):.2f} ms",
+                  file=sys.stderr)
             plain = os.path.join(base, f"plain-{emb}")
             write_nodes(plain, mine, commit=False)
             g = grep_baseline(os.path.join(plain, "bench"), qs)
