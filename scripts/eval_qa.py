@@ -351,6 +351,9 @@ def main():
     ap.add_argument("--llm-url", default=None)
     ap.add_argument("--cache", default="/var/tmp/ctxfs-llm/qa-answers.json")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the data dir (its path is printed)")
+    ap.add_argument("--reuse", help="a directory kept by --keep: answer again from its memories, "
+                    "without extracting (to compare search settings on the same memories)")
     args = ap.parse_args()
     global VERBOSE
     VERBOSE = args.verbose
@@ -359,11 +362,18 @@ def main():
     model = Model(url, args.cache)
     rng = random.Random(11)
     users = [gen_user(rng, i) for i in range(args.users)]
-    tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-qa-", ["eval", "turns"], url)
+    if args.reuse:
+        tmp = args.reuse
+        mnt = os.path.join(tmp, "mnt")
+        subprocess.run([args.bin, "mount", mnt, "--data", os.path.join(tmp, "data"), "--config",
+                        os.path.join(tmp, "config.toml"), "--model-dir", os.path.abspath(args.model_dir)],
+                       check=True)
+    else:
+        tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-qa-", ["eval", "turns"], url)
     t0 = time.time()
     ext = {"conversations": 0, "tokens": 0, "secs": [], "failed": 0, "memories": 0, "dropped": 0}
     try:
-        for u in users:
+        for u in ([] if args.reuse else users):
             base = os.path.join(mnt, "accounts", "eval", "users", u["id"])
             os.makedirs(base, exist_ok=True)
             inbox = os.path.join(base, "inbox")
@@ -470,8 +480,8 @@ def main():
             rec = f"{sum(rc) / len(rc):.3f}" if rc else "-"
             toks = sum(ctx_tokens[row]) / len(ctx_tokens[row])
             print(f"| {row} | " + " | ".join(cells) + f" | {rec} | {toks:.0f} |")
-        secs = sorted(ext["secs"])
-        c = ext["conversations"]
+        secs = sorted(ext["secs"]) or [0]
+        c = ext["conversations"] or 1
         print(f"\nper conversation: {ext['memories'] / c:.1f} memories created or appended, "
               f"{ext['tokens'] / c:.0f} tokens, extraction p50 {secs[len(secs) // 2]:.1f} s, "
               f"{ext['dropped'] / c:.1f} sentences or memories dropped by the checks")
@@ -482,7 +492,10 @@ def main():
     finally:
         model.save()
         subprocess.run([args.bin, "umount", mnt])
-        subprocess.run(["rm", "-rf", tmp])
+        if args.keep or args.reuse:
+            print(f"data kept in {tmp} (--reuse {tmp})", file=sys.stderr)
+        else:
+            subprocess.run(["rm", "-rf", tmp])
 
 
 if __name__ == "__main__":
