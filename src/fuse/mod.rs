@@ -207,13 +207,6 @@ impl Filesystem for Adapter {
                 "the kernel cannot mmap direct-I/O files; shared mmap stays refused"
             );
         }
-        // Lookups and listings of one directory in parallel: without it the
-        // kernel holds the directory's lock exclusively around each LOOKUP
-        // and READDIR, so readers and writers of one category queue behind
-        // each other. The daemon serves them concurrently already.
-        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS) {
-            tracing::info!(?missing, "the kernel serialises lookups in a directory");
-        }
         // Several daemons on one store: `flock` must exclude across them, so
         // the daemon takes the locks (the kernel keeps them on one daemon).
         if self.fs.takes_flocks() {
