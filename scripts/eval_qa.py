@@ -457,6 +457,9 @@ def main():
                     ctx_tokens[row].append(len(context) / 4)
                     if want and row not in ("none", "whole"):
                         recall[row].append(1 if ids & want else 0)
+                        if args.verbose and row.startswith("mem+conv") and not ids & want:
+                            print(f"  [{row}] evidence missed: {q} (evidence {sorted(want)})",
+                                  file=sys.stderr)
                     if args.verbose and row in ("mem+conv", "bm25"):
                         print(f"  [{row}] {q} -> {ans!r} (gold {gold!r}, F1 {s:.2f})", file=sys.stderr)
         model.save()
