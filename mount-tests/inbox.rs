@@ -704,17 +704,20 @@ fn every_message_is_searchable_beside_the_memories() {
         node.is_some() && msg.is_some() && node < msg,
         "memory above its message: {tea}"
     );
-    // A time range: what was said (or committed) then.
+    // A time range: what was said then. The memory's time is when it was
+    // said (its `valid_from`, the day of the message it cites), not today's
+    // commit.
+    let tea_meta = meta(&m, "users/priya/memories/preferences/tea");
+    assert_eq!(tea_meta["valid_from"], "2026-03-04", "{tea_meta:#}");
     let before = search(&m, READER, "users/priya", "green tea?until=2026-03-04");
     assert!(
-        before.contains("c1.json#0") && !before.contains("memories/"),
+        before.contains("c1.json#0") && before.contains("memories/preferences/tea"),
         "{before}"
     );
+    let earlier = search(&m, READER, "users/priya", "green tea?until=2026-03-03");
+    assert_eq!(earlier, "", "nothing was said before that day");
     let after = search(&m, READER, "users/priya", "green tea?since=2026-03-05");
-    assert!(
-        after.contains("memories/preferences/tea") && !after.contains("inbox"),
-        "{after}"
-    );
+    assert_eq!(after, "", "nothing was said after that day");
     // From a search hit (or a provenance) to the message in one step.
     let r = crate::fronts::session(
         &m,

@@ -68,10 +68,10 @@ impl Index {
         let account = scope.split('/').next().unwrap_or("");
         let ai = self.account(account)?;
         if !ai.ready.load(Ordering::Acquire) {
-            return self.search(scope, &flat);
+            return self.search_in(scope, &flat, false);
         }
         let Ok(qv) = self.query_vec(&q.text) else {
-            return self.search(scope, &flat);
+            return self.search_in(scope, &flat, false);
         };
         let sums = ai.summaries();
         let mut dirs: Vec<(f32, &Arc<str>)> = sums
@@ -80,7 +80,7 @@ impl Index {
             .map(|(d, v)| (ann::dot(&qv, v), d))
             .collect();
         if dirs.len() <= 1 {
-            return self.search(scope, &flat);
+            return self.search_in(scope, &flat, false);
         }
         dirs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
         let best = dirs[0].0.max(f32::EPSILON);
@@ -98,6 +98,7 @@ impl Index {
 
     /// The best ACTIVE nodes under `scope` (a path under `accounts/`).
     pub fn search(&self, scope: &str, q: &Query) -> Result<Vec<Hit>> {
+        self.stats.searches.fetch_add(1, Ordering::Relaxed);
         if q.mode == Mode::Tree {
             return self.search_tree(scope, q);
         }
@@ -108,7 +109,6 @@ impl Index {
     /// whose directory is `scope` (its children, and a conversation's
     /// messages when `scope` is its inbox).
     fn search_in(&self, scope: &str, q: &Query, direct: bool) -> Result<Vec<Hit>> {
-        self.stats.searches.fetch_add(1, Ordering::Relaxed);
         let account = scope.split('/').next().unwrap_or("");
         let k = q.k.clamp(1, MAX_K);
         let ai = self.account(account)?;
