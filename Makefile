@@ -23,7 +23,7 @@ MCP_PY ?= /var/tmp/ctxfs-py
 MCP_PY_VERSION := 2.3.0
 DESTDIR ?=
 
-.PHONY: deps model llm build run stop test lint unit mount-test torture bench eval eval-conv eval-inbox eval-qa tokens agents-doc conformance clean install
+.PHONY: deps model llm build run stop test lint unit mount-test torture bench bench-scale eval eval-conv eval-inbox eval-qa tokens agents-doc conformance clean install
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
@@ -79,6 +79,11 @@ test: deps model llm lint
 # POSIX conformance: pjdfstest's applicable groups and fsx (installs both with cargo).
 conformance: deps build
 	scripts/conformance.sh
+
+# How cost grows with nodes and accounts on the embedded store (mount-ready,
+# first answer, RSS, commit and search p50/p99, fsck, size on disk).
+bench-scale: deps build
+	python3 scripts/bench_scale.py --bin $(BIN)
 
 # SIGKILL the daemon during concurrent commits, N times (CI runs 3 rounds in `make test`).
 torture: deps build
