@@ -8,8 +8,8 @@ fresh data dir with the hashing embedder (MiniLM is the search benchmark's):
   - mount-ready time (a remount: `ctxfs mount` returns when the mount
     answers) and time to the first search answer after it;
   - the daemon's RSS after that first answer, and after the timed rows;
-  - commit latency p50/p99: one writer, 200 four-step commits in new nodes
-    (Python, the AGENTS recipe);
+  - commit latency p50/p99: one writer, 200 four-step commits of new nodes
+    in existing categories, spread over the accounts (Python);
   - search p50/p99: 200 distinct queries in the account (or spread over the
     accounts), `k=10`;
   - `ctxfs fsck` time (unmounted) and the data dir's size on disk.
@@ -105,11 +105,13 @@ def run_shape(bin_path, base, accounts, per, rng):
         f.read()
     r["first_answer_s"] = time.time() - t
     r["rss_first_mib"] = rss_mib(pid)
-    # Commits: one writer, new nodes spread over the accounts.
+    # Commits: one writer, new nodes spread over the accounts, each in a
+    # category that exists (a new category would add its directories' own
+    # creation to the figure).
     lat = []
     for i in range(200):
         a = names[i % accounts]
-        node = os.path.join(mnt, "accounts", a, f"users/w/memories/bench/c{i}")
+        node = os.path.join(mnt, "accounts", a, f"users/u/memories/c{i % min(per, 100):02d}/w{i}")
         s = time.perf_counter()
         four_step(node, text(rng, i))
         lat.append((time.perf_counter() - s) * 1000)
