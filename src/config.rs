@@ -330,6 +330,15 @@ impl Tenancy {
         }
     }
 
+    /// Does the config define `account`? (A map lookup: every lookup of a
+    /// directory in an account asks it.)
+    pub fn is_configured(&self, account: &str) -> bool {
+        match self {
+            Tenancy::Owner(_) => false,
+            Tenancy::Accounts(map) => map.contains_key(account),
+        }
+    }
+
     /// Accounts a config defines (they exist without a mkdir).
     pub fn configured(&self) -> Vec<String> {
         match self {

@@ -170,8 +170,9 @@ impl Fs {
     /// Does a non-node directory exist?
     pub(in crate::core) fn dir_present(&self, path: &str, comps: &[&str]) -> Result<bool> {
         match place::classify_dir(comps)? {
-            DirPlace::Account => Ok(self.tenancy.configured().iter().any(|a| a == path)
-                || self.store.dir_exists(path)?),
+            DirPlace::Account => {
+                Ok(self.tenancy.is_configured(path) || self.store.dir_exists(path)?)
+            }
             DirPlace::Fixed(_) => {
                 let parent = &comps[..comps.len() - 1];
                 self.dir_present(&parent.join("/"), parent)

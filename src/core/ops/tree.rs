@@ -100,7 +100,7 @@ impl Fs {
                 if !self.dir_present(&path, &comps)? {
                     return Err(Error::NotFound);
                 }
-                if placed == DirPlace::Account && self.tenancy.configured().contains(&path) {
+                if placed == DirPlace::Account && self.tenancy.is_configured(&path) {
                     return Err(Error::NotPermitted("the account is defined by the config"));
                 }
                 if self.subtree_busy(&path)?
