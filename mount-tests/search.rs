@@ -736,3 +736,41 @@ fn tree_mode_descends_into_the_closest_directories() {
     );
     m.umount_and_fsck();
 }
+
+/// The loaded indexes stay within `[index] max_loaded_mb`: searching a
+/// second account unloads the least recently used one when both would not
+/// fit, and the unloaded account answers again (loaded from the store).
+#[test]
+fn loaded_indexes_stay_within_their_memory_bound() {
+    let cfg = format!("{CONFIG}\n[index]\nembedder = \"hash\"\nmax_loaded_mb = 1\n");
+    let m = Mount::with_config(Some(&cfg));
+    for account in ["acme", "other"] {
+        let lines: Vec<String> = (0..400)
+            .map(|i| {
+                serde_json::json!({
+                    "node": format!("users/u/memories/notes/n{i}"),
+                    "content": format!("Note {i} of {account}: the harbor lantern and the copper kettle."),
+                    "meta": {"status": "ACTIVE"},
+                })
+                .to_string()
+            })
+            .collect();
+        let src = m.shared_file(&format!("batch-{account}"));
+        std::fs::write(&src, lines.join("\n") + "\n").unwrap();
+        m.ok(
+            0,
+            &format!("cat {} > $M/accounts/{account}/.ctxfs/batch", src.display()),
+        );
+    }
+    sync(&m);
+    let status = || m.json(0, "cat $M/.ctxfs/status")["indexer"].clone();
+    for account in ["acme", "other", "acme"] {
+        let hits = search(&m, 0, account, "harbor lantern");
+        assert_eq!(hits.len(), 10, "{account}: {hits:?}");
+        assert!(hits.iter().all(|p| p.starts_with(account)), "{hits:?}");
+        let s = status();
+        assert_eq!(s["loaded_accounts"], 1, "one fits at a time: {s:#}");
+        assert_eq!(s["max_loaded_mb"], 1, "{s:#}");
+    }
+    m.umount_and_fsck();
+}

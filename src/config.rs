@@ -118,6 +118,9 @@ pub struct IndexSection {
     pub hnsw_ef_search: Option<usize>,
     /// Weight of the vector channel in hybrid ranking (BM25's is 1), 0..=10.
     pub vector_weight: Option<f32>,
+    /// Memory the loaded account indexes may hold, in MiB (an estimate from
+    /// their documents and vectors); the least recently used leave past it.
+    pub max_loaded_mb: Option<u64>,
 }
 
 /// `[account.quota]`: what one account may use (every limit optional).

@@ -40,24 +40,30 @@ impl Index {
     }
 
     /// Memory follows the accounts in use, not the size of the store: past
-    /// [`MAX_LOADED_ACCOUNTS`], the least recently used account leaves
-    /// memory (its next use loads it again from the store).
-    fn evict_least_used(&self, keep: &str) {
+    /// [`MAX_LOADED_ACCOUNTS`] accounts, or past `max_loaded_bytes` of
+    /// estimated memory, the least recently used accounts leave memory
+    /// (their next use loads them again from the store). `keep`, the
+    /// account in use, stays whatever its size.
+    pub(super) fn evict_least_used(&self, keep: &str) {
         let mut accounts = lock(&self.accounts);
-        if accounts.len() <= MAX_LOADED_ACCOUNTS {
-            return;
-        }
         let mut used = lock(&self.used);
         used.retain(|a, _| accounts.contains_key(a));
-        if let Some(victim) = used
-            .iter()
-            .filter(|(a, _)| a.as_str() != keep)
-            .min_by_key(|(_, t)| **t)
-            .map(|(a, _)| a.clone())
-        {
-            accounts.remove(&victim);
+        let size = |c: &Arc<OnceLock<Arc<AccountIndex>>>| c.get().map_or(0, |a| a.approx_bytes());
+        let mut bytes: usize = accounts.values().map(size).sum();
+        while accounts.len() > MAX_LOADED_ACCOUNTS || bytes > self.cfg.max_loaded_bytes {
+            let Some(victim) = used
+                .iter()
+                .filter(|(a, _)| a.as_str() != keep)
+                .min_by_key(|(_, t)| **t)
+                .map(|(a, _)| a.clone())
+            else {
+                break;
+            };
+            if let Some(c) = accounts.remove(&victim) {
+                bytes -= size(&c).min(bytes);
+            }
             used.remove(&victim);
-            tracing::info!(account = %victim, "index unloaded (least recently used)");
+            tracing::info!(account = %victim, loaded_mb = bytes >> 20, "index unloaded (least recently used)");
         }
     }
 
@@ -100,6 +106,8 @@ impl Index {
         }
         self.load_vectors(ai)?;
         ai.ready.store(true, Ordering::Release);
+        // Its vectors and graph are most of its memory: within the bound?
+        self.evict_least_used(&ai.name);
         Ok(())
     }
 
@@ -277,5 +285,20 @@ impl Index {
         }
         out.sort_by_key(|x| x.0);
         Ok(out)
+    }
+}
+
+impl AccountIndex {
+    /// An estimate of the memory this index holds: its documents (with
+    /// their BM25 postings) and its vectors (with the graph's copy and
+    /// neighbour lists once it has a graph).
+    pub(super) fn approx_bytes(&self) -> usize {
+        let st = rlock(&self.st);
+        let per_vec = if st.graphed {
+            GRAPHED_VEC_BYTES
+        } else {
+            VEC_BYTES
+        };
+        st.docs.len() * DOC_BYTES + st.vecs.len() * per_vec
     }
 }

@@ -36,6 +36,10 @@ pub struct IndexConfig {
     pub redaction: crate::config::RedactionPolicy,
     /// Paths never indexed (the accounts' `unindexed` prefixes).
     pub unindexed: Vec<String>,
+    /// What the loaded account indexes may hold in memory, estimated
+    /// (`AccountIndex::approx_bytes`); past it the least recently used
+    /// accounts are unloaded (never the one in use).
+    pub max_loaded_bytes: usize,
 }
 
 impl Default for IndexConfig {
@@ -51,6 +55,7 @@ impl Default for IndexConfig {
             exact_scope: super::EXACT_SCOPE,
             redaction: Default::default(),
             unindexed: Vec::new(),
+            max_loaded_bytes: super::MAX_LOADED_MB << 20,
         }
     }
 }
@@ -130,6 +135,10 @@ impl IndexConfig {
             vector_weight: sec.vector_weight,
             embed_tokens_per_day: HashMap::new(),
             exact_scope: d.exact_scope,
+            max_loaded_bytes: sec
+                .max_loaded_mb
+                .map(|mb| (mb as usize).saturating_mul(1 << 20))
+                .unwrap_or(d.max_loaded_bytes),
         }
     }
 }
@@ -182,6 +191,9 @@ pub fn validate_section(sec: &IndexSection) -> Result<(), String> {
         if !(0.0..=10.0).contains(&w) {
             return Err(format!("[index] vector_weight = {w} (must be 0..=10)"));
         }
+    }
+    if sec.max_loaded_mb == Some(0) {
+        return Err("[index] max_loaded_mb = 0 (must be at least 1)".into());
     }
     if let Some(r) = sec.max_retries {
         if !(1..=100).contains(&r) {
