@@ -50,6 +50,7 @@ impl Index {
         used.retain(|a, _| accounts.contains_key(a));
         let size = |c: &Arc<OnceLock<Arc<AccountIndex>>>| c.get().map_or(0, |a| a.approx_bytes());
         let mut bytes: usize = accounts.values().map(size).sum();
+        let mut freed = false;
         while accounts.len() > MAX_LOADED_ACCOUNTS || bytes > self.cfg.max_loaded_bytes {
             let Some(victim) = used
                 .iter()
@@ -61,9 +62,21 @@ impl Index {
             };
             if let Some(c) = accounts.remove(&victim) {
                 bytes -= size(&c).min(bytes);
+                freed = true;
             }
             used.remove(&victim);
             tracing::info!(account = %victim, loaded_mb = bytes >> 20, "index unloaded (least recently used)");
+        }
+        drop(used);
+        drop(accounts);
+        if freed {
+            // The allocator keeps freed pages for reuse; hand them back, so
+            // the bound bounds the process's memory, not only its heap.
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only releases free memory of the allocator.
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
     }
 
