@@ -347,16 +347,15 @@ impl Fs {
         };
         // When its fact happened or became true, as its `.meta.json` says;
         // else its last commit.
-        let said = match rec.file(crate::schema::names::META) {
-            Some(f) => {
-                let b = self.store.read_blob(rec.account(), f.blob, f.size)?;
-                let m: Value = serde_json::from_slice(&b).unwrap_or_default();
+        let said = self
+            .store
+            .read_file(&rec, crate::schema::names::META)?
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|m| {
                 ["happened", "valid_from"]
                     .iter()
                     .find_map(|k| m[*k].as_str().and_then(super::commit::rules::time_value))
-            }
-            None => None,
-        };
+            });
         Ok(Some(said.unwrap_or(rec.updated_ns)))
     }
 

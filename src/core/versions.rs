@@ -248,15 +248,11 @@ impl Fs {
     /// so itself, when it stopped holding (`valid_until`: the next
     /// version's `valid_from`, else that version's commit time).
     fn version_meta(&self, node: &str, rec: &NodeRec) -> Result<Vec<u8>> {
-        let account = rec.account().to_string();
-        let read = |r: &NodeRec| -> Result<Option<Vec<u8>>> {
-            match r.file(META) {
-                Some(f) => Ok(Some(self.store.read_blob(&account, f.blob, f.size)?)),
-                None => Ok(None),
-            }
-        };
-        let bytes = read(rec)?.ok_or(Error::NotFound)?;
-        let next = match self.store.get_version(&account, rec.id, rec.version + 1)? {
+        let bytes = self.store.read_file(rec, META)?.ok_or(Error::NotFound)?;
+        let next = match self
+            .store
+            .get_version(rec.account(), rec.id, rec.version + 1)?
+        {
             Some(n) => n,
             None => match self.store.get_node(node)? {
                 Some(cur) if cur.id == rec.id && cur.version == rec.version + 1 => cur,
@@ -268,7 +264,9 @@ impl Fs {
         };
         obj.insert("superseded_by".into(), Value::from(rec.version + 1));
         if !obj.contains_key("valid_until") {
-            let from = read(&next)?
+            let from = self
+                .store
+                .read_file(&next, META)?
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
                 .and_then(|m| m["valid_from"].as_str().map(str::to_string));
             let until = from.unwrap_or_else(|| crate::schema::time::rfc3339(next.updated_ns));

@@ -282,6 +282,14 @@ pub trait Store: Send + Sync {
     fn list_dirs(&self, parent: &str) -> Result<Vec<String>>;
     /// Blob `id` of `account`, which must hold `size` bytes.
     fn read_blob(&self, account: &str, id: u64, size: u64) -> Result<Vec<u8>>;
+    /// The bytes of file `name` of the node version `rec`; `None` when the
+    /// version has no such file.
+    fn read_file(&self, rec: &NodeRec, name: &str) -> Result<Option<Vec<u8>>> {
+        match rec.file(name) {
+            Some(f) => Ok(Some(self.read_blob(rec.account(), f.blob, f.size)?)),
+            None => Ok(None),
+        }
+    }
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>>;
     fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>>;
     fn counter(&self, key: &str) -> Result<i64>;

@@ -647,13 +647,11 @@ impl Fs {
             return Ok(None);
         }
         let read = |name: &str| -> Result<String> {
-            match rec.file(name) {
-                Some(f) => Ok(String::from_utf8_lossy(
-                    &self.store.read_blob(account, f.blob, f.size)?,
-                )
-                .into_owned()),
-                None => Ok(String::new()),
-            }
+            Ok(self
+                .store
+                .read_file(&rec, name)?
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default())
         };
         let meta: Value = serde_json::from_str(&read(place::META)?).unwrap_or_default();
         let sources = match (&meta["sources"], &meta["provenance"]) {
