@@ -142,6 +142,23 @@ pub enum Cmd {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Re-wrap every data key of an encrypted store under a new master key
+    /// (no data is rewritten). The current key comes from CTXFS_KEY_FILE or
+    /// CTXFS_KEY_COMMAND; destroy it afterwards, and copies of deleted keys
+    /// (backups, freed pages, PostgreSQL's WAL) can never be opened again.
+    Rekey {
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// A PostgreSQL store (postgres://…) in place of the data dir's.
+        #[arg(long)]
+        store: Option<String>,
+        /// The new master key: a file of 64 hex digits, owner-only.
+        #[arg(long, conflicts_with = "new_key_command")]
+        new_key_file: Option<PathBuf>,
+        /// Or a command printing it.
+        #[arg(long)]
+        new_key_command: Option<String>,
+    },
     /// Delete a whole account, or one user's or agent's memory, from an
     /// unmounted data dir in one transaction (then mount once and compact to
     /// forget every trace).
@@ -427,6 +444,17 @@ pub fn run() -> i32 {
                 .map_err(anyhow::Error::from)
         }
         Cmd::Compact { data } => crate::cmd::compact(&data),
+        Cmd::Rekey {
+            data,
+            store,
+            new_key_file,
+            new_key_command,
+        } => crate::cmd::rekey(
+            data.as_deref(),
+            store.as_deref(),
+            new_key_file,
+            new_key_command,
+        ),
         Cmd::Migrate { data, store } => crate::cmd::migrate(&data, &store),
         Cmd::Mcp { mount, scope } => crate::fronts::Front::new(&mount, scope.as_deref())
             .map_err(|e| anyhow::anyhow!("{e}"))

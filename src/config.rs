@@ -19,6 +19,19 @@ pub struct ConfigFile {
     /// `[llm]`: the chat-completions endpoint that extracts memories from
     /// conversations written to an inbox. Without it the inbox refuses writes.
     pub llm: Option<LlmSection>,
+    /// `[encryption]`: seal every account's text with keys of its own,
+    /// wrapped by this master key.
+    pub encryption: Option<EncryptionSection>,
+}
+
+/// The `[encryption]` table: where the master key comes from (one of the two).
+#[derive(Debug, Deserialize, Clone, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EncryptionSection {
+    /// A file of 64 hex digits, owner-only.
+    pub key_file: Option<std::path::PathBuf>,
+    /// A command printing the key in hex (`sh -c`), e.g. a Vault client.
+    pub key_command: Option<String>,
 }
 
 /// The `[llm]` table.
@@ -156,6 +169,8 @@ pub struct Settings {
     /// Paths (under `accounts/`, an account's `unindexed` prefixes) whose
     /// nodes and conversations are never indexed.
     pub unindexed: Vec<String>,
+    /// `[encryption]`: where the master key comes from.
+    pub encryption: Option<EncryptionSection>,
 }
 
 impl Settings {
@@ -259,6 +274,12 @@ impl Settings {
             llm: file.llm,
             review,
             unindexed,
+            encryption: match file.encryption {
+                Some(e) if e.key_file.is_some() == e.key_command.is_some() => {
+                    anyhow::bail!("[encryption] needs exactly one of key_file and key_command")
+                }
+                e => e,
+            },
         })
     }
 }

@@ -3,7 +3,8 @@
 //! (config file and command-line overrides) and the search index over it.
 
 use crate::config::{IndexSection, Settings, Tenancy};
-use crate::store::RedbStore;
+use crate::store::seal::{KeySource, Sealed};
+use crate::store::{RedbStore, Store};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -39,6 +40,7 @@ pub fn settings(
             llm: None,
             review: Default::default(),
             unindexed: Vec::new(),
+            encryption: None,
         },
     };
     if let Some(e) = embedder {
@@ -49,6 +51,64 @@ pub fn settings(
     }
     crate::index::validate_section(&s.index).map_err(|e| anyhow!("{e}"))?;
     Ok(s)
+}
+
+/// Where the master key comes from: the config's `[encryption]`, else the
+/// environment (`CTXFS_KEY_FILE` or `CTXFS_KEY_COMMAND`, for the offline
+/// commands); `None`: no encryption.
+pub fn key_source(s: Option<&Settings>) -> Result<Option<KeySource>> {
+    if let Some(e) = s.and_then(|s| s.encryption.as_ref()) {
+        return Ok(match (&e.key_file, &e.key_command) {
+            (Some(f), _) => Some(KeySource::File(f.clone())),
+            (None, Some(c)) => Some(KeySource::Command(c.clone())),
+            (None, None) => None,
+        });
+    }
+    let file = std::env::var_os(KEY_FILE_ENV).filter(|v| !v.is_empty());
+    let cmd = std::env::var(KEY_COMMAND_ENV)
+        .ok()
+        .filter(|v| !v.is_empty());
+    match (file, cmd) {
+        (Some(f), None) => Ok(Some(KeySource::File(PathBuf::from(f)))),
+        (None, Some(c)) => Ok(Some(KeySource::Command(c))),
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => bail!("set {KEY_FILE_ENV} or {KEY_COMMAND_ENV}, not both"),
+    }
+}
+
+pub const KEY_FILE_ENV: &str = "CTXFS_KEY_FILE";
+pub const KEY_COMMAND_ENV: &str = "CTXFS_KEY_COMMAND";
+
+/// `store` sealed with the master key of `source` (see `store::seal`); a
+/// store that has a keyring is refused without one.
+pub fn seal(store: Arc<dyn Store>, source: Option<&KeySource>) -> Result<Arc<dyn Store>> {
+    Ok(match sealed(store.clone(), source)? {
+        Some(s) => s,
+        None => store,
+    })
+}
+
+/// Like [`seal`], with the sealed store itself (`None`: not encrypted).
+pub fn sealed(store: Arc<dyn Store>, source: Option<&KeySource>) -> Result<Option<Arc<Sealed>>> {
+    match source {
+        Some(src) => {
+            let master = src.read().map_err(|e| anyhow!("{}", e.report()))?;
+            let s = Sealed::open(store, master).map_err(|e| anyhow!("{}", e.report()))?;
+            Ok(Some(s))
+        }
+        None => {
+            if let Some(fp) =
+                crate::store::seal::master_of(&*store).map_err(|e| anyhow!("{}", e.report()))?
+            {
+                bail!(
+                    "this store is encrypted (master key {fp}): give its master key with \
+                     [encryption] key_file or key_command in the config, or {KEY_FILE_ENV} or \
+                     {KEY_COMMAND_ENV} in the environment"
+                );
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// The search index over `store`, with the embedder the settings choose.
@@ -69,6 +129,7 @@ pub fn open_index(
     cfg.ann = crate::index::ann_params(sec, emb.kind());
     cfg.redaction = s.redaction.clone();
     cfg.unindexed = s.unindexed.clone();
+    cfg.dumps = !store.sealed();
     crate::index::Index::new(store.clone(), &data.join("index"), emb, note, cfg)
         .map_err(anyhow::Error::from)
 }
@@ -159,6 +220,8 @@ pub struct CommandStore {
     pub store: Arc<dyn crate::store::Store>,
     /// The local directory (index dumps, drafts of a PostgreSQL store).
     pub dir: PathBuf,
+    /// The store as sealed, when it is encrypted.
+    pub sealed: Option<Arc<Sealed>>,
     redb: Option<Arc<RedbStore>>,
     pg: Option<Arc<crate::store::PgStore>>,
     _lock: Option<DataLock>,
@@ -183,8 +246,13 @@ impl CommandStore {
                 };
                 let pg = crate::store::PgStore::open(url, &dir)
                     .map_err(|e| anyhow!("{}", e.report()))?;
+                let sealed = sealed(pg.clone(), key_source(None)?.as_ref())?;
                 Ok(CommandStore {
-                    store: pg.clone(),
+                    store: match &sealed {
+                        Some(s) => s.clone(),
+                        None => pg.clone(),
+                    },
+                    sealed,
                     dir,
                     redb: None,
                     pg: Some(pg),
@@ -194,8 +262,13 @@ impl CommandStore {
             }
             (Some(d), None) => {
                 let (lock, redb) = open_data(d, create)?;
+                let sealed = sealed(redb.clone(), key_source(None)?.as_ref())?;
                 Ok(CommandStore {
-                    store: redb.clone(),
+                    store: match &sealed {
+                        Some(s) => s.clone(),
+                        None => redb.clone(),
+                    },
+                    sealed,
                     dir: d.to_path_buf(),
                     redb: Some(redb),
                     pg: None,

@@ -12,7 +12,6 @@ use crate::store::Store;
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// `ctxfs migrate`: copy an unmounted data dir's embedded store, with its
@@ -63,7 +62,8 @@ pub fn migrate(data: &Path, url: &str) -> Result<i32> {
     if drafts > 0 {
         writeln!(
             out,
-            "note: {drafts} saved draft(s) stay in {} (uncommitted work is a daemon's own):              mount it, commit or remove them, and migrate again to carry them",
+            "note: {drafts} saved draft(s) stay in {} (uncommitted work is a daemon's own): \
+             mount it, commit or remove them, and migrate again to carry them",
             data.display()
         )?;
     }
@@ -83,7 +83,8 @@ pub fn compact(data: &Path) -> Result<i32> {
     let db = data.join(crate::data::DB_FILE);
     let before = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
     let (lock, store) = open_offline(data)?;
-    let waiting = store.outbox_head(1)?.len();
+    let sealed = crate::data::seal(store.clone(), crate::data::key_source(None)?.as_ref())?;
+    let waiting = sealed.outbox_head(1)?.len();
     if waiting > 0 {
         bail!(
             "index events are still waiting in the outbox (they may hold the text of deleted \
@@ -103,7 +104,8 @@ pub fn compact(data: &Path) -> Result<i32> {
             dead += 1;
         }
     }
-    let used = crate::index::referenced_vectors(&*store)?;
+    let used = crate::index::referenced_vectors(&*sealed)?;
+    drop(sealed);
     let mut vectors = 0;
     for (model, hash) in store.vector_keys()? {
         if !used.contains(&(model.clone(), hash)) {
@@ -144,6 +146,41 @@ pub fn compact(data: &Path) -> Result<i32> {
     Ok(0)
 }
 
+/// `ctxfs rekey`: every data key re-wrapped under a new master key, in one
+/// transaction.
+pub fn rekey(
+    data: Option<&Path>,
+    url: Option<&str>,
+    new_key_file: Option<PathBuf>,
+    new_key_command: Option<String>,
+) -> Result<i32> {
+    use crate::store::seal::KeySource;
+    let new = match (new_key_file, new_key_command) {
+        (Some(f), None) => KeySource::File(f),
+        (None, Some(c)) => KeySource::Command(c),
+        _ => bail!("give the new master key: --new-key-file FILE or --new-key-command CMD"),
+    };
+    let new = new.read().map_err(|e| anyhow!("{}", e.report()))?;
+    let cs = CommandStore::open(data, url, false)?;
+    let Some(sealed) = cs.sealed.clone() else {
+        bail!(
+            "this store is not encrypted: give the current master key in {} or {} (a store \
+             without one was never encrypted, and is not encrypted in place)",
+            crate::data::KEY_FILE_ENV,
+            crate::data::KEY_COMMAND_ENV
+        );
+    };
+    let n = sealed.rekey(&new).map_err(|e| anyhow!("{}", e.report()))?;
+    drop(sealed);
+    cs.close();
+    println!(
+        "rekeyed: {n} data key(s) now wrapped by master key {}; give it from now on, and \
+         destroy the old one",
+        new.fingerprint
+    );
+    Ok(0)
+}
+
 /// `ctxfs delete`: an administrator's delete of a whole account, or of one
 /// user's or agent's memory, in one transaction, with a count of what went.
 pub fn delete(data: &Path, account: &str, user: Option<&str>, agent: Option<&str>) -> Result<i32> {
@@ -154,7 +191,8 @@ pub fn delete(data: &Path, account: &str, user: Option<&str>, agent: Option<&str
         (Some(_), Some(_)) => bail!("give --user or --agent, not both"),
     };
     let (_lock, store) = open_offline(data)?;
-    let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0))?;
+    let sealed = crate::data::seal(store.clone(), crate::data::key_source(None)?.as_ref())?;
+    let fs = Fs::new(sealed, Tenancy::Owner(0))?;
     let d = fs.delete_subtree(&prefix)?;
     drop(fs);
     store.close();
@@ -410,7 +448,8 @@ pub fn bench_ann(o: BenchAnnOpts) -> Result<i32> {
             o.model_dir.as_ref(),
         )?;
         let (_lock, store) = open_offline(data)?;
-        let index = open_index(&(store.clone() as Arc<dyn Store>), data, &s)?;
+        let sealed = crate::data::seal(store.clone(), crate::data::key_source(Some(&s))?.as_ref())?;
+        let index = open_index(&sealed, data, &s)?;
         let base = index.live_vectors(account)?;
         let file = o
             .queries_file

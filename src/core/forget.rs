@@ -113,6 +113,10 @@ impl Fs {
             if self.store.dir_exists(&path)? {
                 ops.push(Op::DelDir { path });
                 done.containers += 1;
+            } else if path == prefix {
+                // An account of the config has no stored directory: its
+                // delete still destroys its keys on an encrypted store.
+                ops.push(Op::DelDir { path });
             }
         }
         ops.extend(self.audit_ops(

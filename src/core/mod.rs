@@ -654,6 +654,10 @@ impl Fs {
             v["commit_failures"] = self.stats.commit_failures.load(Ordering::Relaxed).into();
             v["inodes"] = self.inode_count().into();
             v["log_lines_dropped"] = metrics::LOG_LINES_DROPPED.load(Ordering::Relaxed).into();
+            v["encrypted"] = self.store.sealed().into();
+            if let Some(n) = self.store.data_keys() {
+                v["data_keys"] = n.into();
+            }
         }
         let mut out =
             serde_json::to_vec_pretty(&v).map_err(|e| Error::store_from("rendering status", e))?;

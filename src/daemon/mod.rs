@@ -330,6 +330,7 @@ type Closer = Box<dyn Fn()>;
 /// The store the options name: PostgreSQL for `--store URL` (or `[store]
 /// url`), else the embedded redb file of the data dir; and how to close it.
 fn open_store(o: &MountOpts, s: &Settings) -> Result<(Arc<dyn Store>, Closer)> {
+    let key = crate::data::key_source(Some(s))?;
     match o.store.clone().or_else(|| s.store_url.clone()) {
         Some(url) => {
             let pg = crate::store::PgStore::open(&url, &o.data)
@@ -338,12 +339,14 @@ fn open_store(o: &MountOpts, s: &Settings) -> Result<(Arc<dyn Store>, Closer)> {
                 .map_err(|e| anyhow!("{}", e.report()))?;
             tracing::info!(url = %pg.url(), "serving a shared PostgreSQL store");
             let closer = pg.clone();
-            Ok((pg, Box::new(move || closer.close())))
+            let store = crate::data::seal(pg, key.as_ref())?;
+            Ok((store, Box::new(move || closer.close())))
         }
         None => {
             let redb = crate::data::open_redb(&o.data)?;
             let closer = redb.clone();
-            Ok((redb, Box::new(move || closer.close())))
+            let store = crate::data::seal(redb, key.as_ref())?;
+            Ok((store, Box::new(move || closer.close())))
         }
     }
 }

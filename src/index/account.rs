@@ -196,7 +196,12 @@ impl Index {
         // and searches keep their read access meanwhile.
         let st = rlock(&ai.st);
         let slots = &st.slots;
-        let (graph, mut vecs) = match ann::load(&self.graph_dir(account), dim) {
+        let dump = if self.cfg.dumps {
+            ann::load(&self.graph_dir(account), dim)
+        } else {
+            None
+        };
+        let (graph, mut vecs) = match dump {
             Some(x) => x,
             None => (ann::new_graph(&self.cfg.ann, slots.len()), HashMap::new()),
         };
@@ -222,7 +227,7 @@ impl Index {
                 continue;
             }
             let r = &doc.ix.recs[*i as usize];
-            if let Some(b) = self.store.get_vec(&model, r.hash)? {
+            if let Some(b) = self.store.get_vec_of(path, &model, r.hash)? {
                 let v = bytes_vec(&b);
                 if v.len() == dim {
                     missing.push((*label, ann::half(&v)));
@@ -292,7 +297,10 @@ impl Index {
             let Some(doc) = st.docs.get(path) else {
                 continue;
             };
-            if let Some(b) = self.store.get_vec(model, doc.ix.recs[*i as usize].hash)? {
+            if let Some(b) = self
+                .store
+                .get_vec_of(path, model, doc.ix.recs[*i as usize].hash)?
+            {
                 out.push((*l, bytes_vec(&b)));
             }
         }

@@ -156,13 +156,23 @@ impl Index {
         let mut have: HashMap<u128, ann::Vector> = HashMap::new();
         // Tokens each account asks of the embedder in this batch (quota).
         let mut asks: HashMap<String, (u64, Vec<u128>)> = HashMap::new();
+        // Where each new embedding is stored: once per text, or once per
+        // scope of an encrypted store (its rows are keyed per scope).
+        let mut owners: HashMap<u128, Vec<String>> = HashMap::new();
+        let mut stored: HashSet<(Option<String>, u128)> = HashSet::new();
         for p in &batch {
             if let Work::Upsert { texts, .. } = &p.work {
                 for (h, t) in record_texts(texts) {
-                    if have.contains_key(&h) || need.contains_key(&h) {
+                    let place = (self.store.vec_scope(&p.path), h);
+                    if stored.contains(&place) {
                         continue;
                     }
-                    match self.store.get_vec(&model, h)? {
+                    if need.contains_key(&h) {
+                        owners.entry(h).or_default().push(p.path.clone());
+                        stored.insert(place);
+                        continue;
+                    }
+                    match self.store.get_vec_of(&p.path, &model, h)? {
                         Some(b) if b.len() == self.embedder.dim() * 4 => {
                             self.stats.embed_cache_hits.fetch_add(1, Ordering::Relaxed);
                             have.insert(h, ann::half(&bytes_vec(&b)));
@@ -171,9 +181,11 @@ impl Index {
                             let a = asks.entry(p.account.clone()).or_default();
                             a.0 += crate::schema::counters::tokens_of(&t);
                             a.1.push(h);
+                            owners.entry(h).or_default().push(p.path.clone());
                             need.insert(h, t);
                         }
                     }
+                    stored.insert(place);
                 }
             }
         }
@@ -217,11 +229,15 @@ impl Index {
             match r {
                 Ok(vs) => {
                     for ((h, _), v) in part.iter().zip(vs) {
-                        ops.push(Op::PutVec {
-                            model: model.clone(),
-                            hash: *h,
-                            data: vec_bytes(&v),
-                        });
+                        let data = vec_bytes(&v);
+                        for owner in owners.remove(h).unwrap_or_default() {
+                            ops.push(Op::PutVecOf {
+                                owner,
+                                model: model.clone(),
+                                hash: *h,
+                                data: data.clone(),
+                            });
+                        }
                         have.insert(*h, ann::half(&v));
                     }
                     self.stats
@@ -553,11 +569,29 @@ impl Index {
                 None => Change::None,
             },
             Work::Move { from, to } => match cur_doc(from) {
-                Some(d) => Change::Move {
-                    from: from.clone(),
-                    to: to.clone(),
-                    doc: d,
-                },
+                Some(d) => {
+                    // An encrypted store keys embeddings per scope: a node
+                    // moved to another user takes its embeddings along.
+                    let mut copies = Vec::new();
+                    if self.store.vec_scope(from) != self.store.vec_scope(to) {
+                        for r in &d.recs {
+                            if let Some(b) = self.store.get_vec_of(from, &d.model, r.hash)? {
+                                copies.push(Op::PutVecOf {
+                                    owner: to.clone(),
+                                    model: d.model.clone(),
+                                    hash: r.hash,
+                                    data: b,
+                                });
+                            }
+                        }
+                    }
+                    Change::Move {
+                        from: from.clone(),
+                        to: to.clone(),
+                        doc: d,
+                        copies,
+                    }
+                }
                 None => Change::None,
             },
         })

@@ -54,6 +54,8 @@ pub(super) enum Change {
         from: String,
         to: String,
         doc: IxDoc,
+        /// The node's embeddings stored again for its new scope.
+        copies: Vec<Op>,
     },
 }
 
@@ -77,7 +79,13 @@ impl Change {
                 data: doc.encode(),
             }),
             Change::Del { path } => ops.push(Op::DelIx { path: path.clone() }),
-            Change::Move { from, to, doc } => {
+            Change::Move {
+                from,
+                to,
+                doc,
+                copies,
+            } => {
+                ops.extend(copies.iter().cloned());
                 ops.push(Op::DelIx { path: from.clone() });
                 ops.push(Op::PutIx {
                     path: to.clone(),
@@ -115,7 +123,7 @@ impl Change {
                 remove_doc(&mut st, &path, &HashSet::new());
                 st.dirty = true;
             }
-            Change::Move { from, to, doc } => {
+            Change::Move { from, to, doc, .. } => {
                 let mut st = wlock(&ai.st);
                 let Some(old) = st.take_doc(from.as_str()) else {
                     return;

@@ -40,6 +40,9 @@ pub struct IndexConfig {
     /// (`AccountIndex::approx_bytes`); past it the least recently used
     /// accounts are unloaded (never the one in use).
     pub max_loaded_bytes: usize,
+    /// Write graph dumps to `DATA/index/` (off on an encrypted store: a dump
+    /// holds the vectors in the clear; graphs are rebuilt at load instead).
+    pub dumps: bool,
 }
 
 impl Default for IndexConfig {
@@ -56,6 +59,7 @@ impl Default for IndexConfig {
             redaction: Default::default(),
             unindexed: Vec::new(),
             max_loaded_bytes: super::MAX_LOADED_MB << 20,
+            dumps: true,
         }
     }
 }
@@ -139,6 +143,7 @@ impl IndexConfig {
                 .max_loaded_mb
                 .map(|mb| (mb as usize).saturating_mul(1 << 20))
                 .unwrap_or(d.max_loaded_bytes),
+            dumps: d.dumps,
         }
     }
 }

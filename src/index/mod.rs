@@ -111,10 +111,12 @@ pub struct Edge {
 /// The vectors some index document still uses: (model, text hash).
 pub fn referenced_vectors(store: &dyn Store) -> Result<HashSet<(String, u128)>> {
     let mut out = HashSet::new();
-    store.scan_ix("", &mut |_, b| {
+    store.scan_ix("", &mut |path, b| {
         let d = IxDoc::decode(b)?;
         for r in &d.recs {
-            out.insert((d.model.clone(), r.hash));
+            if let Some(h) = store.stored_vec_hash(path, r.hash) {
+                out.insert((d.model.clone(), h));
+            }
         }
         Ok(())
     })?;

@@ -218,6 +218,9 @@ impl Index {
 
     /// Dump every graph changed since its last dump.
     pub(super) fn dump_all(&self) {
+        if !self.cfg.dumps {
+            return;
+        }
         let accts = self.loaded_accounts();
         for ai in accts {
             // Never dump a graph that is not loaded yet over the real one.

@@ -209,6 +209,19 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
     let counters = txn.open_table(COUNTERS).map_err(se)?;
     let hw = txn.open_table(HIGH_WATER).map_err(se)?;
 
+    // An encrypted store (a keyring): blobs hold their text sealed, which
+    // adds `seal::OVERHEAD` bytes; the text itself is not checked here.
+    let sealed = txn
+        .open_table(SCRATCH)
+        .map_err(se)?
+        .get((super::seal::KEYRING, "master"))
+        .map_err(se)?
+        .is_some();
+    let overhead = if sealed {
+        super::seal::OVERHEAD as u64
+    } else {
+        0
+    };
     // Blob sizes, by id.
     let mut blob_size: HashMap<u64, u64> = HashMap::new();
     for item in blobs.iter().map_err(se)? {
@@ -280,7 +293,7 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
             }
         }
         if let Some(m) = rec.file(place::META) {
-            if let Ok(bytes) = read_blob(&blobs, m.blob) {
+            if let Some(bytes) = read_blob(&blobs, m.blob).ok().filter(|_| !sealed) {
                 match serde_json::from_slice::<serde_json::Value>(&bytes) {
                     Ok(serde_json::Value::Object(o)) => {
                         let want = [
@@ -331,7 +344,7 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
             referenced.insert(f.blob);
             max_blob = max_blob.max(f.blob);
             match blob_size.get(&f.blob) {
-                Some(s) if *s == f.size => {}
+                Some(s) if *s == f.size + overhead => {}
                 Some(s) => bad(
                     5,
                     format!(
@@ -456,9 +469,14 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
         }
         if conversation {
             if let Ok(r) = super::ScratchRec::decode(val.value()) {
+                let n = if sealed {
+                    super::seal::plain_len(&r.data).unwrap_or(0)
+                } else {
+                    r.data.len()
+                };
                 *recount
                     .entry(crate::schema::counters::inbox_bytes_key(c[0]))
-                    .or_default() += r.data.len() as i64;
+                    .or_default() += n as i64;
             }
         }
     }

@@ -6,6 +6,7 @@ mod check;
 mod fsck;
 mod pg;
 mod redb;
+pub mod seal;
 mod wal;
 
 pub use self::check::check;
@@ -199,6 +200,15 @@ pub enum Op {
         path: String,
         version: Option<u32>,
     },
+    /// An embedding of a text of the node (or conversation) at `owner`: on
+    /// an encrypted store it is sealed with the key of the owner's scope
+    /// and found by a keyed hash; elsewhere it is `PutVec`.
+    PutVecOf {
+        owner: String,
+        model: String,
+        hash: u128,
+        data: Vec<u8>,
+    },
 }
 
 /// What another daemon changed (the change feed of a shared store).
@@ -303,6 +313,23 @@ pub trait Store: Send + Sync {
     /// Every index document whose path starts with `prefix`, in path order.
     fn scan_ix(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8]) -> Result<()>) -> Result<()>;
     fn get_vec(&self, model: &str, hash: u128) -> Result<Option<Vec<u8>>>;
+    /// The embedding of a text of the node at `owner` (see `Op::PutVecOf`).
+    fn get_vec_of(&self, owner: &str, model: &str, hash: u128) -> Result<Option<Vec<u8>>> {
+        let _ = owner;
+        self.get_vec(model, hash)
+    }
+    /// Which owners share stored embeddings: `None` when every owner does
+    /// (one row per text); on an encrypted store, the owner's scope.
+    fn vec_scope(&self, owner: &str) -> Option<String> {
+        let _ = owner;
+        None
+    }
+    /// The hash a text of `owner` is stored under (`None`: nothing of the
+    /// owner's scope can be stored now).
+    fn stored_vec_hash(&self, owner: &str, hash: u128) -> Option<u128> {
+        let _ = owner;
+        Some(hash)
+    }
     /// An entry of a project's shared area.
     fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>>;
     /// The entries directly under `parent` in a project's shared area, in name order.
@@ -316,6 +343,16 @@ pub trait Store: Send + Sync {
     fn apply(&self, ops: Vec<Op>, durable: bool) -> Result<()>;
 
     // ---- several daemons on one store (the embedded store has one) -------
+
+    /// Is every text of this store sealed (`[encryption]`)?
+    fn sealed(&self) -> bool {
+        false
+    }
+
+    /// How many data keys an encrypted store holds (`None`: not encrypted).
+    fn data_keys(&self) -> Option<usize> {
+        None
+    }
 
     /// Do other daemons share this store?
     fn shared(&self) -> bool {

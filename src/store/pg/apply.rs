@@ -327,7 +327,10 @@ pub(super) async fn apply_ops(
             }
             // The embedding cache is content-addressed (model, hash of the
             // text) and shared: it holds no path and no text.
-            Op::PutVec { model, hash, data } => {
+            Op::PutVec { model, hash, data }
+            | Op::PutVecOf {
+                model, hash, data, ..
+            } => {
                 exec(
                     t,
                     "INSERT INTO vecs (model, hash, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",

@@ -268,7 +268,10 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                 Op::DelIx { path } => {
                     ix.remove(path.as_str()).map_err(se)?;
                 }
-                Op::PutVec { model, hash, data } => {
+                Op::PutVec { model, hash, data }
+                | Op::PutVecOf {
+                    model, hash, data, ..
+                } => {
                     vecs.insert((model.as_str(), *hash), data.as_slice())
                         .map_err(se)?;
                 }

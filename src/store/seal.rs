@@ -1,0 +1,1141 @@
+//! Encryption at rest (`[encryption]` in the config): a [`Store`] that
+//! seals what another store keeps, so the redb file, its write-ahead log, a
+//! PostgreSQL database and every backup of them hold ciphertext only.
+//!
+//! Keys: every scope (an account, one of its users, one of its agents) has
+//! data keys of its own (XChaCha20-Poly1305, 256-bit, random), stored in the
+//! store wrapped by the operator's master key (`key_file` or `key_command`).
+//! A value is sealed with the key of the scope its path belongs to; its
+//! header names the key, so a reader needs no path. Deleting a scope's
+//! directory deletes its key rows in the same transaction: what was sealed
+//! with them can never be opened again (crypto-shredding). Copies of a key
+//! row that outlive the delete (free pages, PostgreSQL's WAL, a backup) are
+//! wrapped by the master key: `ctxfs rekey` re-wraps the live keys under a
+//! new master key, and destroying the old one makes those copies useless.
+//!
+//! What is sealed: node blobs (every version), index documents and
+//! vectors, drafts, scratchpad files and activity-log appends, stored
+//! conversations, and the payload of every outbox event that carries text.
+//! What is not: paths and names, node records (sizes, times, statuses),
+//! counters, and the payloads of events that carry no text (deletes,
+//! moves). The key rows live under the reserved name `.keyring` of the
+//! store's small-entries table, which no account can take (names never
+//! start with a dot).
+
+use super::{NodeRec, Op, RemoteChange, ScratchRec, Store, StoredEvent};
+use crate::error::{Error, Result};
+use chacha20poly1305::aead::rand_core::RngCore;
+use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// The reserved name of the key rows (an account name never starts with a dot).
+pub const KEYRING: &str = ".keyring";
+/// The row proving which master key wraps the keyring.
+const MASTER_ROW: &str = "master";
+/// Sealed values start with these bytes.
+const MAGIC: [u8; 2] = [0xC7, 0x5E];
+const NONCE: usize = 24;
+const HEADER: usize = 2 + 8 + NONCE;
+/// What sealing adds to a value: the header and the authentication tag.
+pub const OVERHEAD: usize = HEADER + 16;
+
+/// What a sealed value is; part of its authenticated data, so a value
+/// cannot be passed off as one of another kind.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Kind {
+    Blob = 1,
+    Ix = 2,
+    Vector = 3,
+    Draft = 4,
+    Scratch = 5,
+    Event = 6,
+}
+
+/// Where the operator's master key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A file holding 64 hex digits (or 32 raw bytes), owner-only.
+    File(PathBuf),
+    /// A command (run by `sh -c`) that prints the key in hex, as a KMS or
+    /// Vault client would.
+    Command(String),
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::File(p) => write!(f, "key file {}", p.display()),
+            KeySource::Command(c) => write!(f, "key command `{c}`"),
+        }
+    }
+}
+
+impl KeySource {
+    /// Read the master key. A key file must belong to this uid and be
+    /// unreadable by group and others.
+    pub fn read(&self) -> Result<MasterKey> {
+        let bytes = match self {
+            KeySource::File(p) => {
+                use std::os::unix::fs::MetadataExt;
+                let md = std::fs::metadata(p)
+                    .map_err(|e| Error::store(format!("cannot read {self}: {e}")))?;
+                // SAFETY: geteuid(2) has no preconditions and cannot fail.
+                let me = unsafe { libc::geteuid() };
+                if md.uid() != me {
+                    return Err(Error::store(format!(
+                        "{self} belongs to uid {}, not to this process's uid {me}: \
+                         chown {me} {}",
+                        md.uid(),
+                        p.display()
+                    )));
+                }
+                if md.mode() & 0o077 != 0 {
+                    return Err(Error::store(format!(
+                        "{self} may be read by group or others (mode {:o}): chmod 600 {}",
+                        md.mode() & 0o777,
+                        p.display()
+                    )));
+                }
+                std::fs::read(p).map_err(|e| Error::store(format!("cannot read {self}: {e}")))?
+            }
+            KeySource::Command(c) => {
+                let out = std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(c)
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .map_err(|e| Error::store(format!("cannot run {self}: {e}")))?;
+                if !out.status.success() {
+                    return Err(Error::store(format!(
+                        "{self} failed ({}): {}",
+                        out.status,
+                        crate::schema::excerpt(String::from_utf8_lossy(&out.stderr).trim())
+                    )));
+                }
+                out.stdout
+            }
+        };
+        MasterKey::from_bytes(&bytes).map_err(|why| Error::store(format!("{self}: {why}")))
+    }
+}
+
+/// The operator's key: wraps the data keys, never seals data itself.
+pub struct MasterKey {
+    cipher: XChaCha20Poly1305,
+    /// A short public name of the key (not a secret: a hash of it).
+    pub fingerprint: String,
+}
+
+impl MasterKey {
+    /// 64 hex digits (whitespace around them ignored) or 32 raw bytes.
+    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<MasterKey, String> {
+        let text = std::str::from_utf8(bytes).map(str::trim).unwrap_or("");
+        let raw: Vec<u8> = if text.len() == 64 {
+            from_hex(text).ok_or("the key is 64 characters but not hex digits")?
+        } else if bytes.len() == 32 {
+            bytes.to_vec()
+        } else {
+            return Err(format!(
+                "a master key is 64 hex digits (32 bytes), this is {} bytes; make one with: \
+                 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > FILE && chmod 600 FILE",
+                bytes.len()
+            ));
+        };
+        let mut h = Sha256::new();
+        h.update(b"ctxfs master key fingerprint\0");
+        h.update(&raw);
+        let fingerprint = hex(&h.finalize()[..8]);
+        Ok(MasterKey {
+            cipher: XChaCha20Poly1305::new_from_slice(&raw).map_err(|e| e.to_string())?,
+            fingerprint,
+        })
+    }
+
+    fn wrap(&self, aad: &[u8], plain: &[u8]) -> Result<Vec<u8>> {
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let ct = self
+            .cipher
+            .encrypt(&nonce, Payload { msg: plain, aad })
+            .map_err(|_| Error::store("wrapping a key failed"))?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&ct);
+        Ok(out)
+    }
+
+    fn unwrap(&self, aad: &[u8], wrapped: &[u8]) -> Option<Vec<u8>> {
+        if wrapped.len() < NONCE {
+            return None;
+        }
+        let (n, ct) = wrapped.split_at(NONCE);
+        self.cipher
+            .decrypt(XNonce::from_slice(n), Payload { msg: ct, aad })
+            .ok()
+    }
+}
+
+/// One data key of a scope.
+struct DataKey {
+    id: u64,
+    scope: String,
+    cipher: XChaCha20Poly1305,
+    /// Keys the vector hashes of the scope (HMAC-SHA256).
+    mac: Hmac<Sha256>,
+}
+
+impl DataKey {
+    fn new(id: u64, scope: &str, raw: &[u8]) -> Result<DataKey> {
+        let bad = || Error::store("a data key has the wrong length");
+        Ok(DataKey {
+            id,
+            scope: scope.to_string(),
+            cipher: XChaCha20Poly1305::new_from_slice(raw).map_err(|_| bad())?,
+            mac: <Hmac<Sha256> as Mac>::new_from_slice(raw).map_err(|_| bad())?,
+        })
+    }
+
+    fn seal(&self, kind: Kind, plain: &[u8]) -> Result<Vec<u8>> {
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let mut out = Vec::with_capacity(plain.len() + OVERHEAD);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&self.id.to_le_bytes());
+        out.extend_from_slice(&nonce);
+        let mut aad = [0u8; HEADER + 1];
+        aad[..HEADER].copy_from_slice(&out);
+        aad[HEADER] = kind as u8;
+        let ct = self
+            .cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: plain,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| Error::store("sealing failed"))?;
+        out.extend_from_slice(&ct);
+        Ok(out)
+    }
+
+    /// The stored hash of a vector of this scope: keyed, so equal texts of
+    /// two scopes share no row and no hash can be checked against a guess.
+    fn vec_hash(&self, hash: u128) -> u128 {
+        let mut m = self.mac.clone();
+        m.update(b"ctxfs vector\0");
+        m.update(&hash.to_le_bytes());
+        let d = m.finalize().into_bytes();
+        u128::from_le_bytes(d[..16].try_into().unwrap_or([0; 16]))
+    }
+}
+
+/// The key a sealed value names (`None`: not a sealed value).
+fn key_id_of(sealed: &[u8]) -> Option<u64> {
+    if sealed.len() < OVERHEAD || sealed[..2] != MAGIC {
+        return None;
+    }
+    Some(u64::from_le_bytes(sealed[2..10].try_into().ok()?))
+}
+
+/// The scope a store path belongs to: `A/users/U`, `A/agents/G`, else the account `A`.
+pub fn scope_of(path: &str) -> &str {
+    let mut it = path.splitn(4, '/');
+    let a = it.next().unwrap_or("");
+    match (it.next(), it.next()) {
+        (Some(kind @ ("users" | "agents")), Some(name)) if !name.is_empty() => {
+            &path[..a.len() + 1 + kind.len() + 1 + name.len()]
+        }
+        _ => a,
+    }
+}
+
+/// Is `path` a scope itself (an account, a user, an agent)?
+fn is_scope(path: &str) -> bool {
+    !path.is_empty() && scope_of(path) == path
+}
+
+/// Is `scope` `of` or inside it?
+fn within(scope: &str, of: &str) -> bool {
+    scope == of || (scope.starts_with(of) && scope.as_bytes().get(of.len()) == Some(&b'/'))
+}
+
+#[derive(Default)]
+struct Keys {
+    by_id: HashMap<u64, Arc<DataKey>>,
+    /// The key each scope seals with (the lowest id, so that daemons which
+    /// each made one for a new scope at once agree after a reload).
+    by_scope: HashMap<String, Arc<DataKey>>,
+}
+
+/// The data keys of a store, unwrapped in memory.
+struct Keyring {
+    master: MasterKey,
+    keys: RwLock<Keys>,
+    /// Held while a key is made, so one daemon makes one key per scope.
+    making: Mutex<()>,
+}
+
+fn key_aad(scope: &str, id: u64) -> Vec<u8> {
+    let mut a = b"ctxfs data key\0".to_vec();
+    a.extend_from_slice(scope.as_bytes());
+    a.push(0);
+    a.extend_from_slice(&id.to_le_bytes());
+    a
+}
+
+const CHECK_AAD: &[u8] = b"ctxfs keyring check";
+
+fn row_path(name: &str) -> String {
+    format!("{KEYRING}/{name}")
+}
+
+fn key_row_name(id: u64) -> String {
+    format!("k{id:016x}")
+}
+
+/// One key row as stored.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeyRow {
+    scope: String,
+    id: String,
+    master: String,
+    wrapped: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct MasterRow {
+    master: String,
+    check: String,
+}
+
+impl Keyring {
+    fn load(&self, store: &dyn Store) -> Result<()> {
+        let mut keys = Keys::default();
+        for (name, bytes) in store.list_scratch(KEYRING)? {
+            if name == MASTER_ROW {
+                continue;
+            }
+            let row: KeyRow = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::store_from("corrupt key row", e))?;
+            let id = u64::from_str_radix(&row.id, 16)
+                .map_err(|e| Error::store_from("corrupt key row id", e))?;
+            let raw = from_hex(&row.wrapped)
+                .and_then(|w| self.master.unwrap(&key_aad(&row.scope, id), &w))
+                .ok_or_else(|| {
+                    Error::store(format!(
+                        "key {} of {} does not open with master key {} (it says it is \
+                         wrapped by {}): give the master key this store was made or rekeyed with",
+                        row.id, row.scope, self.master.fingerprint, row.master
+                    ))
+                })?;
+            let k = Arc::new(DataKey::new(id, &row.scope, &raw)?);
+            keys.by_id.insert(id, k.clone());
+            let e = keys.by_scope.entry(row.scope.clone()).or_insert(k.clone());
+            if k.id < e.id {
+                *e = k;
+            }
+        }
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        Ok(())
+    }
+
+    fn by_id(&self, id: u64) -> Option<Arc<DataKey>> {
+        self.keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_id
+            .get(&id)
+            .cloned()
+    }
+
+    fn current(&self, scope: &str) -> Option<Arc<DataKey>> {
+        self.keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_scope
+            .get(scope)
+            .cloned()
+    }
+
+    /// The key `scope` seals with, made (and stored durably) if it has none.
+    fn key_for(&self, store: &dyn Store, scope: &str) -> Result<Arc<DataKey>> {
+        if let Some(k) = self.current(scope) {
+            return Ok(k);
+        }
+        let _g = self.making.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = self.current(scope) {
+            return Ok(k);
+        }
+        let mut raw = [0u8; 32];
+        OsRng.fill_bytes(&mut raw);
+        let id = OsRng.next_u64();
+        let row = KeyRow {
+            scope: scope.to_string(),
+            id: format!("{id:016x}"),
+            master: self.master.fingerprint.clone(),
+            wrapped: hex(&self.master.wrap(&key_aad(scope, id), &raw)?),
+        };
+        let bytes = serde_json::to_vec(&row).map_err(|e| Error::store_from("encoding", e))?;
+        store.apply(
+            vec![Op::PutScratch {
+                path: row_path(&key_row_name(id)),
+                data: bytes,
+            }],
+            true,
+        )?;
+        let k = Arc::new(DataKey::new(id, scope, &raw)?);
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        keys.by_id.insert(id, k.clone());
+        keys.by_scope.insert(scope.to_string(), k.clone());
+        Ok(k)
+    }
+
+    /// Every key of `scope` and the scopes inside it.
+    fn ids_within(&self, scope: &str) -> Vec<u64> {
+        self.keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_id
+            .values()
+            .filter(|k| within(&k.scope, scope))
+            .map(|k| k.id)
+            .collect()
+    }
+
+    fn forget(&self, ids: &[u64]) {
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            if let Some(k) = keys.by_id.remove(id) {
+                if keys.by_scope.get(&k.scope).map(|c| c.id) == Some(k.id) {
+                    keys.by_scope.remove(&k.scope);
+                }
+            }
+        }
+        // A scope that had several keys seals with its lowest remaining one.
+        let rest: Vec<Arc<DataKey>> = keys.by_id.values().cloned().collect();
+        for k in rest {
+            let e = keys.by_scope.entry(k.scope.clone()).or_insert(k.clone());
+            if k.id < e.id {
+                *e = k;
+            }
+        }
+    }
+}
+
+/// Does `store` hold a keyring (was it made encrypted)? The fingerprint of
+/// its master key if so.
+pub fn master_of(store: &dyn Store) -> Result<Option<String>> {
+    match store.get_scratch(&row_path(MASTER_ROW))? {
+        Some(b) => {
+            let row: MasterRow = serde_json::from_slice(&b)
+                .map_err(|e| Error::store_from("corrupt keyring master row", e))?;
+            Ok(Some(row.master))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Does `store` hold any text (a node, a draft, an index document)?
+fn holds_text(store: &dyn Store) -> Result<bool> {
+    let mut any = false;
+    let r = store.scan_nodes(&mut |_| {
+        any = true;
+        Err(Error::store("found"))
+    });
+    if any {
+        return Ok(true);
+    }
+    r?;
+    if !store.drafts()?.is_empty() {
+        return Ok(true);
+    }
+    let mut ix = false;
+    let r = store.scan_ix("", &mut |_, _| {
+        ix = true;
+        Err(Error::store("found"))
+    });
+    if ix {
+        return Ok(true);
+    }
+    r?;
+    Ok(false)
+}
+
+/// A store whose every text is sealed: see the module documentation.
+pub struct Sealed {
+    inner: Arc<dyn Store>,
+    ring: Arc<Keyring>,
+}
+
+/// What opening a sealed value gave.
+enum Opened {
+    Plain(Vec<u8>),
+    /// Its key was destroyed: the value is forgotten.
+    Gone,
+}
+
+impl Sealed {
+    /// `inner` sealed with data keys wrapped by `master`. A store without a
+    /// keyring gets one if it holds no text yet; one that holds text
+    /// written in the clear is refused (no store is encrypted in place).
+    pub fn open(inner: Arc<dyn Store>, master: MasterKey) -> Result<Arc<Sealed>> {
+        match inner.get_scratch(&row_path(MASTER_ROW))? {
+            Some(b) => {
+                let row: MasterRow = serde_json::from_slice(&b)
+                    .map_err(|e| Error::store_from("corrupt keyring master row", e))?;
+                let ok = from_hex(&row.check)
+                    .and_then(|w| master.unwrap(CHECK_AAD, &w))
+                    .is_some();
+                if !ok {
+                    return Err(Error::store(format!(
+                        "the master key given ({}) does not open this store's keyring, which \
+                         master key {} wraps: give that key (after `ctxfs rekey`, the new one)",
+                        master.fingerprint, row.master
+                    )));
+                }
+            }
+            None => {
+                if holds_text(&*inner)? {
+                    return Err(Error::store(
+                        "this store holds text written without encryption, and ctxfs does not \
+                         encrypt a store in place: `ctxfs export` it, then `ctxfs import` the \
+                         tree into a new data dir mounted with the master key",
+                    ));
+                }
+                Self::write_master_row(&*inner, &master, vec![])?;
+            }
+        }
+        let ring = Arc::new(Keyring {
+            master,
+            keys: RwLock::new(Keys::default()),
+            making: Mutex::new(()),
+        });
+        ring.load(&*inner)?;
+        Ok(Arc::new(Sealed { inner, ring }))
+    }
+
+    fn write_master_row(store: &dyn Store, master: &MasterKey, mut ops: Vec<Op>) -> Result<()> {
+        let row = MasterRow {
+            master: master.fingerprint.clone(),
+            check: hex(&master.wrap(CHECK_AAD, b"ctxfs")?),
+        };
+        ops.push(Op::PutScratch {
+            path: row_path(MASTER_ROW),
+            data: serde_json::to_vec(&row).map_err(|e| Error::store_from("encoding", e))?,
+        });
+        store.apply(ops, true)
+    }
+
+    /// Re-wrap every data key under `new` in one transaction; no sealed
+    /// value is rewritten. The number of keys re-wrapped.
+    pub fn rekey(&self, new: &MasterKey) -> Result<usize> {
+        let mut ops = Vec::new();
+        for (name, bytes) in self.inner.list_scratch(KEYRING)? {
+            if name == MASTER_ROW {
+                continue;
+            }
+            let mut row: KeyRow = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::store_from("corrupt key row", e))?;
+            let id = u64::from_str_radix(&row.id, 16)
+                .map_err(|e| Error::store_from("corrupt key row id", e))?;
+            let aad = key_aad(&row.scope, id);
+            let raw = from_hex(&row.wrapped)
+                .and_then(|w| self.ring.master.unwrap(&aad, &w))
+                .ok_or_else(|| Error::store(format!("key {} does not open", row.id)))?;
+            row.wrapped = hex(&new.wrap(&aad, &raw)?);
+            row.master = new.fingerprint.clone();
+            ops.push(Op::PutScratch {
+                path: row_path(&name),
+                data: serde_json::to_vec(&row).map_err(|e| Error::store_from("encoding", e))?,
+            });
+        }
+        let n = ops.len();
+        Self::write_master_row(&*self.inner, new, ops)?;
+        Ok(n)
+    }
+
+    /// How many data keys the store holds.
+    pub fn key_count(&self) -> usize {
+        self.ring
+            .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_id
+            .len()
+    }
+
+    fn seal(&self, scope: &str, kind: Kind, plain: &[u8]) -> Result<Vec<u8>> {
+        self.ring.key_for(&*self.inner, scope)?.seal(kind, plain)
+    }
+
+    fn unseal(&self, kind: Kind, sealed: &[u8]) -> Result<Opened> {
+        let Some(id) = key_id_of(sealed) else {
+            return Err(Error::store(
+                "a value of an encrypted store is not sealed (written without the key?)",
+            ));
+        };
+        let key = match self.ring.by_id(id) {
+            Some(k) => k,
+            None => {
+                // Made by another daemon since we loaded, or destroyed.
+                self.ring.load(&*self.inner)?;
+                match self.ring.by_id(id) {
+                    Some(k) => k,
+                    None => return Ok(Opened::Gone),
+                }
+            }
+        };
+        let mut aad = [0u8; HEADER + 1];
+        aad[..HEADER].copy_from_slice(&sealed[..HEADER]);
+        aad[HEADER] = kind as u8;
+        let nonce = XNonce::from_slice(&sealed[10..HEADER]);
+        match key.cipher.decrypt(
+            nonce,
+            Payload {
+                msg: &sealed[HEADER..],
+                aad: &aad,
+            },
+        ) {
+            Ok(p) => Ok(Opened::Plain(p)),
+            Err(_) => Err(Error::store(format!(
+                "a value sealed with key {id:016x} of {} does not authenticate: it was altered \
+                 or damaged",
+                key.scope
+            ))),
+        }
+    }
+
+    fn open_opt(&self, kind: Kind, sealed: Option<Vec<u8>>) -> Result<Option<Vec<u8>>> {
+        match sealed {
+            None => Ok(None),
+            Some(b) => Ok(match self.unseal(kind, &b)? {
+                Opened::Plain(p) => Some(p),
+                Opened::Gone => None,
+            }),
+        }
+    }
+
+    /// A scratch entry with its data sealed as one frame.
+    fn seal_scratch(&self, path: &str, bytes: &[u8]) -> Result<Vec<u8>> {
+        let mut rec = ScratchRec::decode(bytes)?;
+        if !rec.data.is_empty() {
+            rec.data = frame(&self.seal(scope_of(path), Kind::Scratch, &rec.data)?);
+        }
+        rec.encode()
+    }
+
+    fn open_scratch(&self, path: &str, bytes: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        if path.starts_with(KEYRING) {
+            return Ok(Some(bytes));
+        }
+        let mut rec = ScratchRec::decode(&bytes)?;
+        let mut plain = Vec::new();
+        for f in frames(&rec.data)? {
+            match self.unseal(Kind::Scratch, f)? {
+                Opened::Plain(p) => plain.extend_from_slice(&p),
+                Opened::Gone => return Ok(None),
+            }
+        }
+        rec.data = plain;
+        Ok(Some(rec.encode()?))
+    }
+
+    /// An event's JSON with the payload sealed when it carries text.
+    fn seal_event(&self, json: &[u8]) -> Result<Vec<u8>> {
+        let mut v: Value =
+            serde_json::from_slice(json).map_err(|e| Error::store_from("event not JSON", e))?;
+        let carries_text = matches!(
+            v.get("event_type").and_then(Value::as_str),
+            Some("UPSERT_CONTEXT" | "UPSERT_MESSAGE" | "UPSERT_RELATION")
+        );
+        if !carries_text {
+            return Ok(json.to_vec());
+        }
+        let node = v
+            .get("uri")
+            .and_then(Value::as_str)
+            .and_then(crate::schema::place::node_of_uri)
+            .unwrap_or("")
+            .to_string();
+        let payload = v.get("payload").cloned().unwrap_or(Value::Null);
+        let p = serde_json::to_vec(&payload).map_err(|e| Error::store_from("encoding", e))?;
+        v["payload"] = json!({ "sealed": hex(&self.seal(scope_of(&node), Kind::Event, &p)?) });
+        serde_json::to_vec(&v).map_err(|e| Error::store_from("encoding", e))
+    }
+
+    /// An event as written; one whose key was destroyed (its node's user or
+    /// account was deleted) reads as that node's delete, so the index
+    /// forgets it.
+    fn open_event(&self, mut ev: StoredEvent) -> Result<StoredEvent> {
+        let Ok(mut v) = serde_json::from_slice::<Value>(&ev.json) else {
+            return Ok(ev);
+        };
+        let Some(s) = v
+            .get("payload")
+            .and_then(|p| p.get("sealed"))
+            .and_then(Value::as_str)
+        else {
+            return Ok(ev);
+        };
+        let bytes = from_hex(s).ok_or_else(|| Error::store("corrupt sealed event"))?;
+        match self.unseal(Kind::Event, &bytes)? {
+            Opened::Plain(p) => {
+                v["payload"] = serde_json::from_slice(&p)
+                    .map_err(|e| Error::store_from("corrupt sealed event", e))?;
+            }
+            Opened::Gone => {
+                v["event_type"] = json!("DELETE_CONTEXT");
+                v["payload"] = json!({});
+            }
+        }
+        ev.json = serde_json::to_vec(&v).map_err(|e| Error::store_from("encoding", e))?;
+        Ok(ev)
+    }
+
+    fn open_events(&self, evs: Vec<StoredEvent>) -> Result<Vec<StoredEvent>> {
+        evs.into_iter().map(|e| self.open_event(e)).collect()
+    }
+
+    /// The ops with every text sealed, the key rows of deleted scopes
+    /// deleted, and the blobs of a node moved to another scope re-sealed
+    /// with that scope's key; and the keys to drop from memory after.
+    fn seal_ops(&self, ops: Vec<Op>) -> Result<(Vec<Op>, Vec<u64>)> {
+        // The node each new blob belongs to (its scope's key seals it).
+        let mut blob_node: HashMap<u64, String> = HashMap::new();
+        let mut removed: Vec<String> = Vec::new();
+        let mut put_blobs: HashSet<u64> = HashSet::new();
+        for op in &ops {
+            match op {
+                Op::PutNode { rec, .. } | Op::PutVersion { rec } => {
+                    for f in &rec.files {
+                        blob_node.entry(f.blob).or_insert_with(|| rec.path.clone());
+                    }
+                }
+                Op::DelNode { path } => removed.push(path.clone()),
+                Op::PutBlobOf { id, .. } => {
+                    put_blobs.insert(*id);
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::with_capacity(ops.len());
+        let mut dropped = Vec::new();
+        let mut moved = Vec::new();
+        let mut key_rows = Vec::new();
+        for op in ops {
+            out.push(match op {
+                Op::PutBlobOf { account, id, data } => {
+                    let scope = blob_node
+                        .get(&id)
+                        .map(|p| scope_of(p).to_string())
+                        .unwrap_or_else(|| account.clone());
+                    let sealed = self.seal(&scope, Kind::Blob, &data)?;
+                    Op::PutBlobOf {
+                        account,
+                        id,
+                        data: sealed.into(),
+                    }
+                }
+                Op::PutBlob { .. } => {
+                    return Err(Error::store(
+                        "a blob without its account cannot be sealed (an old log record?)",
+                    ))
+                }
+                Op::PutDraft { path, data } => {
+                    let data = self.seal(scope_of(&path), Kind::Draft, &data)?;
+                    Op::PutDraft { path, data }
+                }
+                Op::PutIx { path, data } => {
+                    let data = self.seal(scope_of(&path), Kind::Ix, &data)?;
+                    Op::PutIx { path, data }
+                }
+                Op::PutVecOf {
+                    owner,
+                    model,
+                    hash,
+                    data,
+                } => {
+                    let key = self.ring.key_for(&*self.inner, scope_of(&owner))?;
+                    Op::PutVec {
+                        model,
+                        hash: key.vec_hash(hash),
+                        data: key.seal(Kind::Vector, &data)?,
+                    }
+                }
+                Op::PutScratch { path, data } if !path.starts_with(KEYRING) => {
+                    let data = self.seal_scratch(&path, &data)?;
+                    Op::PutScratch { path, data }
+                }
+                Op::AppendLog {
+                    path,
+                    data,
+                    mode,
+                    mtime_ns,
+                } => {
+                    let data = frame(&self.seal(scope_of(&path), Kind::Scratch, &data)?);
+                    Op::AppendLog {
+                        path,
+                        data,
+                        mode,
+                        mtime_ns,
+                    }
+                }
+                Op::PutEvent {
+                    seq,
+                    node_path,
+                    account,
+                    json,
+                } => Op::PutEvent {
+                    seq,
+                    json: self.seal_event(&json)?,
+                    node_path,
+                    account,
+                },
+                Op::UpdateEvent { seq, json } => Op::UpdateEvent {
+                    seq,
+                    json: self.seal_event(&json)?,
+                },
+                Op::DeadEvent {
+                    seq,
+                    node_path,
+                    account,
+                    json,
+                } => Op::DeadEvent {
+                    seq,
+                    json: self.seal_event(&json)?,
+                    node_path,
+                    account,
+                },
+                Op::ReviveEvent {
+                    seq,
+                    node_path,
+                    account,
+                    json,
+                } => Op::ReviveEvent {
+                    seq,
+                    json: self.seal_event(&json)?,
+                    node_path,
+                    account,
+                },
+                Op::DelDir { path } if is_scope(&path) => {
+                    for id in self.ring.ids_within(&path) {
+                        dropped.push(id);
+                        key_rows.push(Op::DelScratch {
+                            path: row_path(&key_row_name(id)),
+                        });
+                    }
+                    Op::DelDir { path }
+                }
+                Op::PutNode { path, rec } => {
+                    moved.push((path.clone(), rec.clone()));
+                    Op::PutNode { path, rec }
+                }
+                other => other,
+            });
+        }
+        out.extend(key_rows);
+        // A node moved to another scope (a user's memory to another user):
+        // its blobs, every version's, are sealed again with the new scope's
+        // key, so deleting the old scope does not take them with it.
+        for src in removed {
+            let Some(old) = self.inner.get_node(&src)? else {
+                continue;
+            };
+            for (dst, rec) in &moved {
+                if rec.id == old.id && scope_of(dst) != scope_of(&src) {
+                    out.extend(self.reseal_node(rec, scope_of(dst), &put_blobs)?);
+                }
+            }
+        }
+        Ok((out, dropped))
+    }
+
+    /// The ops sealing the blobs of every version of `rec` with `scope`'s
+    /// key (those of `new`, written in the same transaction, already are).
+    fn reseal_node(&self, rec: &NodeRec, scope: &str, new: &HashSet<u64>) -> Result<Vec<Op>> {
+        let key = self.ring.key_for(&*self.inner, scope)?;
+        let account = rec.account().to_string();
+        let mut files = rec.files.clone();
+        for v in 1..rec.version {
+            if let Some(old) = self.inner.get_version(&account, rec.id, v)? {
+                files.extend(old.files);
+            }
+        }
+        let mut seen = HashSet::new();
+        let mut ops = Vec::new();
+        for f in files {
+            if !seen.insert(f.blob) || new.contains(&f.blob) {
+                continue;
+            }
+            let sealed = self
+                .inner
+                .read_blob(&account, f.blob, f.size + OVERHEAD as u64)?;
+            if key_id_of(&sealed) == Some(key.id) {
+                continue;
+            }
+            if let Opened::Plain(p) = self.unseal(Kind::Blob, &sealed)? {
+                ops.push(Op::PutBlobOf {
+                    account: account.clone(),
+                    id: f.blob,
+                    data: key.seal(Kind::Blob, &p)?.into(),
+                });
+            }
+        }
+        Ok(ops)
+    }
+}
+
+/// A sealed value as one length-prefixed frame (scratch entries and logs
+/// hold a sequence of them: an append adds one).
+fn frame(sealed: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + sealed.len());
+    out.extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+    out.extend_from_slice(sealed);
+    out
+}
+
+fn frames(mut data: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    while !data.is_empty() {
+        if data.len() < 4 {
+            return Err(Error::store("corrupt sealed entry (truncated frame)"));
+        }
+        let n = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
+        if data.len() < 4 + n {
+            return Err(Error::store("corrupt sealed entry (truncated frame)"));
+        }
+        out.push(&data[4..4 + n]);
+        data = &data[4 + n..];
+    }
+    Ok(out)
+}
+
+/// The length of the text a sealed scratch entry's data holds (fsck counts
+/// it without the key).
+pub fn plain_len(data: &[u8]) -> Option<usize> {
+    let fs = frames(data).ok()?;
+    Some(fs.iter().map(|f| f.len().saturating_sub(OVERHEAD)).sum())
+}
+
+/// Is `bytes` a sealed value?
+pub fn is_sealed(bytes: &[u8]) -> bool {
+    key_id_of(bytes).is_some()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Store for Sealed {
+    fn get_node(&self, path: &str) -> Result<Option<NodeRec>> {
+        self.inner.get_node(path)
+    }
+    fn get_version(&self, account: &str, node_id: u64, version: u32) -> Result<Option<NodeRec>> {
+        self.inner.get_version(account, node_id, version)
+    }
+    fn list_nodes(&self, parent: &str) -> Result<Vec<(String, NodeRec)>> {
+        self.inner.list_nodes(parent)
+    }
+    fn has_children(&self, parent: &str) -> Result<bool> {
+        self.inner.has_children(parent)
+    }
+    fn dir_exists(&self, path: &str) -> Result<bool> {
+        self.inner.dir_exists(path)
+    }
+    fn list_dirs(&self, parent: &str) -> Result<Vec<String>> {
+        self.inner.list_dirs(parent)
+    }
+    fn read_blob(&self, account: &str, id: u64, size: u64) -> Result<Vec<u8>> {
+        let sealed = self.inner.read_blob(account, id, size + OVERHEAD as u64)?;
+        match self.unseal(Kind::Blob, &sealed)? {
+            Opened::Plain(p) => Ok(p),
+            Opened::Gone => Err(Error::store(format!(
+                "blob {id} of {account} was sealed with a key since destroyed (its user or \
+                 account was deleted)"
+            ))),
+        }
+    }
+    fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
+        self.open_events(self.inner.node_events(node_path)?)
+    }
+    fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for (p, b) in self.inner.drafts()? {
+            if let Opened::Plain(d) = self.unseal(Kind::Draft, &b)? {
+                out.push((p, d));
+            }
+        }
+        Ok(out)
+    }
+    fn counter(&self, key: &str) -> Result<i64> {
+        self.inner.counter(key)
+    }
+    fn high_water(&self, key: &str) -> Result<u64> {
+        self.inner.high_water(key)
+    }
+    fn outbox_head(&self, limit: usize) -> Result<Vec<StoredEvent>> {
+        self.open_events(self.inner.outbox_head(limit)?)
+    }
+    fn dead_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
+        self.open_events(self.inner.dead_events(node_path)?)
+    }
+    fn get_ix(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        self.open_opt(Kind::Ix, self.inner.get_ix(path)?)
+    }
+    fn scan_ix(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8]) -> Result<()>) -> Result<()> {
+        self.inner
+            .scan_ix(prefix, &mut |path, b| match self.unseal(Kind::Ix, b)? {
+                Opened::Plain(p) => f(path, &p),
+                Opened::Gone => Ok(()),
+            })
+    }
+    fn get_vec(&self, model: &str, hash: u128) -> Result<Option<Vec<u8>>> {
+        // Without an owner there is no scope: no vector of this store is
+        // found by its plain hash.
+        let _ = (model, hash);
+        Ok(None)
+    }
+    fn get_vec_of(&self, owner: &str, model: &str, hash: u128) -> Result<Option<Vec<u8>>> {
+        let Some(key) = self.ring.current(scope_of(owner)) else {
+            return Ok(None);
+        };
+        self.open_opt(Kind::Vector, self.inner.get_vec(model, key.vec_hash(hash))?)
+    }
+    fn vec_scope(&self, owner: &str) -> Option<String> {
+        Some(scope_of(owner).to_string())
+    }
+    fn stored_vec_hash(&self, owner: &str, hash: u128) -> Option<u128> {
+        self.ring.current(scope_of(owner)).map(|k| k.vec_hash(hash))
+    }
+    fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        match self.inner.get_scratch(path)? {
+            Some(b) => self.open_scratch(path, b),
+            None => Ok(None),
+        }
+    }
+    fn list_scratch(&self, parent: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for (name, b) in self.inner.list_scratch(parent)? {
+            if let Some(p) = self.open_scratch(&format!("{parent}/{name}"), b)? {
+                out.push((name, p));
+            }
+        }
+        Ok(out)
+    }
+    fn expiries(&self) -> Result<Vec<(String, u64)>> {
+        self.inner.expiries()
+    }
+    fn scan_nodes(&self, f: &mut dyn FnMut(NodeRec) -> Result<()>) -> Result<()> {
+        self.inner.scan_nodes(f)
+    }
+    fn apply(&self, ops: Vec<Op>, durable: bool) -> Result<()> {
+        let (ops, dropped) = self.seal_ops(ops)?;
+        self.inner.apply(ops, durable)?;
+        if !dropped.is_empty() {
+            self.ring.forget(&dropped);
+        }
+        Ok(())
+    }
+    fn sealed(&self) -> bool {
+        true
+    }
+    fn data_keys(&self) -> Option<usize> {
+        Some(self.key_count())
+    }
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+    fn alloc(&self, key: &str, n: u64) -> Result<u64> {
+        self.inner.alloc(key, n)
+    }
+    fn watch(self: Arc<Self>, f: Box<dyn Fn(Vec<RemoteChange>) + Send + Sync>) -> Result<()> {
+        // Another daemon's key changes (a new scope's key, a deleted
+        // scope's) reach this daemon's keyring before anything else.
+        let ring = self.ring.clone();
+        let inner = self.inner.clone();
+        let store = inner.clone();
+        inner.watch(Box::new(move |changes: Vec<RemoteChange>| {
+            let keys_changed = changes
+                .iter()
+                .any(|c| c.path.starts_with(KEYRING) || c.kind == super::ChangeKind::Reset);
+            if keys_changed {
+                if let Err(e) = ring.load(&*store) {
+                    tracing::error!(error = %e.report(), "reloading the keyring failed");
+                }
+            }
+            f(changes)
+        }))
+    }
+    fn leader(&self, role: &str) -> bool {
+        self.inner.leader(role)
+    }
+    fn caught_up(&self) -> Result<()> {
+        self.inner.caught_up()
+    }
+    fn try_lock_named(&self, name: &str, exclusive: bool) -> Result<bool> {
+        self.inner.try_lock_named(name, exclusive)
+    }
+    fn unlock_named(&self, name: &str, exclusive: bool) -> Result<()> {
+        self.inner.unlock_named(name, exclusive)
+    }
+    fn maintain_shared(&self) -> Result<()> {
+        self.inner.maintain_shared()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_of_paths() {
+        assert_eq!(scope_of("acme"), "acme");
+        assert_eq!(scope_of("acme/users"), "acme");
+        assert_eq!(scope_of("acme/users/alice"), "acme/users/alice");
+        assert_eq!(
+            scope_of("acme/users/alice/memories/x/y"),
+            "acme/users/alice"
+        );
+        assert_eq!(scope_of("acme/agents/bot/skills/s"), "acme/agents/bot");
+        assert_eq!(scope_of("acme/projects/p/scratchpad/f"), "acme");
+        assert!(is_scope("acme/users/alice") && is_scope("acme"));
+        assert!(!is_scope("acme/users/alice/memories"));
+        assert!(within("acme/users/alice", "acme") && !within("acmex", "acme"));
+    }
+
+    #[test]
+    fn master_keys_parse_and_refuse() {
+        let k = MasterKey::from_bytes(format!("{}\n", "ab".repeat(32)).as_bytes()).unwrap();
+        assert_eq!(k.fingerprint.len(), 16);
+        assert!(MasterKey::from_bytes(b"short").is_err());
+        assert!(MasterKey::from_bytes("zz".repeat(32).as_bytes()).is_err());
+        let w = k.wrap(b"a", b"secret").unwrap();
+        assert_eq!(k.unwrap(b"a", &w).unwrap(), b"secret");
+        assert!(k.unwrap(b"b", &w).is_none());
+    }
+
+    #[test]
+    fn frames_round_trip_and_count() {
+        let k = DataKey::new(7, "acme", &[1u8; 32]).unwrap();
+        let mut data = frame(&k.seal(Kind::Scratch, b"hello ").unwrap());
+        data.extend(frame(&k.seal(Kind::Scratch, b"world").unwrap()));
+        assert_eq!(plain_len(&data), Some(11));
+        assert_eq!(frames(&data).unwrap().len(), 2);
+        assert!(frames(&data[..data.len() - 1]).is_err());
+    }
+}
