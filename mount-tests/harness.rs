@@ -435,6 +435,16 @@ impl PgDb {
         Mount::with_args(config, &a)
     }
 
+    /// `pg_dump` of this database.
+    pub fn dump(&self) -> String {
+        pg_setup(&["dump", &self.name])
+    }
+
+    /// The server's data directory.
+    pub fn datadir(&self) -> String {
+        pg_setup(&["datadir"])
+    }
+
     /// Stop and start the server (the database survives).
     pub fn restart_server(&self) {
         pg_setup(&["restart"]);

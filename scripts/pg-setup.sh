@@ -10,6 +10,8 @@
 #   scripts/pg-setup.sh createdb NAME  a fresh database NAME (with pgvector); prints its URL
 #   scripts/pg-setup.sh dropdb NAME    drop database NAME (its connections too)
 #   scripts/pg-setup.sh restart        stop and start the server (fault tests)
+#   scripts/pg-setup.sh dump NAME      pg_dump of database NAME on stdout (at-rest tests)
+#   scripts/pg-setup.sh datadir        the cluster's data directory (its WAL is in pg_wal/)
 #
 # Everything lives under $CTXFS_PG_DIR (default /var/tmp/ctxfs-pg): outside
 # the source tree, so the server's user can reach it whoever owns the tree.
@@ -115,5 +117,7 @@ case "${1:-start}" in
     echo "postgres://postgres@127.0.0.1:$PORT/$2"
     ;;
   dropdb) psql_ -c "DROP DATABASE IF EXISTS \"$2\" WITH (FORCE)" >/dev/null ;;
-  *) echo "usage: $0 start|stop|restart|url [PORT] | createdb NAME | dropdb NAME" >&2; exit 2 ;;
+  dump) as_pg "$BIN/pg_dump" -h 127.0.0.1 -p "$PORT" -U postgres -d "$2" ;;
+  datadir) echo "$DATA" ;;
+  *) echo "usage: $0 start|stop|restart|url [PORT] | createdb NAME | dropdb NAME | dump NAME | datadir" >&2; exit 2 ;;
 esac
