@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 /// A master key file (64 hex digits, owner-only) in its own directory.
-fn key_file(dir: &Path, name: &str) -> PathBuf {
+pub fn key_file(dir: &Path, name: &str) -> PathBuf {
     use std::io::Read;
     let mut raw = [0u8; 32];
     std::fs::File::open("/dev/urandom")
@@ -23,7 +23,7 @@ fn key_file(dir: &Path, name: &str) -> PathBuf {
     p
 }
 
-fn keys_dir() -> tempfile::TempDir {
+pub fn keys_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("ctxfs-keys-")
         .tempdir_in("/tmp")
@@ -35,7 +35,7 @@ fn encrypted_config(key: &Path) -> String {
 }
 
 /// The files under `dirs` (as root) that hold `word`.
-fn holders(word: &str, dirs: &[&Path]) -> String {
+pub fn holders(word: &str, dirs: &[&Path]) -> String {
     let mut cmd = Command::new("grep");
     cmd.args(["-rlaF", word]);
     for d in dirs {
@@ -50,7 +50,7 @@ fn hexed(s: &str) -> String {
 }
 
 /// `ctxfs ARGS` with the master key of `key` in the environment.
-fn ctxfs_with_key(key: &Path, args: &[&str]) -> std::process::Output {
+pub fn ctxfs_with_key(key: &Path, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(args)
         .env("CTXFS_KEY_FILE", key)

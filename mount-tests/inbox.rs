@@ -1305,3 +1305,56 @@ fn an_event_told_again_with_a_new_date_supersedes_the_old_one() {
     );
     m.umount_and_fsck();
 }
+
+/// On an encrypted store (`[encryption]`) a stored conversation, its
+/// indexed messages and the memories extracted from it are in no file of
+/// the data dir; deleting the user (`ctxfs delete --user`) destroys the
+/// keys they were sealed with.
+#[test]
+fn an_encrypted_inbox_keeps_no_word_in_the_clear() {
+    use crate::atrest::{ctxfs_with_key, holders, key_file, keys_dir};
+    let keys = keys_dir();
+    let key = key_file(keys.path(), "master.key");
+    let reply = r#"{"memories":[{"kind":"preference","topic":"tea","text":"The user likes Matchagreen tea.","messages":[0]}]}"#;
+    let replies = serde_json::json!([{ "content": reply }]);
+    let (_server, mut m) = canned_mount(replies, |c| {
+        format!("{c}\n[encryption]\nkey_file = \"{}\"\n", key.display())
+    });
+    let s = ingest(
+        &m,
+        "t",
+        r#"[{"role":"user","content":"I like Matchagreen tea, and my locker code is Vexloom."}]"#,
+        Duration::from_secs(30),
+    );
+    assert_eq!(s["state"], "done", "{s:#}");
+    let tea = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/preferences/tea/content.md\"",
+    );
+    assert!(tea.contains("Matchagreen"), "{tea}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    // The message no memory holds is found, from sealed index documents.
+    let hits = m.ok(WRITER, "cat \"$M/accounts/acme/users/priya/.search/locker code Vexloom\"");
+    assert!(hits.contains("inbox/t.json"), "{hits}");
+    for w in ["Matchagreen", "Vexloom"] {
+        assert_eq!(holders(w, &[&m.data]), "", "{w} in the clear");
+    }
+    m.umount();
+    for w in ["Matchagreen", "Vexloom"] {
+        assert_eq!(holders(w, &[&m.data]), "", "{w} in the clear");
+    }
+    let data = m.data.to_str().unwrap();
+    let out = ctxfs_with_key(
+        &key,
+        &["delete", "--data", data, "--account", "acme", "--user", "priya"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    m.mount();
+    let status = m.json(0, "cat $M/.ctxfs/status");
+    // Only the account's own key is left (its audit trail).
+    assert_eq!(status["data_keys"], 1, "{status}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let hits = m.ok(WRITER, "cat \"$M/accounts/acme/.search/locker code Vexloom\"");
+    assert!(!hits.contains("priya"), "{hits}");
+    m.umount_and_fsck();
+}

@@ -620,18 +620,34 @@ impl Sealed {
         }
     }
 
-    /// A scratch entry with its data sealed as one frame.
+    /// A small entry sealed: a scratchpad file or log (a `ScratchRec`, whose
+    /// data becomes one sealed frame, so that appends can add frames) or
+    /// any other value (an inbox job, a content hash's name), sealed whole.
+    /// Both read back as written: a record is taken as one only when it
+    /// encodes back to the same bytes, and a value sealed whole starts with
+    /// the seal's magic, which no record does (its first byte is a bool).
     fn seal_scratch(&self, path: &str, bytes: &[u8]) -> Result<Vec<u8>> {
-        let mut rec = ScratchRec::decode(bytes)?;
-        if !rec.data.is_empty() {
-            rec.data = frame(&self.seal(scope_of(path), Kind::Scratch, &rec.data)?);
+        let scope = scope_of(path);
+        match ScratchRec::decode(bytes) {
+            Ok(mut rec) if rec.encode().ok().as_deref() == Some(bytes) => {
+                if !rec.data.is_empty() {
+                    rec.data = frame(&self.seal(scope, Kind::Scratch, &rec.data)?);
+                }
+                rec.encode()
+            }
+            _ => self.seal(scope, Kind::Scratch, bytes),
         }
-        rec.encode()
     }
 
     fn open_scratch(&self, path: &str, bytes: Vec<u8>) -> Result<Option<Vec<u8>>> {
         if path.starts_with(KEYRING) {
             return Ok(Some(bytes));
+        }
+        if is_sealed(&bytes) {
+            return Ok(match self.unseal(Kind::Scratch, &bytes)? {
+                Opened::Plain(p) => Some(p),
+                Opened::Gone => None,
+            });
         }
         let mut rec = ScratchRec::decode(&bytes)?;
         let mut plain = Vec::new();
