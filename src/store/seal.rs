@@ -944,16 +944,30 @@ pub fn is_sealed(bytes: &[u8]) -> bool {
 }
 
 fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(b.len() * 2);
+    for x in b {
+        out.push(DIGITS[(x >> 4) as usize] as char);
+        out.push(DIGITS[(x & 15) as usize] as char);
+    }
+    out
 }
 
 fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
+    fn digit(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) {
         return None;
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+    b.chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
         .collect()
 }
 
@@ -1153,5 +1167,13 @@ mod tests {
         assert_eq!(plain_len(&data), Some(11));
         assert_eq!(frames(&data).unwrap().len(), 2);
         assert!(frames(&data[..data.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn hex_round_trips() {
+        let b: Vec<u8> = (0..=255).collect();
+        assert_eq!(from_hex(&hex(&b)).unwrap(), b);
+        assert_eq!(hex(&[0xc7, 0x05]), "c705");
+        assert!(from_hex("abc").is_none() && from_hex("zz").is_none());
     }
 }
