@@ -875,3 +875,97 @@ fn daemons_with_different_configs_do_not_share_a_store() {
     );
     drop(c);
 }
+
+/// A follower (the daemon that does not index) applies what the other
+/// daemon's indexer changed to its loaded index in place: new, moved and
+/// deleted nodes show in its searches (lexical and vector) without the
+/// account being loaded again.
+#[test]
+fn a_follower_applies_index_changes_without_reloading() {
+    let db = PgDb::new();
+    let (a, b) = pair(&db);
+    let leads = |m: &Mount| m.json(0, "cat $M/.ctxfs/status")["indexer"]["leads"] == true;
+    let (leader, follower) = if leads(&a) { (&a, &b) } else { (&b, &a) };
+    assert!(!leads(follower), "both daemons lead the indexer");
+    for i in 0..30 {
+        leader.ok(
+            WRITER,
+            &four_steps(
+                &format!("acme/users/alice/memories/notes/n{i}"),
+                &format!("note number {i} about gardening"),
+                ACTIVE,
+            ),
+        );
+    }
+    leader.ok(WRITER, "cat $M/.ctxfs/sync");
+    follower.ok(WRITER, "cat $M/.ctxfs/sync");
+    let hits = follower.ok(READER, "cat \"$M/accounts/acme/.search/gardening\"");
+    assert!(hits.contains("notes/n"), "{hits}");
+    let stat = |m: &Mount, k: &str| {
+        m.json(0, "cat $M/.ctxfs/status")["indexer"][k]
+            .as_u64()
+            .unwrap()
+    };
+    let loads = stat(follower, "index_loads");
+    assert!(loads >= 1);
+
+    leader.ok(
+        WRITER,
+        &four_steps(
+            "acme/users/alice/memories/fruit/q",
+            "the quokkaberry harvest",
+            ACTIVE,
+        ),
+    );
+    leader.ok(WRITER, "cat $M/.ctxfs/sync");
+    let found = within(Duration::from_secs(2), || {
+        follower
+            .ok(READER, "cat \"$M/accounts/acme/.search/quokkaberry\"")
+            .contains("fruit/q")
+    });
+    assert!(found.is_some(), "the follower did not see the new node");
+    // A move and a delete.
+    leader.ok(
+        WRITER,
+        "mkdir -p $M/accounts/acme/users/alice/memories/harvest && \
+         mv $M/accounts/acme/users/alice/memories/fruit/q $M/accounts/acme/users/alice/memories/harvest/q && \
+         rm -r $M/accounts/acme/users/alice/memories/notes/n3",
+    );
+    leader.ok(WRITER, "cat $M/.ctxfs/sync");
+    let mut last = String::new();
+    let moved = within(Duration::from_secs(2), || {
+        last = follower.ok(READER, "cat \"$M/accounts/acme/.search/quokkaberry\"");
+        last.contains("harvest/q")
+            && !last.contains("\taccounts/acme/users/alice/memories/fruit/q\t")
+    });
+    assert!(
+        moved.is_some(),
+        "the follower did not see the move: {last}\nthe leader: {}",
+        leader.ok(READER, "cat \"$M/accounts/acme/.search/quokkaberry\"")
+    );
+    let v = follower.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/quokkaberry harvest?mode=vector&k=3\"",
+    );
+    assert!(
+        v.contains("harvest/q"),
+        "vector search lost the moved node: {v}"
+    );
+    let h = follower.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/note number 3?k=40\"",
+    );
+    assert!(
+        !h.contains("\taccounts/acme/users/alice/memories/notes/n3\t"),
+        "{h}"
+    );
+    // The same answers as the leader, and no reload on the follower.
+    let q = "cat \"$M/accounts/acme/.search/gardening quokkaberry?k=5\"";
+    assert_eq!(leader.ok(READER, q), follower.ok(READER, q));
+    assert_eq!(
+        stat(follower, "index_loads"),
+        loads,
+        "the follower reloaded"
+    );
+    assert!(stat(follower, "remote_docs_applied") >= 3);
+}

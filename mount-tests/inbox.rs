@@ -1334,7 +1334,10 @@ fn an_encrypted_inbox_keeps_no_word_in_the_clear() {
     assert!(tea.contains("Matchagreen"), "{tea}");
     m.ok(WRITER, "cat $M/.ctxfs/sync");
     // The message no memory holds is found, from sealed index documents.
-    let hits = m.ok(WRITER, "cat \"$M/accounts/acme/users/priya/.search/locker code Vexloom\"");
+    let hits = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/.search/locker code Vexloom\"",
+    );
     assert!(hits.contains("inbox/t.json"), "{hits}");
     for w in ["Matchagreen", "Vexloom"] {
         assert_eq!(holders(w, &[&m.data]), "", "{w} in the clear");
@@ -1346,7 +1349,15 @@ fn an_encrypted_inbox_keeps_no_word_in_the_clear() {
     let data = m.data.to_str().unwrap();
     let out = ctxfs_with_key(
         &key,
-        &["delete", "--data", data, "--account", "acme", "--user", "priya"],
+        &[
+            "delete",
+            "--data",
+            data,
+            "--account",
+            "acme",
+            "--user",
+            "priya",
+        ],
     );
     assert!(out.status.success(), "{out:?}");
     m.mount();
@@ -1354,7 +1365,10 @@ fn an_encrypted_inbox_keeps_no_word_in_the_clear() {
     // Only the account's own key is left (its audit trail).
     assert_eq!(status["data_keys"], 1, "{status}");
     m.ok(WRITER, "cat $M/.ctxfs/sync");
-    let hits = m.ok(WRITER, "cat \"$M/accounts/acme/.search/locker code Vexloom\"");
+    let hits = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/.search/locker code Vexloom\"",
+    );
     assert!(!hits.contains("priya"), "{hits}");
     m.umount_and_fsck();
 }

@@ -2,7 +2,7 @@
 //! `store::Store::watch`), applied to what this daemon and its kernel
 //! cache: dentries, attributes and pages of the nodes, directories and
 //! scratchpad entries that changed, the expiry times it checks on every
-//! lookup, and the search index of the accounts whose documents changed.
+//! lookup, and the search index documents that changed (applied in place).
 //! Runs on the feed's task, never on a FUSE thread: invalidations are queued
 //! to the invalidation thread.
 
@@ -10,13 +10,12 @@ use super::kcache::Target;
 use super::Fs;
 use crate::schema::place;
 use crate::store::{ChangeKind, RemoteChange};
-use std::collections::BTreeSet;
 
 impl Fs {
     /// Apply a batch of other daemons' changes, in commit order.
     pub fn remote_changes(&self, changes: Vec<RemoteChange>) {
         let mut targets = Vec::new();
-        let mut accounts = BTreeSet::new();
+        let mut docs = Vec::new();
         // Expiry times first: a node that expires must never be cached by
         // the kernel, so the lookups its invalidation causes must know.
         let expiry = changes
@@ -47,9 +46,7 @@ impl Fs {
                         targets.push(Target::Inode(ino));
                     }
                 }
-                ChangeKind::Ix => {
-                    accounts.insert(Self::account_of(&c.path).to_string());
-                }
+                ChangeKind::Ix => docs.push(c.path.clone()),
                 ChangeKind::Expiry => {}
                 ChangeKind::Reset => {
                     tracing::warn!("change feed: changes were missed; dropping every cache");
@@ -61,9 +58,9 @@ impl Fs {
             }
         }
         if let Some(ix) = self.index.get() {
-            for a in &accounts {
-                ix.evict(a);
-            }
+            // The documents another daemon's indexer changed, in place: no
+            // reload of the account (SEMANTICS "Several hosts").
+            ix.apply_remote(&docs);
         }
         tracing::debug!(
             changes = changes.len(),

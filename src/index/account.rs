@@ -170,6 +170,7 @@ impl Index {
             Ok(())
         })?;
         st.next_label = max_label + 1;
+        self.stats.loads.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             account,
             docs = st.docs.len(),

@@ -21,6 +21,7 @@ pub mod bert;
 mod change;
 mod config;
 pub mod embed;
+mod follow;
 pub mod lex;
 mod query;
 mod reindex;
@@ -304,6 +305,10 @@ pub struct IndexStats {
     /// Query embedding time of the last search (microseconds).
     pub last_embed_us: AtomicU64,
     pub dumps: AtomicU64,
+    /// Account indexes loaded from the store (phase one).
+    pub loads: AtomicU64,
+    /// Index documents another daemon changed, applied in place.
+    pub remote_applied: AtomicU64,
 }
 
 pub struct Index {
@@ -462,6 +467,7 @@ impl Index {
         let s = &self.stats;
         let mut v = json!({
             "running": self.running.load(Ordering::SeqCst),
+            "leads": self.store.leader(worker::LEADER_ROLE),
             "embedder": {"kind": self.embedder.kind(), "model": self.embedder.id(),
                          "dim": self.embedder.dim(), "note": self.embedder_note},
             "index_lag_ms": oldest,
@@ -487,6 +493,8 @@ impl Index {
                 ("dead_lettered", &s.dead_lettered),
                 ("searches", &s.searches),
                 ("graph_dumps", &s.dumps),
+                ("index_loads", &s.loads),
+                ("remote_docs_applied", &s.remote_applied),
             ] {
                 v[k] = n.load(Ordering::Relaxed).into();
             }

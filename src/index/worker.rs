@@ -5,7 +5,7 @@
 use super::*;
 
 /// The leadership role of the indexer on a shared store.
-const LEADER_ROLE: &str = "indexer";
+pub(super) const LEADER_ROLE: &str = "indexer";
 
 impl Index {
     pub fn start(self: &Arc<Self>) -> Result<()> {

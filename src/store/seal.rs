@@ -24,6 +24,7 @@
 
 use super::{NodeRec, Op, RemoteChange, ScratchRec, Store, StoredEvent};
 use crate::error::{Error, Result};
+use crate::locks::lock;
 use chacha20poly1305::aead::rand_core::RngCore;
 use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
@@ -278,6 +279,10 @@ struct Keyring {
     keys: RwLock<Keys>,
     /// Held while a key is made, so one daemon makes one key per scope.
     making: Mutex<()>,
+    /// Key ids found in no row after a reload: destroyed for good (a key's
+    /// row is stored before anything is sealed with it), so values sealed
+    /// with them read as gone without reading the keyring again.
+    gone: Mutex<HashSet<u64>>,
 }
 
 fn key_aad(scope: &str, id: u64) -> Vec<u8> {
@@ -514,6 +519,7 @@ impl Sealed {
             master,
             keys: RwLock::new(Keys::default()),
             making: Mutex::new(()),
+            gone: Mutex::new(HashSet::new()),
         });
         ring.load(&*inner)?;
         Ok(Arc::new(Sealed { inner, ring }))
@@ -582,11 +588,17 @@ impl Sealed {
         let key = match self.ring.by_id(id) {
             Some(k) => k,
             None => {
+                if lock(&self.ring.gone).contains(&id) {
+                    return Ok(Opened::Gone);
+                }
                 // Made by another daemon since we loaded, or destroyed.
                 self.ring.load(&*self.inner)?;
                 match self.ring.by_id(id) {
                     Some(k) => k,
-                    None => return Ok(Opened::Gone),
+                    None => {
+                        lock(&self.ring.gone).insert(id);
+                        return Ok(Opened::Gone);
+                    }
                 }
             }
         };
@@ -757,9 +769,9 @@ impl Sealed {
                         data: sealed.into(),
                     }
                 }
-                Op::PutBlob { .. } => {
+                Op::PutBlob { .. } | Op::PutVec { .. } => {
                     return Err(Error::store(
-                        "a blob without its account cannot be sealed (an old log record?)",
+                        "a blob or vector without its owner cannot be sealed (an old log record?)",
                     ))
                 }
                 Op::PutDraft { path, data } => {
