@@ -19,9 +19,14 @@ fn node_account(ops: &[Op]) -> Option<&str> {
     })
 }
 
-/// The account of an outbox event, from its URI (`ctx://ACCOUNT/…`).
+/// The account of an outbox event, from its URI (`ctx://ACCOUNT/…`). Only
+/// the URI is read: the payload may be sealed (`store::seal`).
 fn event_account(json: &[u8]) -> Result<String> {
-    let ev = crate::schema::event::OutboxEvent::decode(json)
+    #[derive(serde::Deserialize)]
+    struct Uri {
+        uri: String,
+    }
+    let ev: Uri = serde_json::from_slice(json)
         .map_err(|e| Error::store(format!("an outbox event does not parse: {e}")))?;
     Ok(ev
         .uri
@@ -31,7 +36,7 @@ fn event_account(json: &[u8]) -> Result<String> {
         .to_string())
 }
 
-/// Run one statement of `t`.
+/// Run one statement of `t` now (the steps that read before they write).
 async fn exec(
     t: &deadpool_postgres::Transaction<'_>,
     sql: &str,
@@ -41,9 +46,122 @@ async fn exec(
     t.execute(&st, params).await.map_err(pe)
 }
 
+type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
+
+/// What a statement's outcome decides once the pipeline returns.
+enum After {
+    Nothing,
+    /// Tell other daemons of `path` (as `kind`) if a row changed.
+    FeedIfChanged(String, &'static str),
+    /// The compare-and-set of a commit: the node at `path` must be at `version`.
+    Expect(String, Option<u32>),
+}
+
+struct Stmt {
+    sql: &'static str,
+    params: Vec<Param>,
+    after: After,
+}
+
+enum Out {
+    Rows(Vec<tokio_postgres::Row>),
+    Count(u64),
+}
+
+/// Statements sent together: tokio-postgres writes every request of
+/// futures polled together before it reads the first answer, so a whole
+/// transaction's writes cost one round trip, not one each. Their order is
+/// kept (the server runs them in the order sent).
+#[derive(Default)]
+pub(super) struct Pipeline {
+    stmts: Vec<Stmt>,
+}
+
+impl Pipeline {
+    fn push(&mut self, sql: &'static str, params: Vec<Param>) {
+        self.then(sql, params, After::Nothing);
+    }
+
+    fn then(&mut self, sql: &'static str, params: Vec<Param>, after: After) {
+        self.stmts.push(Stmt { sql, params, after });
+    }
+
+    /// Run what is queued, in order, in one round trip (and one more for
+    /// statements this connection has not prepared yet).
+    pub(super) async fn flush(
+        &mut self,
+        t: &deadpool_postgres::Transaction<'_>,
+        feed: &mut dyn FnMut(&str, &'static str),
+    ) -> Result<()> {
+        if self.stmts.is_empty() {
+            return Ok(());
+        }
+        let stmts = std::mem::take(&mut self.stmts);
+        let mut sqls: Vec<&'static str> = stmts.iter().map(|s| s.sql).collect();
+        sqls.sort_unstable();
+        sqls.dedup();
+        let prepared = futures_util::future::try_join_all(sqls.iter().map(|q| t.prepare_cached(q)))
+            .await
+            .map_err(pe)?;
+        let by_sql: std::collections::HashMap<&str, &tokio_postgres::Statement> =
+            sqls.iter().copied().zip(prepared.iter()).collect();
+        let runs = stmts.iter().map(|s| {
+            let st = by_sql[s.sql];
+            async move {
+                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = s
+                    .params
+                    .iter()
+                    .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                    .collect();
+                match s.after {
+                    After::Expect(..) => t.query(st, &refs).await.map(Out::Rows),
+                    _ => t.execute(st, &refs).await.map(Out::Count),
+                }
+            }
+        });
+        let outs = futures_util::future::try_join_all(runs).await.map_err(pe)?;
+        for (s, out) in stmts.iter().zip(outs) {
+            match (&s.after, out) {
+                (After::FeedIfChanged(path, kind), Out::Count(n)) if n > 0 => feed(path, kind),
+                (After::Expect(path, version), Out::Rows(rows)) => {
+                    let now = match rows.first() {
+                        Some(r) => Some(decode(&r.get::<_, Vec<u8>>(0))?.version),
+                        None => None,
+                    };
+                    if now != *version {
+                        return Err(Error::Conflict(format!(
+                            "{path} is at version {} on the store, this commit was planned on {}",
+                            now.map(|v| v.to_string()).unwrap_or_else(|| "none".into()),
+                            version
+                                .map(|v| v.to_string())
+                                .unwrap_or_else(|| "none".into())
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn s(v: &str) -> Param {
+    Box::new(v.to_string())
+}
+
+fn n(v: u64) -> Param {
+    Box::new(i(v))
+}
+
+fn b(v: &[u8]) -> Param {
+    Box::new(v.to_vec())
+}
+
 /// Apply `ops` in transaction `t`; the changes other daemons must hear of.
 /// Every statement on an account's rows names the account first: it is the
-/// first column of every key of those tables.
+/// first column of every key of those tables. Statements are pipelined;
+/// the few ops that read before they write (dropping a history, appending
+/// to a log) send what is queued first.
 pub(super) async fn apply_ops(
     t: &deadpool_postgres::Transaction<'_>,
     ops: &[Op],
@@ -58,88 +176,65 @@ pub(super) async fn apply_ops(
             .clone()
             .ok_or_else(|| Error::store(format!("{what} without the node change it belongs to")))
     };
+    let mut pl = Pipeline::default();
     for op in ops {
         match op {
             Op::Expect { path, version } => {
-                let (p, n) = split(path);
-                let st = t
-                    .prepare_cached(
-                        "SELECT rec FROM nodes WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
-                    )
-                    .await
-                    .map_err(pe)?;
-                let rows = t
-                    .query(&st, &[&account_of(path), &p, &n])
-                    .await
-                    .map_err(pe)?;
-                let now = match rows.first() {
-                    Some(r) => Some(decode(&r.get::<_, Vec<u8>>(0))?.version),
-                    None => None,
-                };
-                if now != *version {
-                    return Err(Error::Conflict(format!(
-                        "{path} is at version {} on the store, this commit was planned on {}",
-                        now.map(|v| v.to_string()).unwrap_or_else(|| "none".into()),
-                        version
-                            .map(|v| v.to_string())
-                            .unwrap_or_else(|| "none".into())
-                    )));
-                }
+                let (p, nm) = split(path);
+                pl.then(
+                    "SELECT rec FROM nodes WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
+                    vec![s(account_of(path)), s(p), s(nm)],
+                    After::Expect(path.clone(), *version),
+                );
             }
             Op::PutNode { path, rec } => {
-                let (p, n) = split(path);
-                exec(
-                    t,
+                let (p, nm) = split(path);
+                pl.push(
                     "INSERT INTO nodes (account, parent, name, rec) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (account, parent, name) DO UPDATE SET rec = EXCLUDED.rec",
-                    &[&account_of(path), &p, &n, &encode(rec)?],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(p), s(nm), Box::new(encode(rec)?)],
+                );
                 feed(path, "node");
             }
             Op::DelNode { path } => {
-                let (p, n) = split(path);
-                exec(
-                    t,
+                let (p, nm) = split(path);
+                pl.push(
                     "DELETE FROM nodes WHERE account = $1 AND parent = $2 AND name = $3",
-                    &[&account_of(path), &p, &n],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(p), s(nm)],
+                );
                 feed(path, "node");
             }
             Op::PutDir { path } => {
-                let (p, n) = split(path);
-                let made = exec(
-                    t,
+                let (p, nm) = split(path);
+                pl.then(
                     "INSERT INTO dirs (account, parent, name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                    &[&account_of(path), &p, &n],
-                )
-                .await?;
-                if made > 0 {
-                    feed(path, "dir");
-                }
+                    vec![s(account_of(path)), s(p), s(nm)],
+                    After::FeedIfChanged(path.clone(), "dir"),
+                );
             }
             Op::DelDir { path } => {
-                let (p, n) = split(path);
-                exec(
-                    t,
+                let (p, nm) = split(path);
+                pl.push(
                     "DELETE FROM dirs WHERE account = $1 AND parent = $2 AND name = $3",
-                    &[&account_of(path), &p, &n],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(p), s(nm)],
+                );
                 feed(path, "dir");
             }
             Op::PutVersion { rec } => {
-                exec(
-                    t,
+                pl.push(
                     "INSERT INTO versions (account, node_id, version, rec) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (account, node_id, version) DO UPDATE SET rec = EXCLUDED.rec",
-                    &[&rec.account(), &i(rec.id), &(rec.version as i32), &encode(rec)?],
-                )
-                .await?;
+                    vec![
+                        s(rec.account()),
+                        n(rec.id),
+                        Box::new(rec.version as i32),
+                        Box::new(encode(rec)?),
+                    ],
+                );
             }
             Op::DropHistory { node_id } => {
                 let account = owner_of("a history dropped")?;
+                pl.flush(t, &mut feed).await?;
                 let st = t
                     .prepare_cached(
                         "DELETE FROM versions WHERE account = $1 AND node_id = $2 RETURNING rec",
@@ -157,21 +252,17 @@ pub(super) async fn apply_ops(
                 }
                 blobs.sort_unstable();
                 blobs.dedup();
-                exec(
-                    t,
+                pl.push(
                     "DELETE FROM blobs WHERE account = $1 AND id = ANY($2)",
-                    &[&account, &blobs],
-                )
-                .await?;
+                    vec![s(&account), Box::new(blobs)],
+                );
             }
             Op::DelBlob { id } => {
                 let account = owner_of("a blob deleted")?;
-                exec(
-                    t,
+                pl.push(
                     "DELETE FROM blobs WHERE account = $1 AND id = $2",
-                    &[&account, &i(*id)],
-                )
-                .await?;
+                    vec![s(&account), n(*id)],
+                );
             }
             Op::PutBlob { .. } => {
                 return Err(Error::store(
@@ -179,31 +270,25 @@ pub(super) async fn apply_ops(
                 ));
             }
             Op::PutBlobOf { account, id, data } => {
-                exec(
-                    t,
+                pl.push(
                     "INSERT INTO blobs (account, id, data) VALUES ($1, $2, $3) \
                      ON CONFLICT (account, id) DO UPDATE SET data = EXCLUDED.data",
-                    &[account, &i(*id), &&data[..]],
-                )
-                .await?;
+                    vec![s(account), n(*id), b(data)],
+                );
             }
             Op::PutEvent {
                 seq,
                 node_path,
                 account,
                 json,
-            } => put_event(t, Queue::Outbox, account, *seq, node_path, json).await?,
-            Op::DoneEvent { seq, account, .. } => {
-                drop_event(t, Queue::Outbox, account, *seq).await?;
-            }
+            } => put_event(&mut pl, Queue::Outbox, account, *seq, node_path, json),
+            Op::DoneEvent { seq, account, .. } => drop_event(&mut pl, Queue::Outbox, account, *seq),
             Op::UpdateEvent { seq, json } => {
                 let account = event_account(json)?;
-                exec(
-                    t,
+                pl.push(
                     "UPDATE outbox SET json = $3 WHERE account = $1 AND seq = $2",
-                    &[&account, &i(*seq), json],
-                )
-                .await?;
+                    vec![s(&account), n(*seq), b(json)],
+                );
             }
             Op::DeadEvent {
                 seq,
@@ -211,8 +296,8 @@ pub(super) async fn apply_ops(
                 account,
                 json,
             } => {
-                drop_event(t, Queue::Outbox, account, *seq).await?;
-                put_event(t, Queue::Dead, account, *seq, node_path, json).await?;
+                drop_event(&mut pl, Queue::Outbox, account, *seq);
+                put_event(&mut pl, Queue::Dead, account, *seq, node_path, json);
             }
             Op::ReviveEvent {
                 seq,
@@ -220,31 +305,25 @@ pub(super) async fn apply_ops(
                 account,
                 json,
             } => {
-                drop_event(t, Queue::Dead, account, *seq).await?;
-                put_event(t, Queue::Outbox, account, *seq, node_path, json).await?;
+                drop_event(&mut pl, Queue::Dead, account, *seq);
+                put_event(&mut pl, Queue::Outbox, account, *seq, node_path, json);
             }
-            Op::DropDead { seq, account, .. } => {
-                drop_event(t, Queue::Dead, account, *seq).await?;
-            }
+            Op::DropDead { seq, account, .. } => drop_event(&mut pl, Queue::Dead, account, *seq),
             Op::PutScratch { path, data } => {
-                let (p, n) = split(path);
-                exec(
-                    t,
+                let (p, nm) = split(path);
+                pl.push(
                     "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (account, parent, name) DO UPDATE SET data = EXCLUDED.data",
-                    &[&account_of(path), &p, &n, data],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(p), s(nm), b(data)],
+                );
                 feed(path, "scratch");
             }
             Op::DelScratch { path } => {
-                let (p, n) = split(path);
-                exec(
-                    t,
+                let (p, nm) = split(path);
+                pl.push(
                     "DELETE FROM scratch WHERE account = $1 AND parent = $2 AND name = $3",
-                    &[&account_of(path), &p, &n],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(p), s(nm)],
+                );
                 feed(path, "scratch");
             }
             Op::AppendLog {
@@ -253,7 +332,8 @@ pub(super) async fn apply_ops(
                 mode,
                 mtime_ns,
             } => {
-                let (p, n) = split(path);
+                pl.flush(t, &mut feed).await?;
+                let (p, nm) = split(path);
                 let a = account_of(path);
                 // The row first (an empty log), so that two daemons' first
                 // appends meet on its lock rather than both inserting.
@@ -262,7 +342,7 @@ pub(super) async fn apply_ops(
                     t,
                     "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (account, parent, name) DO NOTHING",
-                    &[&a, &p, &n, &empty],
+                    &[&a, &p, &nm, &empty],
                 )
                 .await?;
                 let st = t
@@ -272,94 +352,102 @@ pub(super) async fn apply_ops(
                     .await
                     .map_err(pe)?;
                 let old: Option<Vec<u8>> = t
-                    .query(&st, &[&a, &p, &n])
+                    .query(&st, &[&a, &p, &nm])
                     .await
                     .map_err(pe)?
                     .first()
                     .map(|r| r.get(0));
                 let rec =
                     crate::store::ScratchRec::appended(old.as_deref(), data, *mode, *mtime_ns)?;
-                exec(
-                    t,
+                pl.push(
                     "UPDATE scratch SET data = $4 WHERE account = $1 AND parent = $2 AND name = $3",
-                    &[&a, &p, &n, &rec],
-                )
-                .await?;
+                    vec![s(a), s(p), s(nm), Box::new(rec)],
+                );
                 feed(path, "scratch");
             }
             Op::PutExpiry { path, at_ns } => {
-                exec(
-                    t,
+                pl.push(
                     "INSERT INTO expiry (account, path, at_ns) VALUES ($1, $2, $3) \
                      ON CONFLICT (account, path) DO UPDATE SET at_ns = EXCLUDED.at_ns",
-                    &[&account_of(path), path, &i(*at_ns)],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(path), n(*at_ns)],
+                );
                 feed(path, "expiry");
             }
             Op::DelExpiry { path } => {
-                exec(
-                    t,
+                pl.push(
                     "DELETE FROM expiry WHERE account = $1 AND path = $2",
-                    &[&account_of(path), path],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(path)],
+                );
                 feed(path, "expiry");
             }
             Op::PutIx { path, data } => {
-                exec(
-                    t,
+                pl.push(
                     "INSERT INTO ix_docs (account, path, data) VALUES ($1, $2, $3) \
                      ON CONFLICT (account, path) DO UPDATE SET data = EXCLUDED.data",
-                    &[&account_of(path), path, data],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(path), b(data)],
+                );
                 feed(path, "ix");
             }
             Op::DelIx { path } => {
-                exec(
-                    t,
+                pl.push(
                     "DELETE FROM ix_docs WHERE account = $1 AND path = $2",
-                    &[&account_of(path), path],
-                )
-                .await?;
+                    vec![s(account_of(path)), s(path)],
+                );
                 feed(path, "ix");
             }
             // The embedding cache is content-addressed (model, hash of the
-            // text) and shared: it holds no path and no text.
+            // text) and shared: it holds no path and no text (on an
+            // encrypted store, hashes are keyed per scope and vectors sealed).
             Op::PutVec { model, hash, data }
             | Op::PutVecOf {
                 model, hash, data, ..
             } => {
-                exec(
-                    t,
+                pl.push(
                     "INSERT INTO vecs (model, hash, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                    &[model, &&hash.to_be_bytes()[..], data],
-                )
-                .await?;
+                    vec![s(model), b(&hash.to_be_bytes()), b(data)],
+                );
             }
             Op::DelVec { model, hash } => {
-                exec(
-                    t,
+                pl.push(
                     "DELETE FROM vecs WHERE model = $1 AND hash = $2",
-                    &[model, &&hash.to_be_bytes()[..]],
-                )
-                .await?;
+                    vec![s(model), b(&hash.to_be_bytes())],
+                );
             }
             Op::PutDraft { .. } | Op::DelDraft { .. } => {}
-            Op::Count { key, delta } => count(t, key, *delta).await?,
+            Op::Count { key, delta } => count(&mut pl, key, *delta),
             Op::HighWater { key, value } => {
-                exec(
-                    t,
+                pl.push(
                     "INSERT INTO high_water (key, value) VALUES ($1, $2) \
                      ON CONFLICT (key) DO UPDATE SET value = GREATEST(high_water.value, EXCLUDED.value)",
-                    &[key, &i(*value)],
-                )
-                .await?;
+                    vec![s(key), n(*value)],
+                );
             }
         }
     }
-    Ok(())
+    pl.flush(t, &mut feed).await
+}
+
+/// Record `changes` in the change feed and wake the other daemons, in one
+/// round trip.
+pub(super) async fn publish(
+    t: &deadpool_postgres::Transaction<'_>,
+    origin: &str,
+    changes: BTreeSet<(String, String, &'static str)>,
+) -> Result<()> {
+    let (mut accts, mut paths, mut kinds) = (Vec::new(), Vec::new(), Vec::new());
+    for (a, p, k) in changes {
+        accts.push(a);
+        paths.push(p);
+        kinds.push(k.to_string());
+    }
+    let mut pl = Pipeline::default();
+    pl.push(
+        "INSERT INTO changes (origin, account, path, kind) \
+         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[])",
+        vec![s(origin), Box::new(accts), Box::new(paths), Box::new(kinds)],
+    );
+    pl.push("SELECT pg_notify($1, '')", vec![s(super::CHANNEL)]);
+    pl.flush(t, &mut |_, _| {}).await
 }
 
 /// The pending outbox or the dead letters, with the counter of each.
@@ -378,54 +466,50 @@ impl Queue {
     }
 }
 
-/// Add an event to a queue (counted when it was not there).
-async fn put_event(
-    t: &deadpool_postgres::Transaction<'_>,
-    q: Queue,
-    account: &str,
-    seq: u64,
-    node_path: &str,
-    json: &[u8],
-) -> Result<()> {
+/// Add an event to a queue, counted when it was not there (one statement:
+/// the count follows the insert in the database, not a round trip).
+fn put_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64, node_path: &str, json: &[u8]) {
     let sql = match q {
         Queue::Outbox => {
-            "INSERT INTO outbox (account, seq, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
+            "WITH ins AS (INSERT INTO outbox (account, seq, node_path, json) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT DO NOTHING RETURNING 1) \
+             INSERT INTO counters (key, value) SELECT $5, 1 FROM ins \
+             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
         }
         Queue::Dead => {
-            "INSERT INTO dlq (account, seq, node_path, json) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
+            "WITH ins AS (INSERT INTO dlq (account, seq, node_path, json) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT DO NOTHING RETURNING 1) \
+             INSERT INTO counters (key, value) SELECT $5, 1 FROM ins \
+             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
         }
     };
-    if exec(t, sql, &[&account, &i(seq), &node_path, &json]).await? > 0 {
-        count(t, &q.counter(account), 1).await?;
-    }
-    Ok(())
+    pl.push(
+        sql,
+        vec![s(account), n(seq), s(node_path), b(json), s(&q.counter(account))],
+    );
 }
 
-/// Remove an event from a queue (counted when it was there).
-async fn drop_event(
-    t: &deadpool_postgres::Transaction<'_>,
-    q: Queue,
-    account: &str,
-    seq: u64,
-) -> Result<()> {
+/// Remove an event from a queue, counted when it was there.
+fn drop_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64) {
     let sql = match q {
-        Queue::Outbox => "DELETE FROM outbox WHERE account = $1 AND seq = $2",
-        Queue::Dead => "DELETE FROM dlq WHERE account = $1 AND seq = $2",
+        Queue::Outbox => {
+            "WITH del AS (DELETE FROM outbox WHERE account = $1 AND seq = $2 RETURNING 1) \
+             INSERT INTO counters (key, value) SELECT $3, -1 FROM del \
+             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
+        }
+        Queue::Dead => {
+            "WITH del AS (DELETE FROM dlq WHERE account = $1 AND seq = $2 RETURNING 1) \
+             INSERT INTO counters (key, value) SELECT $3, -1 FROM del \
+             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
+        }
     };
-    if exec(t, sql, &[&account, &i(seq)]).await? > 0 {
-        count(t, &q.counter(account), -1).await?;
-    }
-    Ok(())
+    pl.push(sql, vec![s(account), n(seq), s(&q.counter(account))]);
 }
 
-async fn count(t: &deadpool_postgres::Transaction<'_>, key: &str, delta: i64) -> Result<()> {
-    let st = t
-        .prepare_cached(
-            "INSERT INTO counters (key, value) VALUES ($1, $2) \
-             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value",
-        )
-        .await
-        .map_err(pe)?;
-    t.execute(&st, &[&key, &delta]).await.map_err(pe)?;
-    Ok(())
+fn count(pl: &mut Pipeline, key: &str, delta: i64) {
+    pl.push(
+        "INSERT INTO counters (key, value) VALUES ($1, $2) \
+         ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value",
+        vec![s(key), Box::new(delta)],
+    );
 }

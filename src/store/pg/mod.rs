@@ -563,25 +563,7 @@ impl Store for PgStore {
                 let mut changes = BTreeSet::new();
                 apply_ops(&t, &shared, &mut changes).await?;
                 if !changes.is_empty() {
-                    let (mut accts, mut paths, mut kinds) = (Vec::new(), Vec::new(), Vec::new());
-                    for (a, p, k) in changes {
-                        accts.push(a);
-                        paths.push(p);
-                        kinds.push(k.to_string());
-                    }
-                    let st = t
-                        .prepare_cached(
-                            "INSERT INTO changes (origin, account, path, kind) \
-                             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[])",
-                        )
-                        .await
-                        .map_err(pe)?;
-                    t.execute(&st, &[&self.origin, &accts, &paths, &kinds])
-                        .await
-                        .map_err(pe)?;
-                    t.batch_execute(&format!("NOTIFY {CHANNEL}"))
-                        .await
-                        .map_err(pe)?;
+                    apply::publish(&t, &self.origin, changes).await?;
                 }
                 t.commit().await.map_err(pe)
             });
