@@ -475,7 +475,17 @@ fn holds_text(store: &dyn Store) -> Result<bool> {
 pub struct Sealed {
     inner: Arc<dyn Store>,
     ring: Arc<Keyring>,
+    /// Opened outbox events by (sequence, hash of the stored bytes);
+    /// emptied whenever a key is destroyed (an event of a forgotten scope
+    /// must read as its delete from then on).
+    opened: Arc<Mutex<OpenedEvents>>,
 }
+
+/// Opened events by (sequence, hash of the stored bytes).
+type OpenedEvents = HashMap<(u64, u64), Vec<u8>>;
+
+/// Opened events kept at most (a few MB).
+const OPENED_EVENTS: usize = 4096;
 
 /// What opening a sealed value gave.
 enum Opened {
@@ -522,7 +532,11 @@ impl Sealed {
             gone: Mutex::new(HashSet::new()),
         });
         ring.load(&*inner)?;
-        Ok(Arc::new(Sealed { inner, ring }))
+        Ok(Arc::new(Sealed {
+            inner,
+            ring,
+            opened: Arc::new(Mutex::new(HashMap::new())),
+        }))
     }
 
     fn write_master_row(store: &dyn Store, master: &MasterKey, mut ops: Vec<Op>) -> Result<()> {
@@ -725,8 +739,30 @@ impl Sealed {
         Ok(ev)
     }
 
+    /// Events as written. The indexer reads the head of the outbox again
+    /// at every step, so each opened event is kept (by its sequence number
+    /// and a hash of its stored bytes, which an update changes) until the
+    /// cache fills: a waiting event is parsed and opened once, not once per
+    /// step.
     fn open_events(&self, evs: Vec<StoredEvent>) -> Result<Vec<StoredEvent>> {
-        evs.into_iter().map(|e| self.open_event(e)).collect()
+        evs.into_iter()
+            .map(|e| {
+                let key = (e.seq, xxhash_rust::xxh3::xxh3_64(&e.json));
+                if let Some(json) = lock(&self.opened).get(&key) {
+                    return Ok(StoredEvent {
+                        seq: e.seq,
+                        json: json.clone(),
+                    });
+                }
+                let out = self.open_event(e)?;
+                let mut c = lock(&self.opened);
+                if c.len() >= OPENED_EVENTS {
+                    c.clear();
+                }
+                c.insert(key, out.json.clone());
+                Ok(out)
+            })
+            .collect()
     }
 
     /// The ops with every text sealed, the key rows of deleted scopes
@@ -1090,6 +1126,7 @@ impl Store for Sealed {
         self.inner.apply(ops, durable)?;
         if !dropped.is_empty() {
             self.ring.forget(&dropped);
+            lock(&self.opened).clear();
         }
         Ok(())
     }
@@ -1109,6 +1146,7 @@ impl Store for Sealed {
         // Another daemon's key changes (a new scope's key, a deleted
         // scope's) reach this daemon's keyring before anything else.
         let ring = self.ring.clone();
+        let opened = self.opened.clone();
         let inner = self.inner.clone();
         let store = inner.clone();
         inner.watch(Box::new(move |changes: Vec<RemoteChange>| {
@@ -1119,6 +1157,7 @@ impl Store for Sealed {
                 if let Err(e) = ring.load(&*store) {
                     tracing::error!(error = %e.report(), "reloading the keyring failed");
                 }
+                lock(&opened).clear();
             }
             f(changes)
         }))

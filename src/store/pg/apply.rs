@@ -55,6 +55,9 @@ enum After {
     FeedIfChanged(String, &'static str),
     /// The compare-and-set of a commit: the node at `path` must be at `version`.
     Expect(String, Option<u32>),
+    /// The statement must change a row, else the commit conflicts (an
+    /// event id another daemon was handed too: plan again with a new one).
+    MustChange(&'static str),
 }
 
 struct Stmt {
@@ -123,6 +126,9 @@ impl Pipeline {
         for (s, out) in stmts.iter().zip(outs) {
             match (&s.after, out) {
                 (After::FeedIfChanged(path, kind), Out::Count(n)) if n > 0 => feed(path, kind),
+                (After::MustChange(why), Out::Count(0)) => {
+                    return Err(Error::Conflict((*why).to_string()));
+                }
                 (After::Expect(path, version), Out::Rows(rows)) => {
                     let now = match rows.first() {
                         Some(r) => Some(decode(&r.get::<_, Vec<u8>>(0))?.version),
@@ -483,10 +489,21 @@ fn put_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64, node_path: &s
              ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
         }
     };
-    pl.push(
-        sql,
-        vec![s(account), n(seq), s(node_path), b(json), s(&q.counter(account))],
-    );
+    let params = vec![
+        s(account),
+        n(seq),
+        s(node_path),
+        b(json),
+        s(&q.counter(account)),
+    ];
+    match q {
+        Queue::Outbox => pl.then(
+            sql,
+            params,
+            After::MustChange("an outbox event id is taken already"),
+        ),
+        Queue::Dead => pl.push(sql, params),
+    }
 }
 
 /// Remove an event from a queue, counted when it was there.

@@ -31,6 +31,38 @@ impl Cache {
         }
     }
 
+    /// What this daemon's own transaction, just committed, wrote: the
+    /// entries of its paths become the values written (a commit's next
+    /// lookups of its node and directories cost no round trip).
+    pub(super) fn learn(&self, ops: &[Op]) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        let mut n = lock(&self.nodes);
+        let mut d = lock(&self.dirs);
+        if n.len() >= CACHE_MAX {
+            n.clear();
+        }
+        if d.len() >= CACHE_MAX {
+            d.clear();
+        }
+        for op in ops {
+            match op {
+                Op::PutNode { path, rec } => {
+                    n.insert(path.clone(), Some(rec.clone()));
+                }
+                Op::DelNode { path } => {
+                    n.insert(path.clone(), None);
+                }
+                Op::PutDir { path } => {
+                    d.insert(path.clone(), true);
+                }
+                Op::DelDir { path } => {
+                    d.insert(path.clone(), false);
+                }
+                _ => {}
+            }
+        }
+    }
+
     pub(super) fn clear(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         lock(&self.nodes).clear();

@@ -101,17 +101,27 @@ impl PgStore {
                     continue;
                 }
                 tracing::info!("change feed: listening");
+                let read = match client
+                    .prepare(
+                        "SELECT seq, origin, path, kind, (SELECT MIN(seq) FROM changes) FROM changes \
+                         WHERE seq > $1 ORDER BY seq LIMIT 2000",
+                    )
+                    .await
+                {
+                    Ok(st) => st,
+                    Err(e) => {
+                        tracing::warn!("change feed: cannot prepare its read, reconnecting: {e}");
+                        driver.abort();
+                        continue;
+                    }
+                };
                 loop {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     let cursor = read_to;
                     let rows = match client
-                        .query(
-                            "SELECT seq, origin, path, kind, (SELECT MIN(seq) FROM changes) FROM changes \
-                             WHERE seq > $1 ORDER BY seq LIMIT 2000",
-                            &[&cursor],
-                        )
+                        .query(&read, &[&cursor])
                         .await
                     {
                         Ok(r) => r,

@@ -223,6 +223,37 @@ impl PgStore {
         })
     }
 
+    /// Event ids, taken one commit at a time (a node's events must keep the
+    /// order of its versions) without a WAL flush of their own: the
+    /// commit that uses an id is the next transaction after it, and its own
+    /// flush makes the allocation durable with it. Should the server lose an
+    /// unflushed allocation in a crash, another daemon may be handed the
+    /// same id; the outbox insert of the second commit then fails as a
+    /// conflict (`apply.rs`), and that commit is planned again with a new id.
+    fn alloc_events(&self, n: u64) -> Result<u64> {
+        let key = crate::schema::counters::EVENT_ID;
+        let sql = format!(
+            "BEGIN; SET LOCAL synchronous_commit TO OFF; \
+             INSERT INTO high_water (key, value) VALUES ('{key}', {n}) \
+             ON CONFLICT (key) DO UPDATE SET value = high_water.value + EXCLUDED.value RETURNING value; \
+             COMMIT"
+        );
+        let msgs = self.run(async {
+            let c = self.client().await?;
+            c.simple_query(&sql).await.map_err(pe)
+        })?;
+        let last = msgs
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => {
+                    r.get(0).and_then(|v| v.parse::<u64>().ok())
+                }
+                _ => None,
+            })
+            .ok_or_else(|| Error::store("allocating event ids returned no row"))?;
+        Ok(last + 1 - n)
+    }
+
     /// Rows of `(seq, json)` as stored events.
     fn events(
         &self,
@@ -567,9 +598,13 @@ impl Store for PgStore {
                 }
                 t.commit().await.map_err(pe)
             });
-            // Committed or not (a conflict: the row moved), what was read
-            // of these paths is no longer to be trusted.
-            self.cache.forget(&paths);
+            // Committed: the cache holds what was written. Not (a
+            // conflict: the row moved): what was read of these paths is no
+            // longer to be trusted.
+            match &result {
+                Ok(()) => self.cache.learn(&shared),
+                Err(_) => self.cache.forget(&paths),
+            }
             result?;
         }
         // The drafts after the shared state they follow.
@@ -584,6 +619,9 @@ impl Store for PgStore {
     }
 
     fn alloc(&self, key: &str, n: u64) -> Result<u64> {
+        if key == crate::schema::counters::EVENT_ID {
+            return self.alloc_events(n);
+        }
         let rows = self.query(
             "INSERT INTO high_water (key, value) VALUES ($1, $2) \
              ON CONFLICT (key) DO UPDATE SET value = high_water.value + EXCLUDED.value RETURNING value",
