@@ -114,6 +114,13 @@ impl Index {
         for (path, doc, vecs) in fresh {
             Change::Put { path, doc, vecs }.apply(ai);
         }
+        // A follower keeps its graph as the indexer keeps its own: built
+        // when the account passes the exact-search size, rebuilt or
+        // dropped by its tombstones (under the loading lock, which every
+        // other change of this account's graph on a follower holds).
+        if ready {
+            self.tidy_graph(ai, true);
+        }
         self.stats
             .remote_applied
             .fetch_add(paths.len() as u64, Ordering::Relaxed);

@@ -171,18 +171,27 @@ impl Index {
     pub(super) fn rebuild_tombstoned(&self) {
         let accts = self.loaded_accounts();
         for ai in accts {
-            if !ai.ready.load(Ordering::Acquire) {
-                continue;
+            if ai.ready.load(Ordering::Acquire) {
+                self.tidy_graph(&ai, false);
             }
-            let (dead, live, graphed) = {
-                let st = rlock(&ai.st);
-                (st.dead.len(), st.vecs.len(), st.graphed)
-            };
-            if graphed && dead > 0 && live <= self.cfg.exact_scope {
-                self.drop_graph(&ai);
-            } else if dead >= 16 && dead * 4 > live {
-                self.rebuild(&ai);
-            }
+        }
+    }
+
+    /// One account's graph against its live vectors: dropped when the
+    /// account is back at the exact-search size, rebuilt when tombstones
+    /// outnumber a quarter of the live vectors, and (with `grow`) built
+    /// when the account passed the exact-search size.
+    pub(super) fn tidy_graph(&self, ai: &AccountIndex, grow: bool) {
+        let (dead, live, graphed) = {
+            let st = rlock(&ai.st);
+            (st.dead.len(), st.vecs.len(), st.graphed)
+        };
+        if graphed && dead > 0 && live <= self.cfg.exact_scope {
+            self.drop_graph(ai);
+        } else if (dead >= 16 && dead * 4 > live)
+            || (grow && !graphed && live > self.cfg.exact_scope)
+        {
+            self.rebuild(ai);
         }
     }
 

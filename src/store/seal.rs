@@ -589,6 +589,16 @@ impl Sealed {
             .len()
     }
 
+    /// The key `scope` seals with, never a new one (the keyring is read
+    /// again once on a miss: another daemon may have made it).
+    fn existing_key(&self, scope: &str) -> Result<Option<Arc<DataKey>>> {
+        if let Some(k) = self.ring.current(scope) {
+            return Ok(Some(k));
+        }
+        self.ring.load(&*self.inner)?;
+        Ok(self.ring.current(scope))
+    }
+
     fn seal(&self, scope: &str, kind: Kind, plain: &[u8]) -> Result<Vec<u8>> {
         self.ring.key_for(&*self.inner, scope)?.seal(kind, plain)
     }
@@ -814,8 +824,14 @@ impl Sealed {
                     let data = self.seal(scope_of(&path), Kind::Draft, &data)?;
                     Op::PutDraft { path, data }
                 }
+                // What the index derives from a scope's text never makes the
+                // scope a key: without one the scope was deleted after the
+                // indexer read its text, and what it derived is dropped.
                 Op::PutIx { path, data } => {
-                    let data = self.seal(scope_of(&path), Kind::Ix, &data)?;
+                    let Some(key) = self.existing_key(scope_of(&path))? else {
+                        continue;
+                    };
+                    let data = key.seal(Kind::Ix, &data)?;
                     Op::PutIx { path, data }
                 }
                 Op::PutVecOf {
@@ -824,7 +840,9 @@ impl Sealed {
                     hash,
                     data,
                 } => {
-                    let key = self.ring.key_for(&*self.inner, scope_of(&owner))?;
+                    let Some(key) = self.existing_key(scope_of(&owner))? else {
+                        continue;
+                    };
                     Op::PutVec {
                         model,
                         hash: key.vec_hash(hash),
