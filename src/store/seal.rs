@@ -1239,6 +1239,102 @@ mod tests {
     }
 
     #[test]
+    fn sealed_values_read_back_and_go_with_their_scope() {
+        use crate::store::{FileRec, RedbStore, Status};
+        let dir = tempfile::tempdir().unwrap();
+        let raw = RedbStore::open(&dir.path().join("db.redb")).unwrap();
+        let master = || MasterKey::from_bytes("11".repeat(32).as_bytes()).unwrap();
+        let sealed = Sealed::open(raw.clone(), master()).unwrap();
+        let path = "acme/users/al/memories/c/n".to_string();
+        let rec = NodeRec {
+            id: 1,
+            path: path.clone(),
+            status: Status::Active,
+            version: 1,
+            created_at: String::new(),
+            updated_at: String::new(),
+            updated_ns: 0,
+            files: vec![FileRec {
+                name: "content.md".into(),
+                blob: 9,
+                size: 5,
+                mtime_ns: 0,
+                mode: 0o644,
+            }],
+        };
+        sealed
+            .apply(
+                vec![
+                    Op::PutBlobOf {
+                        account: "acme".into(),
+                        id: 9,
+                        data: Arc::from(&b"hello"[..]),
+                    },
+                    Op::PutNode {
+                        path: path.clone(),
+                        rec: rec.clone(),
+                    },
+                    Op::PutIx {
+                        path: path.clone(),
+                        data: b"ixdoc".to_vec(),
+                    },
+                    Op::PutVecOf {
+                        owner: path.clone(),
+                        model: "m".into(),
+                        hash: 42,
+                        data: vec![1, 2, 3, 4],
+                    },
+                ],
+                true,
+            )
+            .unwrap();
+        // Plain through the seal, sealed underneath.
+        assert_eq!(sealed.read_blob("acme", 9, 5).unwrap(), b"hello");
+        let under = raw.read_blob("acme", 9, 5 + OVERHEAD as u64).unwrap();
+        assert!(is_sealed(&under) && !under.windows(5).any(|w| w == b"hello"));
+        assert_eq!(sealed.get_ix(&path).unwrap().unwrap(), b"ixdoc");
+        assert_eq!(
+            sealed.get_vec_of(&path, "m", 42).unwrap().unwrap(),
+            vec![1, 2, 3, 4]
+        );
+        assert!(raw.get_vec("m", 42).unwrap().is_none(), "keyed per scope");
+        assert_eq!(sealed.data_keys(), Some(1));
+        // The user's directory goes, and its key with it.
+        sealed
+            .apply(
+                vec![
+                    Op::DelNode { path: path.clone() },
+                    Op::DelDir {
+                        path: "acme/users/al".into(),
+                    },
+                ],
+                true,
+            )
+            .unwrap();
+        assert_eq!(sealed.data_keys(), Some(0));
+        assert!(sealed.get_ix(&path).unwrap().is_none());
+        assert!(sealed.read_blob("acme", 9, 5).is_err());
+        // What the index derives late is dropped, never given a new key.
+        sealed
+            .apply(
+                vec![Op::PutIx {
+                    path: path.clone(),
+                    data: b"late".to_vec(),
+                }],
+                true,
+            )
+            .unwrap();
+        assert_eq!(sealed.data_keys(), Some(0));
+        assert!(raw.get_ix(&path).unwrap().unwrap() != b"late".to_vec());
+        // Only the master key that made it opens the store.
+        drop(sealed);
+        let other = MasterKey::from_bytes("22".repeat(32).as_bytes()).unwrap();
+        assert!(Sealed::open(raw.clone(), other).is_err());
+        assert!(Sealed::open(raw.clone(), master()).is_ok());
+        raw.close();
+    }
+
+    #[test]
     fn hex_round_trips() {
         let b: Vec<u8> = (0..=255).collect();
         assert_eq!(from_hex(&hex(&b)).unwrap(), b);
