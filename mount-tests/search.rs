@@ -774,3 +774,53 @@ fn loaded_indexes_stay_within_their_memory_bound() {
     }
     m.umount_and_fsck();
 }
+
+/// On an encrypted PostgreSQL store, the indexer's retries rewrite events
+/// whose payload is sealed: failed embeddings still retry, become dead
+/// letters, and come back with `mv` (the store reads only the event's URI,
+/// never its sealed payload).
+#[test]
+fn failed_embeddings_retry_on_an_encrypted_postgresql_store() {
+    use crate::atrest::{key_file, keys_dir};
+    let keys = keys_dir();
+    let key = key_file(keys.path(), "master.key");
+    let probe = Mount::without_index();
+    let (_server, url, flag) = embed_server(&probe);
+    let config = format!(
+        "{CONFIG}\n[index]\nembedder = \"http\"\nhttp_url = \"{url}\"\nhttp_model = \"test-embed\"\nhttp_dim = 16\n\
+         max_retries = 2\nretry_backoff_ms = 50\n[encryption]\nkey_file = \"{}\"\n",
+        key.display()
+    );
+    let db = PgDb::new();
+    let m = db.mount(Some(&config), &[]);
+    let node = format!("{ALICE}/notes/sealed");
+    put(&m, WRITER, &node, "the sealed quarterly report", "report");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let id = loop {
+        let l = m.ok(READER, &format!("ls $M/accounts/{node}/.outbox/dlq/"));
+        if let Some(x) = l.lines().find(|x| x.ends_with(".json")) {
+            break x.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no dead letter on the encrypted store"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let ev: serde_json::Value =
+        serde_json::from_str(&m.ok(READER, &format!("cat $M/accounts/{node}/.outbox/dlq/{id}")))
+            .unwrap();
+    assert_eq!(ev["retry_count"], 2, "{ev}");
+    // The payload reads as written (opened), not sealed.
+    assert!(ev.to_string().contains("sealed quarterly report"), "{ev}");
+    std::fs::write(&flag, "").unwrap();
+    m.ok(
+        WRITER,
+        &format!("mv $M/accounts/{node}/.outbox/dlq/{id} $M/accounts/{node}/.outbox/"),
+    );
+    sync(&m);
+    assert_eq!(
+        search(&m, READER, "acme", "sealed quarterly report").first(),
+        Some(&node)
+    );
+}
