@@ -969,3 +969,60 @@ fn a_follower_applies_index_changes_without_reloading() {
     );
     assert!(stat(follower, "remote_docs_applied") >= 3);
 }
+
+/// A batch on PostgreSQL takes its event ids once the chunk is planned (one
+/// range, not one round trip per event): every node of two batches over
+/// the same nodes ends indexed at its newest text on both daemons, and the
+/// store checks clean.
+#[test]
+fn batches_on_postgresql_take_their_event_ids_at_once() {
+    let db = PgDb::new();
+    let (mut a, mut b) = pair(&db);
+    let py = r#"
+import json, sys
+path, word = sys.argv[1], sys.argv[2]
+with open(path, "w") as f:
+    for i in range(150):
+        f.write(json.dumps({"node": f"users/alice/memories/bulk/n{i}",
+                            "content": f"bulk note {i} says {word}{i}",
+                            "meta": {"status": "ACTIVE"}}) + "\n")
+"#;
+    let script = a.shared_file("bulk.py");
+    std::fs::write(&script, py).unwrap();
+    for word in ["oldword", "newword"] {
+        a.ok(
+            WRITER,
+            &format!(
+                "/usr/bin/python3 {} $M/accounts/acme/.ctxfs/batch {word}",
+                script.display()
+            ),
+        );
+    }
+    a.ok(WRITER, "cat $M/.ctxfs/sync");
+    b.ok(WRITER, "cat $M/.ctxfs/sync");
+    for m in [&a, &b] {
+        let hits = m.ok(READER, "cat \"$M/accounts/acme/.search/newword77?k=3\"");
+        assert!(hits.contains("bulk/n77\t"), "{hits}");
+        let old = m.ok(
+            READER,
+            "cat \"$M/accounts/acme/.search/oldword77?mode=lexical&k=3\"",
+        );
+        assert!(!old.contains("bulk/n77\t"), "the older version won: {old}");
+        assert_eq!(
+            m.ok(
+                READER,
+                "cat $M/accounts/acme/users/alice/memories/bulk/n149/content.md"
+            ),
+            "bulk note 149 says newword149"
+        );
+    }
+    a.umount();
+    b.umount();
+    let out = ctxfs(&["fsck", "--store", &db.url]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

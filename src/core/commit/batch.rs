@@ -136,6 +136,7 @@ impl Fs {
             // Writes and bytes of the chunk's nodes so far (for the quota;
             // earlier chunks are in the store's counters).
             let mut pending = (0i64, 0i64);
+            let ids = self.defer_event_ids();
             for (line, path, n) in chunk {
                 let cx = Planning {
                     now,
@@ -152,6 +153,8 @@ impl Fs {
                     }
                 }
             }
+            ids.assign(&*self.store, &mut ops)?;
+            drop(ids);
             if !ops.is_empty() {
                 self.store.apply(ops, true)?;
                 self.notify_index();
