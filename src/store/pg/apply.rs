@@ -36,16 +36,6 @@ fn event_account(json: &[u8]) -> Result<String> {
         .to_string())
 }
 
-/// Run one statement of `t` now (the steps that read before they write).
-async fn exec(
-    t: &deadpool_postgres::Transaction<'_>,
-    sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<u64> {
-    let st = t.prepare_cached(sql).await.map_err(pe)?;
-    t.execute(&st, params).await.map_err(pe)
-}
-
 type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
 
 /// What a statement's outcome decides once the pipeline returns.
@@ -338,19 +328,18 @@ pub(super) async fn apply_ops(
                 mode,
                 mtime_ns,
             } => {
-                pl.flush(t, &mut feed).await?;
                 let (p, nm) = split(path);
                 let a = account_of(path);
                 // The row first (an empty log), so that two daemons' first
-                // appends meet on its lock rather than both inserting.
+                // appends meet on its lock rather than both inserting; it
+                // goes with what is queued, before the read.
                 let empty = crate::store::ScratchRec::appended(None, &[], *mode, *mtime_ns)?;
-                exec(
-                    t,
+                pl.push(
                     "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (account, parent, name) DO NOTHING",
-                    &[&a, &p, &nm, &empty],
-                )
-                .await?;
+                    vec![s(a), s(p), s(nm), Box::new(empty)],
+                );
+                pl.flush(t, &mut feed).await?;
                 let st = t
                     .prepare_cached(
                         "SELECT data FROM scratch WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",

@@ -21,227 +21,21 @@
 //! moves). The key rows live under the reserved name `.keyring` of the
 //! store's small-entries table, which no account can take (names never
 //! start with a dot).
+//!
+//! Here: the sealing `Store` and what it does to each op and read. In
+//! `keys.rs`: the master key, the data keys, the seal format, the keyring.
 
+mod keys;
+
+pub use self::keys::{master_of, KeySource, MasterKey, KEYRING, OVERHEAD};
+
+use self::keys::{from_hex, hex, key_id_of, Keyring, Kind};
 use super::{NodeRec, Op, RemoteChange, ScratchRec, Store, StoredEvent};
 use crate::error::{Error, Result};
 use crate::locks::lock;
-use chacha20poly1305::aead::rand_core::RngCore;
-use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
-use chacha20poly1305::{XChaCha20Poly1305, XNonce};
-use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
-
-/// The reserved name of the key rows (an account name never starts with a dot).
-pub const KEYRING: &str = ".keyring";
-/// The row proving which master key wraps the keyring.
-const MASTER_ROW: &str = "master";
-/// Sealed values start with these bytes.
-const MAGIC: [u8; 2] = [0xC7, 0x5E];
-const NONCE: usize = 24;
-const HEADER: usize = 2 + 8 + NONCE;
-/// What sealing adds to a value: the header and the authentication tag.
-pub const OVERHEAD: usize = HEADER + 16;
-
-/// What a sealed value is; part of its authenticated data, so a value
-/// cannot be passed off as one of another kind.
-#[derive(Clone, Copy)]
-#[repr(u8)]
-enum Kind {
-    Blob = 1,
-    Ix = 2,
-    Vector = 3,
-    Draft = 4,
-    Scratch = 5,
-    Event = 6,
-}
-
-/// Where the operator's master key comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
-    /// A file holding 64 hex digits (or 32 raw bytes), owner-only.
-    File(PathBuf),
-    /// A command (run by `sh -c`) that prints the key in hex, as a KMS or
-    /// Vault client would.
-    Command(String),
-}
-
-impl std::fmt::Display for KeySource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KeySource::File(p) => write!(f, "key file {}", p.display()),
-            KeySource::Command(c) => write!(f, "key command `{c}`"),
-        }
-    }
-}
-
-impl KeySource {
-    /// Read the master key. A key file must belong to this uid and be
-    /// unreadable by group and others.
-    pub fn read(&self) -> Result<MasterKey> {
-        let bytes = match self {
-            KeySource::File(p) => {
-                use std::os::unix::fs::MetadataExt;
-                let md = std::fs::metadata(p)
-                    .map_err(|e| Error::store(format!("cannot read {self}: {e}")))?;
-                // SAFETY: geteuid(2) has no preconditions and cannot fail.
-                let me = unsafe { libc::geteuid() };
-                if md.uid() != me {
-                    return Err(Error::store(format!(
-                        "{self} belongs to uid {}, not to this process's uid {me}: \
-                         chown {me} {}",
-                        md.uid(),
-                        p.display()
-                    )));
-                }
-                if md.mode() & 0o077 != 0 {
-                    return Err(Error::store(format!(
-                        "{self} may be read by group or others (mode {:o}): chmod 600 {}",
-                        md.mode() & 0o777,
-                        p.display()
-                    )));
-                }
-                std::fs::read(p).map_err(|e| Error::store(format!("cannot read {self}: {e}")))?
-            }
-            KeySource::Command(c) => {
-                let out = std::process::Command::new("sh")
-                    .arg("-c")
-                    .arg(c)
-                    .stdin(std::process::Stdio::null())
-                    .output()
-                    .map_err(|e| Error::store(format!("cannot run {self}: {e}")))?;
-                if !out.status.success() {
-                    return Err(Error::store(format!(
-                        "{self} failed ({}): {}",
-                        out.status,
-                        crate::schema::excerpt(String::from_utf8_lossy(&out.stderr).trim())
-                    )));
-                }
-                out.stdout
-            }
-        };
-        MasterKey::from_bytes(&bytes).map_err(|why| Error::store(format!("{self}: {why}")))
-    }
-}
-
-/// The operator's key: wraps the data keys, never seals data itself.
-pub struct MasterKey {
-    cipher: XChaCha20Poly1305,
-    /// A short public name of the key (not a secret: a hash of it).
-    pub fingerprint: String,
-}
-
-impl MasterKey {
-    /// 64 hex digits (whitespace around them ignored) or 32 raw bytes.
-    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<MasterKey, String> {
-        let text = std::str::from_utf8(bytes).map(str::trim).unwrap_or("");
-        let raw: Vec<u8> = if text.len() == 64 {
-            from_hex(text).ok_or("the key is 64 characters but not hex digits")?
-        } else if bytes.len() == 32 {
-            bytes.to_vec()
-        } else {
-            return Err(format!(
-                "a master key is 64 hex digits (32 bytes), this is {} bytes; make one with: \
-                 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > FILE && chmod 600 FILE",
-                bytes.len()
-            ));
-        };
-        let mut h = Sha256::new();
-        h.update(b"ctxfs master key fingerprint\0");
-        h.update(&raw);
-        let fingerprint = hex(&h.finalize()[..8]);
-        Ok(MasterKey {
-            cipher: XChaCha20Poly1305::new_from_slice(&raw).map_err(|e| e.to_string())?,
-            fingerprint,
-        })
-    }
-
-    fn wrap(&self, aad: &[u8], plain: &[u8]) -> Result<Vec<u8>> {
-        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
-        let ct = self
-            .cipher
-            .encrypt(&nonce, Payload { msg: plain, aad })
-            .map_err(|_| Error::store("wrapping a key failed"))?;
-        let mut out = nonce.to_vec();
-        out.extend_from_slice(&ct);
-        Ok(out)
-    }
-
-    fn unwrap(&self, aad: &[u8], wrapped: &[u8]) -> Option<Vec<u8>> {
-        if wrapped.len() < NONCE {
-            return None;
-        }
-        let (n, ct) = wrapped.split_at(NONCE);
-        self.cipher
-            .decrypt(XNonce::from_slice(n), Payload { msg: ct, aad })
-            .ok()
-    }
-}
-
-/// One data key of a scope.
-struct DataKey {
-    id: u64,
-    scope: String,
-    cipher: XChaCha20Poly1305,
-    /// Keys the vector hashes of the scope (HMAC-SHA256).
-    mac: Hmac<Sha256>,
-}
-
-impl DataKey {
-    fn new(id: u64, scope: &str, raw: &[u8]) -> Result<DataKey> {
-        let bad = || Error::store("a data key has the wrong length");
-        Ok(DataKey {
-            id,
-            scope: scope.to_string(),
-            cipher: XChaCha20Poly1305::new_from_slice(raw).map_err(|_| bad())?,
-            mac: <Hmac<Sha256> as Mac>::new_from_slice(raw).map_err(|_| bad())?,
-        })
-    }
-
-    fn seal(&self, kind: Kind, plain: &[u8]) -> Result<Vec<u8>> {
-        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
-        let mut out = Vec::with_capacity(plain.len() + OVERHEAD);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&self.id.to_le_bytes());
-        out.extend_from_slice(&nonce);
-        let mut aad = [0u8; HEADER + 1];
-        aad[..HEADER].copy_from_slice(&out);
-        aad[HEADER] = kind as u8;
-        let ct = self
-            .cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: plain,
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| Error::store("sealing failed"))?;
-        out.extend_from_slice(&ct);
-        Ok(out)
-    }
-
-    /// The stored hash of a vector of this scope: keyed, so equal texts of
-    /// two scopes share no row and no hash can be checked against a guess.
-    fn vec_hash(&self, hash: u128) -> u128 {
-        let mut m = self.mac.clone();
-        m.update(b"ctxfs vector\0");
-        m.update(&hash.to_le_bytes());
-        let d = m.finalize().into_bytes();
-        u128::from_le_bytes(d[..16].try_into().unwrap_or([0; 16]))
-    }
-}
-
-/// The key a sealed value names (`None`: not a sealed value).
-fn key_id_of(sealed: &[u8]) -> Option<u64> {
-    if sealed.len() < OVERHEAD || sealed[..2] != MAGIC {
-        return None;
-    }
-    Some(u64::from_le_bytes(sealed[2..10].try_into().ok()?))
-}
+use std::sync::{Arc, Mutex};
 
 /// The scope a store path belongs to: `A/users/U`, `A/agents/G`, else the account `A`.
 pub fn scope_of(path: &str) -> &str {
@@ -258,191 +52,6 @@ pub fn scope_of(path: &str) -> &str {
 /// Is `path` a scope itself (an account, a user, an agent)?
 fn is_scope(path: &str) -> bool {
     !path.is_empty() && scope_of(path) == path
-}
-
-/// Is `scope` `of` or inside it?
-fn within(scope: &str, of: &str) -> bool {
-    scope == of || (scope.starts_with(of) && scope.as_bytes().get(of.len()) == Some(&b'/'))
-}
-
-#[derive(Default)]
-struct Keys {
-    by_id: HashMap<u64, Arc<DataKey>>,
-    /// The key each scope seals with (the lowest id, so that daemons which
-    /// each made one for a new scope at once agree after a reload).
-    by_scope: HashMap<String, Arc<DataKey>>,
-}
-
-/// The data keys of a store, unwrapped in memory.
-struct Keyring {
-    master: MasterKey,
-    keys: RwLock<Keys>,
-    /// Held while a key is made, so one daemon makes one key per scope.
-    making: Mutex<()>,
-    /// Key ids found in no row after a reload: destroyed for good (a key's
-    /// row is stored before anything is sealed with it), so values sealed
-    /// with them read as gone without reading the keyring again.
-    gone: Mutex<HashSet<u64>>,
-}
-
-fn key_aad(scope: &str, id: u64) -> Vec<u8> {
-    let mut a = b"ctxfs data key\0".to_vec();
-    a.extend_from_slice(scope.as_bytes());
-    a.push(0);
-    a.extend_from_slice(&id.to_le_bytes());
-    a
-}
-
-const CHECK_AAD: &[u8] = b"ctxfs keyring check";
-
-fn row_path(name: &str) -> String {
-    format!("{KEYRING}/{name}")
-}
-
-fn key_row_name(id: u64) -> String {
-    format!("k{id:016x}")
-}
-
-/// One key row as stored.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct KeyRow {
-    scope: String,
-    id: String,
-    master: String,
-    wrapped: String,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct MasterRow {
-    master: String,
-    check: String,
-}
-
-impl Keyring {
-    fn load(&self, store: &dyn Store) -> Result<()> {
-        let mut keys = Keys::default();
-        for (name, bytes) in store.list_scratch(KEYRING)? {
-            if name == MASTER_ROW {
-                continue;
-            }
-            let row: KeyRow = serde_json::from_slice(&bytes)
-                .map_err(|e| Error::store_from("corrupt key row", e))?;
-            let id = u64::from_str_radix(&row.id, 16)
-                .map_err(|e| Error::store_from("corrupt key row id", e))?;
-            let raw = from_hex(&row.wrapped)
-                .and_then(|w| self.master.unwrap(&key_aad(&row.scope, id), &w))
-                .ok_or_else(|| {
-                    Error::store(format!(
-                        "key {} of {} does not open with master key {} (it says it is \
-                         wrapped by {}): give the master key this store was made or rekeyed with",
-                        row.id, row.scope, self.master.fingerprint, row.master
-                    ))
-                })?;
-            let k = Arc::new(DataKey::new(id, &row.scope, &raw)?);
-            keys.by_id.insert(id, k.clone());
-            let e = keys.by_scope.entry(row.scope.clone()).or_insert(k.clone());
-            if k.id < e.id {
-                *e = k;
-            }
-        }
-        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
-        Ok(())
-    }
-
-    fn by_id(&self, id: u64) -> Option<Arc<DataKey>> {
-        self.keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_id
-            .get(&id)
-            .cloned()
-    }
-
-    fn current(&self, scope: &str) -> Option<Arc<DataKey>> {
-        self.keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_scope
-            .get(scope)
-            .cloned()
-    }
-
-    /// The key `scope` seals with, made (and stored durably) if it has none.
-    fn key_for(&self, store: &dyn Store, scope: &str) -> Result<Arc<DataKey>> {
-        if let Some(k) = self.current(scope) {
-            return Ok(k);
-        }
-        let _g = self.making.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = self.current(scope) {
-            return Ok(k);
-        }
-        let mut raw = [0u8; 32];
-        OsRng.fill_bytes(&mut raw);
-        let id = OsRng.next_u64();
-        let row = KeyRow {
-            scope: scope.to_string(),
-            id: format!("{id:016x}"),
-            master: self.master.fingerprint.clone(),
-            wrapped: hex(&self.master.wrap(&key_aad(scope, id), &raw)?),
-        };
-        let bytes = serde_json::to_vec(&row).map_err(|e| Error::store_from("encoding", e))?;
-        store.apply(
-            vec![Op::PutScratch {
-                path: row_path(&key_row_name(id)),
-                data: bytes,
-            }],
-            true,
-        )?;
-        let k = Arc::new(DataKey::new(id, scope, &raw)?);
-        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        keys.by_id.insert(id, k.clone());
-        keys.by_scope.insert(scope.to_string(), k.clone());
-        Ok(k)
-    }
-
-    /// Every key of `scope` and the scopes inside it.
-    fn ids_within(&self, scope: &str) -> Vec<u64> {
-        self.keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_id
-            .values()
-            .filter(|k| within(&k.scope, scope))
-            .map(|k| k.id)
-            .collect()
-    }
-
-    fn forget(&self, ids: &[u64]) {
-        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        for id in ids {
-            if let Some(k) = keys.by_id.remove(id) {
-                if keys.by_scope.get(&k.scope).map(|c| c.id) == Some(k.id) {
-                    keys.by_scope.remove(&k.scope);
-                }
-            }
-        }
-        // A scope that had several keys seals with its lowest remaining one.
-        let rest: Vec<Arc<DataKey>> = keys.by_id.values().cloned().collect();
-        for k in rest {
-            let e = keys.by_scope.entry(k.scope.clone()).or_insert(k.clone());
-            if k.id < e.id {
-                *e = k;
-            }
-        }
-    }
-}
-
-/// Does `store` hold a keyring (was it made encrypted)? The fingerprint of
-/// its master key if so.
-pub fn master_of(store: &dyn Store) -> Result<Option<String>> {
-    match store.get_scratch(&row_path(MASTER_ROW))? {
-        Some(b) => {
-            let row: MasterRow = serde_json::from_slice(&b)
-                .map_err(|e| Error::store_from("corrupt keyring master row", e))?;
-            Ok(Some(row.master))
-        }
-        None => Ok(None),
-    }
 }
 
 /// Does `store` hold any text (a node, a draft, an index document)?
@@ -499,38 +108,17 @@ impl Sealed {
     /// keyring gets one if it holds no text yet; one that holds text
     /// written in the clear is refused (no store is encrypted in place).
     pub fn open(inner: Arc<dyn Store>, master: MasterKey) -> Result<Arc<Sealed>> {
-        match inner.get_scratch(&row_path(MASTER_ROW))? {
-            Some(b) => {
-                let row: MasterRow = serde_json::from_slice(&b)
-                    .map_err(|e| Error::store_from("corrupt keyring master row", e))?;
-                let ok = from_hex(&row.check)
-                    .and_then(|w| master.unwrap(CHECK_AAD, &w))
-                    .is_some();
-                if !ok {
-                    return Err(Error::store(format!(
-                        "the master key given ({}) does not open this store's keyring, which \
-                         master key {} wraps: give that key (after `ctxfs rekey`, the new one)",
-                        master.fingerprint, row.master
-                    )));
-                }
+        if !keys::check_master(&*inner, &master)? {
+            if holds_text(&*inner)? {
+                return Err(Error::store(
+                    "this store holds text written without encryption, and ctxfs does not \
+                     encrypt a store in place: `ctxfs export` it, then `ctxfs import` the \
+                     tree into a new data dir mounted with the master key",
+                ));
             }
-            None => {
-                if holds_text(&*inner)? {
-                    return Err(Error::store(
-                        "this store holds text written without encryption, and ctxfs does not \
-                         encrypt a store in place: `ctxfs export` it, then `ctxfs import` the \
-                         tree into a new data dir mounted with the master key",
-                    ));
-                }
-                Self::write_master_row(&*inner, &master, vec![])?;
-            }
+            keys::write_master_row(&*inner, &master, vec![])?;
         }
-        let ring = Arc::new(Keyring {
-            master,
-            keys: RwLock::new(Keys::default()),
-            making: Mutex::new(()),
-            gone: Mutex::new(HashSet::new()),
-        });
+        let ring = Arc::new(Keyring::new(master));
         ring.load(&*inner)?;
         Ok(Arc::new(Sealed {
             inner,
@@ -539,64 +127,15 @@ impl Sealed {
         }))
     }
 
-    fn write_master_row(store: &dyn Store, master: &MasterKey, mut ops: Vec<Op>) -> Result<()> {
-        let row = MasterRow {
-            master: master.fingerprint.clone(),
-            check: hex(&master.wrap(CHECK_AAD, b"ctxfs")?),
-        };
-        ops.push(Op::PutScratch {
-            path: row_path(MASTER_ROW),
-            data: serde_json::to_vec(&row).map_err(|e| Error::store_from("encoding", e))?,
-        });
-        store.apply(ops, true)
-    }
-
     /// Re-wrap every data key under `new` in one transaction; no sealed
     /// value is rewritten. The number of keys re-wrapped.
     pub fn rekey(&self, new: &MasterKey) -> Result<usize> {
-        let mut ops = Vec::new();
-        for (name, bytes) in self.inner.list_scratch(KEYRING)? {
-            if name == MASTER_ROW {
-                continue;
-            }
-            let mut row: KeyRow = serde_json::from_slice(&bytes)
-                .map_err(|e| Error::store_from("corrupt key row", e))?;
-            let id = u64::from_str_radix(&row.id, 16)
-                .map_err(|e| Error::store_from("corrupt key row id", e))?;
-            let aad = key_aad(&row.scope, id);
-            let raw = from_hex(&row.wrapped)
-                .and_then(|w| self.ring.master.unwrap(&aad, &w))
-                .ok_or_else(|| Error::store(format!("key {} does not open", row.id)))?;
-            row.wrapped = hex(&new.wrap(&aad, &raw)?);
-            row.master = new.fingerprint.clone();
-            ops.push(Op::PutScratch {
-                path: row_path(&name),
-                data: serde_json::to_vec(&row).map_err(|e| Error::store_from("encoding", e))?,
-            });
-        }
-        let n = ops.len();
-        Self::write_master_row(&*self.inner, new, ops)?;
-        Ok(n)
+        self.ring.rewrap(&*self.inner, new)
     }
 
     /// How many data keys the store holds.
     pub fn key_count(&self) -> usize {
-        self.ring
-            .keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_id
-            .len()
-    }
-
-    /// The key `scope` seals with, never a new one (the keyring is read
-    /// again once on a miss: another daemon may have made it).
-    fn existing_key(&self, scope: &str) -> Result<Option<Arc<DataKey>>> {
-        if let Some(k) = self.ring.current(scope) {
-            return Ok(Some(k));
-        }
-        self.ring.load(&*self.inner)?;
-        Ok(self.ring.current(scope))
+        self.ring.count()
     }
 
     fn seal(&self, scope: &str, kind: Kind, plain: &[u8]) -> Result<Vec<u8>> {
@@ -609,41 +148,10 @@ impl Sealed {
                 "a value of an encrypted store is not sealed (written without the key?)",
             ));
         };
-        let key = match self.ring.by_id(id) {
-            Some(k) => k,
-            None => {
-                if lock(&self.ring.gone).contains(&id) {
-                    return Ok(Opened::Gone);
-                }
-                // Made by another daemon since we loaded, or destroyed.
-                self.ring.load(&*self.inner)?;
-                match self.ring.by_id(id) {
-                    Some(k) => k,
-                    None => {
-                        lock(&self.ring.gone).insert(id);
-                        return Ok(Opened::Gone);
-                    }
-                }
-            }
-        };
-        let mut aad = [0u8; HEADER + 1];
-        aad[..HEADER].copy_from_slice(&sealed[..HEADER]);
-        aad[HEADER] = kind as u8;
-        let nonce = XNonce::from_slice(&sealed[10..HEADER]);
-        match key.cipher.decrypt(
-            nonce,
-            Payload {
-                msg: &sealed[HEADER..],
-                aad: &aad,
-            },
-        ) {
-            Ok(p) => Ok(Opened::Plain(p)),
-            Err(_) => Err(Error::store(format!(
-                "a value sealed with key {id:016x} of {} does not authenticate: it was altered \
-                 or damaged",
-                key.scope
-            ))),
-        }
+        Ok(match self.ring.lookup(&*self.inner, id)? {
+            Some(key) => Opened::Plain(key.open(kind, sealed)?),
+            None => Opened::Gone,
+        })
     }
 
     fn open_opt(&self, kind: Kind, sealed: Option<Vec<u8>>) -> Result<Option<Vec<u8>>> {
@@ -781,8 +289,7 @@ impl Sealed {
     fn seal_ops(&self, ops: Vec<Op>) -> Result<(Vec<Op>, Vec<u64>)> {
         // The node each new blob belongs to (its scope's key seals it).
         let mut blob_node: HashMap<u64, String> = HashMap::new();
-        let mut removed: Vec<String> = Vec::new();
-        let mut put_blobs: HashSet<u64> = HashSet::new();
+        let mut removed: Vec<&str> = Vec::new();
         for op in &ops {
             match op {
                 Op::PutNode { rec, .. } | Op::PutVersion { rec } => {
@@ -790,30 +297,22 @@ impl Sealed {
                         blob_node.entry(f.blob).or_insert_with(|| rec.path.clone());
                     }
                 }
-                Op::DelNode { path } => removed.push(path.clone()),
-                Op::PutBlobOf { id, .. } => {
-                    put_blobs.insert(*id);
-                }
+                Op::DelNode { path } => removed.push(path),
                 _ => {}
             }
         }
-        let mut out = Vec::with_capacity(ops.len());
+        let moves = if removed.is_empty() {
+            Vec::new()
+        } else {
+            self.reseal_moves(&ops, &removed)?
+        };
+        let mut out = Vec::with_capacity(ops.len() + moves.len());
         let mut dropped = Vec::new();
-        let mut moved = Vec::new();
-        let mut key_rows = Vec::new();
-        for op in ops {
-            out.push(match op {
+        for mut op in ops {
+            match &mut op {
                 Op::PutBlobOf { account, id, data } => {
-                    let scope = blob_node
-                        .get(&id)
-                        .map(|p| scope_of(p).to_string())
-                        .unwrap_or_else(|| account.clone());
-                    let sealed = self.seal(&scope, Kind::Blob, &data)?;
-                    Op::PutBlobOf {
-                        account,
-                        id,
-                        data: sealed.into(),
-                    }
+                    let scope = blob_node.get(id).map_or(account.as_str(), |p| scope_of(p));
+                    *data = self.seal(scope, Kind::Blob, data)?.into();
                 }
                 Op::PutBlob { .. } | Op::PutVec { .. } => {
                     return Err(Error::store(
@@ -821,18 +320,16 @@ impl Sealed {
                     ))
                 }
                 Op::PutDraft { path, data } => {
-                    let data = self.seal(scope_of(&path), Kind::Draft, &data)?;
-                    Op::PutDraft { path, data }
+                    *data = self.seal(scope_of(path), Kind::Draft, data)?
                 }
                 // What the index derives from a scope's text never makes the
                 // scope a key: without one the scope was deleted after the
                 // indexer read its text, and what it derived is dropped.
                 Op::PutIx { path, data } => {
-                    let Some(key) = self.existing_key(scope_of(&path))? else {
-                        continue;
-                    };
-                    let data = key.seal(Kind::Ix, &data)?;
-                    Op::PutIx { path, data }
+                    match self.ring.existing(&*self.inner, scope_of(path))? {
+                        Some(key) => *data = key.seal(Kind::Ix, data)?,
+                        None => continue,
+                    }
                 }
                 Op::PutVecOf {
                     owner,
@@ -840,101 +337,62 @@ impl Sealed {
                     hash,
                     data,
                 } => {
-                    let Some(key) = self.existing_key(scope_of(&owner))? else {
+                    let Some(key) = self.ring.existing(&*self.inner, scope_of(owner))? else {
                         continue;
                     };
-                    Op::PutVec {
-                        model,
-                        hash: key.vec_hash(hash),
-                        data: key.seal(Kind::Vector, &data)?,
-                    }
+                    op = Op::PutVec {
+                        model: std::mem::take(model),
+                        hash: key.vec_hash(*hash),
+                        data: key.seal(Kind::Vector, data)?,
+                    };
                 }
                 Op::PutScratch { path, data } if !path.starts_with(KEYRING) => {
-                    let data = self.seal_scratch(&path, &data)?;
-                    Op::PutScratch { path, data }
+                    *data = self.seal_scratch(path, data)?
                 }
-                Op::AppendLog {
-                    path,
-                    data,
-                    mode,
-                    mtime_ns,
-                } => {
-                    let data = frame(&self.seal(scope_of(&path), Kind::Scratch, &data)?);
-                    Op::AppendLog {
-                        path,
-                        data,
-                        mode,
-                        mtime_ns,
-                    }
+                Op::AppendLog { path, data, .. } => {
+                    *data = frame(&self.seal(scope_of(path), Kind::Scratch, data)?)
                 }
-                Op::PutEvent {
-                    seq,
-                    node_path,
-                    account,
-                    json,
-                } => Op::PutEvent {
-                    seq,
-                    json: self.seal_event(&json)?,
-                    node_path,
-                    account,
-                },
-                Op::UpdateEvent { seq, json } => Op::UpdateEvent {
-                    seq,
-                    json: self.seal_event(&json)?,
-                },
-                Op::DeadEvent {
-                    seq,
-                    node_path,
-                    account,
-                    json,
-                } => Op::DeadEvent {
-                    seq,
-                    json: self.seal_event(&json)?,
-                    node_path,
-                    account,
-                },
-                Op::ReviveEvent {
-                    seq,
-                    node_path,
-                    account,
-                    json,
-                } => Op::ReviveEvent {
-                    seq,
-                    json: self.seal_event(&json)?,
-                    node_path,
-                    account,
-                },
-                Op::DelDir { path } if is_scope(&path) => {
-                    for id in self.ring.ids_within(&path) {
-                        dropped.push(id);
-                        key_rows.push(Op::DelScratch {
-                            path: row_path(&key_row_name(id)),
-                        });
-                    }
-                    Op::DelDir { path }
-                }
-                Op::PutNode { path, rec } => {
-                    moved.push((path.clone(), rec.clone()));
-                    Op::PutNode { path, rec }
-                }
-                other => other,
-            });
+                Op::PutEvent { json, .. }
+                | Op::UpdateEvent { json, .. }
+                | Op::DeadEvent { json, .. }
+                | Op::ReviveEvent { json, .. } => *json = self.seal_event(json)?,
+                Op::DelDir { path } if is_scope(path) => dropped.extend(self.ring.ids_within(path)),
+                _ => {}
+            }
+            out.push(op);
         }
-        out.extend(key_rows);
-        // A node moved to another scope (a user's memory to another user):
-        // its blobs, every version's, are sealed again with the new scope's
-        // key, so deleting the old scope does not take them with it.
+        out.extend(dropped.iter().map(|id| Op::DelScratch {
+            path: keys::key_row_path(*id),
+        }));
+        out.extend(moves);
+        Ok((out, dropped))
+    }
+
+    /// A node moved to another scope (a user's memory to another user):
+    /// the ops sealing its blobs, every version's, again with the new
+    /// scope's key, so deleting the old scope does not take them with it.
+    fn reseal_moves(&self, ops: &[Op], removed: &[&str]) -> Result<Vec<Op>> {
+        let new: HashSet<u64> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::PutBlobOf { id, .. } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        let mut out = Vec::new();
         for src in removed {
-            let Some(old) = self.inner.get_node(&src)? else {
+            let Some(old) = self.inner.get_node(src)? else {
                 continue;
             };
-            for (dst, rec) in &moved {
-                if rec.id == old.id && scope_of(dst) != scope_of(&src) {
-                    out.extend(self.reseal_node(rec, scope_of(dst), &put_blobs)?);
+            for op in ops {
+                if let Op::PutNode { path: dst, rec } = op {
+                    if rec.id == old.id && scope_of(dst) != scope_of(src) {
+                        out.extend(self.reseal_node(rec, scope_of(dst), &new)?);
+                    }
                 }
             }
         }
-        Ok((out, dropped))
+        Ok(out)
     }
 
     /// The ops sealing the blobs of every version of `rec` with `scope`'s
@@ -1007,34 +465,6 @@ pub fn plain_len(data: &[u8]) -> Option<usize> {
 /// Is `bytes` a sealed value?
 pub fn is_sealed(bytes: &[u8]) -> bool {
     key_id_of(bytes).is_some()
-}
-
-fn hex(b: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(b.len() * 2);
-    for x in b {
-        out.push(DIGITS[(x >> 4) as usize] as char);
-        out.push(DIGITS[(x & 15) as usize] as char);
-    }
-    out
-}
-
-fn from_hex(s: &str) -> Option<Vec<u8>> {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let b = s.as_bytes();
-    if !b.len().is_multiple_of(2) {
-        return None;
-    }
-    b.chunks_exact(2)
-        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
 }
 
 impl Store for Sealed {
@@ -1199,6 +629,7 @@ impl Store for Sealed {
 
 #[cfg(test)]
 mod tests {
+    use super::keys::DataKey;
     use super::*;
 
     #[test]
@@ -1214,18 +645,6 @@ mod tests {
         assert_eq!(scope_of("acme/projects/p/scratchpad/f"), "acme");
         assert!(is_scope("acme/users/alice") && is_scope("acme"));
         assert!(!is_scope("acme/users/alice/memories"));
-        assert!(within("acme/users/alice", "acme") && !within("acmex", "acme"));
-    }
-
-    #[test]
-    fn master_keys_parse_and_refuse() {
-        let k = MasterKey::from_bytes(format!("{}\n", "ab".repeat(32)).as_bytes()).unwrap();
-        assert_eq!(k.fingerprint.len(), 16);
-        assert!(MasterKey::from_bytes(b"short").is_err());
-        assert!(MasterKey::from_bytes("zz".repeat(32).as_bytes()).is_err());
-        let w = k.wrap(b"a", b"secret").unwrap();
-        assert_eq!(k.unwrap(b"a", &w).unwrap(), b"secret");
-        assert!(k.unwrap(b"b", &w).is_none());
     }
 
     #[test]
@@ -1332,13 +751,5 @@ mod tests {
         assert!(Sealed::open(raw.clone(), other).is_err());
         assert!(Sealed::open(raw.clone(), master()).is_ok());
         raw.close();
-    }
-
-    #[test]
-    fn hex_round_trips() {
-        let b: Vec<u8> = (0..=255).collect();
-        assert_eq!(from_hex(&hex(&b)).unwrap(), b);
-        assert_eq!(hex(&[0xc7, 0x05]), "c705");
-        assert!(from_hex("abc").is_none() && from_hex("zz").is_none());
     }
 }
