@@ -10,6 +10,10 @@ use std::time::Duration;
 
 const INBOX: &str = "accounts/acme/users/priya/inbox";
 
+// Directory summaries are off in these configs: a canned server's
+// replies are each test's script, and the real model's one slot is the
+// extraction's; `directory_summaries_*` turn them on.
+
 /// Ten turns: a profile, a preference, a pet, an outage, and a procedure
 /// for the agent.
 const CONVERSATION: &str = r#"{"agent": "helper", "session": "s1", "messages": [
@@ -52,7 +56,7 @@ fn llm_url() -> String {
 
 fn config(url: &str, extra: &str) -> String {
     format!(
-        "{CONFIG}\n{extra}\n[llm]\nurl = \"{url}\"\nmodel = \"test\"\ntimeout_s = 5\nmax_attempts = 3\nretry_backoff_ms = 100\n"
+        "{CONFIG}\n{extra}\n[llm]\nurl = \"{url}\"\nmodel = \"test\"\ntimeout_s = 5\nmax_attempts = 3\nretry_backoff_ms = 100\nsummaries = false\n"
     )
 }
 
@@ -1370,5 +1374,203 @@ fn an_encrypted_inbox_keeps_no_word_in_the_clear() {
         "cat \"$M/accounts/acme/.search/locker code Vexloom\"",
     );
     assert!(!hits.contains("priya"), "{hits}");
+    m.umount_and_fsck();
+}
+
+/// Commit a node of priya's with its own abstract, as the writer.
+fn node_with_abstract(m: &Mount, rel: &str, abstract_line: &str) {
+    m.ok(
+        WRITER,
+        &format!(
+            "set -e; N=\"$M/accounts/acme/users/priya/{rel}\"; mkdir -p \"$N\"; \
+             printf '%s\\n' '{abstract_line}' > \"$N/content.md\"; echo '[]' > \"$N/.relations.json\"; \
+             printf '%s\\n' '{abstract_line}' > \"$N/.abstract.md\"; /bin/echo '{ACTIVE}' > \"$N/.meta.json\""
+        ),
+    );
+}
+
+/// With `[llm]`, directory summaries are written by the model from the
+/// directory's listing; a sentence the listing does not support is dropped
+/// (the prompt has no example to leak, the canned answer invents one), a
+/// summary is served only while it is of the directory's current children,
+/// and a delete takes the summary that held the deleted text with it.
+#[test]
+fn directory_summaries_by_the_llm_are_checked_current_and_forget_deletes() {
+    let answer = serde_json::json!({
+        "abstract": "Tea and coffee preferences of the user",
+        "overview": "The user drinks sencha every morning. The user takes coffee black. \
+                     The user is Dana, a chemistry teacher in Leeds."
+    })
+    .to_string();
+    let (server, m) = canned_mount(serde_json::json!([{ "content": answer }]), |c| {
+        c.replace("summaries = false", "summaries = true\nsummary_delay_s = 1")
+    });
+    let cat = "$M/accounts/acme/users/priya/memories/prefs";
+    node_with_abstract(
+        &m,
+        "memories/prefs/tea",
+        "The user drinks sencha every morning.",
+    );
+    // Before the model has written, the deterministic summary.
+    let first = m.ok(READER, &format!("cat {cat}/.overview.md"));
+    assert!(first.contains("- tea/: The user drinks sencha"), "{first}");
+    node_with_abstract(&m, "memories/prefs/coffee", "The user takes coffee black.");
+    let written = within(Duration::from_secs(30), || {
+        m.ok(READER, &format!("cat {cat}/.overview.md"))
+            .contains("The user takes coffee black. _")
+            || m.ok(READER, &format!("cat {cat}/.overview.md"))
+                .contains("Summary written by")
+    });
+    assert!(written.is_some(), "no summary by the model in 30 s");
+    let ov = m.ok(READER, &format!("cat {cat}/.overview.md"));
+    assert!(
+        ov.starts_with("# prefs/\n\nThe user drinks sencha every morning. The user takes coffee black.\n\n_Summary written by test at "),
+        "{ov}"
+    );
+    // The listing stays below it; the invented sentence is gone.
+    assert!(
+        ov.contains("- coffee/: The user takes coffee black. (v1,"),
+        "{ov}"
+    );
+    assert!(!ov.contains("Dana") && !ov.contains("Leeds"), "{ov}");
+    assert_eq!(
+        m.ok(READER, &format!("cat {cat}/.abstract.md")),
+        "Tea and coffee preferences of the user\n"
+    );
+    // The model saw the listing, and no worked example.
+    let reqs = server.requests();
+    let asked = reqs.iter().find(|r| {
+        r["messages"][1]["content"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("Directory: users/priya/memories/prefs"))
+    });
+    let asked = asked.expect("a summary request for the category");
+    assert_eq!(asked["messages"].as_array().unwrap().len(), 2);
+    assert!(asked["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("- coffee/: The user takes coffee black."));
+    let status = m.json(WRITER, "cat \"$M/.ctxfs/status\"");
+    let s = &status["inbox"]["summaries"];
+    assert!(s["written"].as_u64().unwrap() >= 1, "{s}");
+    assert!(s["sentences_dropped"].as_u64().unwrap() >= 1, "{s}");
+    // A delete: at once the deterministic summary, without the deleted
+    // node; the model's next one cannot bring it back (the check drops it).
+    m.ok(
+        WRITER,
+        "rm -r \"$M/accounts/acme/users/priya/memories/prefs/coffee\"",
+    );
+    let now = m.ok(
+        READER,
+        &format!("cat {cat}/.overview.md {cat}/.abstract.md"),
+    );
+    assert!(!now.contains("coffee"), "{now}");
+    let again = within(Duration::from_secs(30), || {
+        m.ok(READER, &format!("cat {cat}/.overview.md"))
+            .contains("Summary written by")
+    });
+    assert!(again.is_some(), "no new summary after the delete");
+    let ov = m.ok(READER, &format!("cat {cat}/.overview.md"));
+    assert!(
+        ov.contains("The user drinks sencha every morning.\n\n_Summary") && !ov.contains("coffee"),
+        "{ov}"
+    );
+    // "Tea and coffee preferences" holds a deleted subject: the
+    // deterministic abstract instead.
+    let abs = m.ok(READER, &format!("cat {cat}/.abstract.md"));
+    assert!(
+        abs.starts_with("prefs/: 1 memory; newest: The user drinks sencha"),
+        "{abs}"
+    );
+    // Other accounts still get EACCES.
+    m.fails(
+        STRANGER,
+        &format!("cat {cat}/.overview.md"),
+        "Permission denied",
+    );
+    m.umount_and_fsck();
+}
+
+/// The real model summarises a category and its user: each summary names
+/// nothing its children do not (an independent check of the capitalised
+/// words), and the user's holds the profile's name.
+#[test]
+fn directory_summaries_by_the_real_model_name_only_what_their_children_say() {
+    let cfg = real_config("").replace("summaries = false", "summaries = true\nsummary_delay_s = 1");
+    let m = Mount::with_config(Some(&cfg));
+    let children = [
+        (
+            "memories/profile",
+            "The user is Priya Raman, a data engineer at a logistics startup in Austin.",
+        ),
+        (
+            "memories/preferences/tea",
+            "The user drinks sencha green tea every morning, never with sugar.",
+        ),
+        (
+            "memories/preferences/editor",
+            "The user writes code in Helix with a dark theme.",
+        ),
+        (
+            "memories/preferences/music",
+            "The user listens to lo-fi playlists while working.",
+        ),
+        (
+            "memories/entities/biscuit",
+            "Biscuit is the golden retriever of the user; he turned 3 in March.",
+        ),
+    ];
+    for (rel, text) in children {
+        node_with_abstract(&m, rel, text);
+    }
+    let u = "$M/accounts/acme/users/priya";
+    let both = || {
+        m.ok(
+            READER,
+            &format!("cat {u}/.overview.md {u}/memories/preferences/.overview.md"),
+        )
+    };
+    let done = within(Duration::from_secs(240), || {
+        both().matches("_Summary written by test at").count() == 2
+    });
+    assert!(
+        done.is_some(),
+        "no summaries by the model in 240 s:\n{}",
+        both()
+    );
+    let said: std::collections::HashSet<String> = children
+        .iter()
+        .flat_map(|(rel, t)| {
+            rel.split('/')
+                .chain(t.split(|c: char| !c.is_alphanumeric()))
+        })
+        .map(|w| w.to_lowercase())
+        .collect();
+    for dir in [u.to_string(), format!("{u}/memories/preferences")] {
+        let text = m.ok(
+            READER,
+            &format!("cat {dir}/.abstract.md {dir}/.overview.md"),
+        );
+        let model = text.split("\n\n_Summary").next().unwrap();
+        for w in model.split(|c: char| !c.is_alphanumeric()) {
+            let named = w.chars().next().is_some_and(char::is_uppercase)
+                && ![
+                    "The", "User", "They", "She", "He", "Her", "His", "This", "It", "Their", "A",
+                ]
+                .contains(&w);
+            assert!(
+                !named
+                    || said.contains(&w.to_lowercase())
+                    || said.contains(w.to_lowercase().trim_end_matches('s')),
+                "{w:?} is in no child of {dir}:\n{text}"
+            );
+        }
+    }
+    assert!(
+        m.ok(READER, &format!("cat {u}/.overview.md"))
+            .contains("Priya"),
+        "{}",
+        both()
+    );
     m.umount_and_fsck();
 }

@@ -53,6 +53,12 @@ pub struct LlmSection {
     pub retry_backoff_ms: Option<u64>,
     /// Completion tokens one request may produce (default 1024).
     pub max_tokens: Option<u32>,
+    /// User, agent and category directories get summaries written by the
+    /// LLM (default true).
+    pub summaries: Option<bool>,
+    /// Seconds a directory stays unchanged before its summary is written
+    /// again (default 10).
+    pub summary_delay_s: Option<u64>,
 }
 
 /// The `[store]` table: where the namespace lives. Without `url`, the

@@ -29,7 +29,7 @@ pub fn is_owner_space(path: &str) -> bool {
 /// siblings).
 pub const SUMMARY_MAX_CHILDREN: usize = 20;
 /// Characters of a directory's `.abstract.md`, as of a node's L0.
-const SUMMARY_ABSTRACT_CHARS: usize = 100;
+pub(super) const SUMMARY_ABSTRACT_CHARS: usize = 100;
 
 /// Is `path` a category directory: `{a}/users/{u}/memories/{c}` (not the
 /// profile node), `{a}/agents/{g}/memories/{c}`, or `{a}/agents/{g}/skills`?
@@ -49,6 +49,15 @@ pub fn is_category(path: &str) -> bool {
 /// its children (CONTRACT §3): user, agent and category directories.
 pub fn is_summarized(path: &str) -> bool {
     is_owner_space(path) || is_category(path)
+}
+
+/// A directory's deterministic summary.
+pub(super) struct Derived {
+    /// `.abstract.md` without its newline.
+    pub abstract_line: String,
+    pub overview: String,
+    /// ACTIVE nodes under the directory.
+    pub nodes: usize,
 }
 
 /// What an owner space holds, as a reader sees it.
@@ -174,16 +183,24 @@ impl Fs {
     }
 
     /// A directory's derived `.abstract.md` (`overview` false) or
-    /// `.overview.md`, built at each open from its children's committed
-    /// abstracts (ACTIVE, unexpired), so it is always current and never
-    /// holds text of a draft. A category lists its nodes newest first; a
-    /// user or agent directory lists its categories, each by its own
-    /// abstract, the profile first.
+    /// `.overview.md`: the LLM's summary (`summaries.rs`) while it is
+    /// current, else the deterministic one.
     pub(super) fn dir_summary(&self, c: Caller, dir: &str, overview: bool) -> Result<Vec<u8>> {
         self.check_space(c, dir)?;
+        let d = self.derived_summary(dir)?;
+        Ok(self.summary_text(dir, &d, overview)?.into_bytes())
+    }
+
+    /// The deterministic summary of `dir`, built from its children's
+    /// committed abstracts (ACTIVE, unexpired), so it is always current and
+    /// never holds text of a draft. A category lists its nodes newest
+    /// first; a user or agent directory lists its categories, each by its
+    /// own abstract, the profile first.
+    pub(super) fn derived_summary(&self, dir: &str) -> Result<Derived> {
         let s = self.space(dir)?;
         let name = dir.rsplit('/').next().unwrap_or(dir);
         let plural = |n: usize| if n == 1 { "" } else { "s" };
+        let n = s.active.len();
         if is_category(dir) {
             let what = if name == "skills" { "skill" } else { "memory" };
             let whats = if name == "skills" {
@@ -191,19 +208,12 @@ impl Fs {
             } else {
                 "memories"
             };
-            let n = s.active.len();
             let newest = s.active.first().map(|(_, r)| self.abstract_of(r));
-            if !overview {
-                let head = format!("{name}/: {n} {}", if n == 1 { what } else { whats });
-                let line = match newest {
-                    Some(a) if !a.is_empty() => format!("{head}; newest: {a}"),
-                    _ => head,
-                };
-                return Ok(
-                    format!("{}\n", crate::schema::clip(&line, SUMMARY_ABSTRACT_CHARS))
-                        .into_bytes(),
-                );
-            }
+            let head = format!("{name}/: {n} {}", if n == 1 { what } else { whats });
+            let line = match newest {
+                Some(a) if !a.is_empty() => format!("{head}; newest: {a}"),
+                _ => head,
+            };
             let mut out = format!(
                 "# {name}/\n\n{n} {}, {} archived; newest first (NAME/: ABSTRACT (vVERSION, UPDATED)).\n\n",
                 if n == 1 { what } else { whats },
@@ -223,7 +233,11 @@ impl Fs {
                     n - SUMMARY_MAX_CHILDREN
                 ));
             }
-            return Ok(out.into_bytes());
+            return Ok(Derived {
+                abstract_line: crate::schema::clip(&line, SUMMARY_ABSTRACT_CHARS),
+                overview: out,
+                nodes: n,
+            });
         }
         // An owner space: its categories (and the profile), by size.
         let mut cats: std::collections::BTreeMap<String, Vec<&NodeRec>> = Default::default();
@@ -235,27 +249,21 @@ impl Fs {
                 None => {}
             }
         }
-        let n = s.active.len();
         let mut order: Vec<(&String, &Vec<&NodeRec>)> = cats.iter().collect();
         order.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
-        if !overview {
-            let mut line = format!("{name}: {n} memor{}", if n == 1 { "y" } else { "ies" });
-            if let Some(p) = profile {
-                let a = self.abstract_of(p);
-                if !a.is_empty() {
-                    line.push_str(&format!("; {a}"));
-                }
+        let mut line = format!("{name}: {n} memor{}", if n == 1 { "y" } else { "ies" });
+        if let Some(p) = profile {
+            let a = self.abstract_of(p);
+            if !a.is_empty() {
+                line.push_str(&format!("; {a}"));
             }
-            let parts: Vec<String> = order
-                .iter()
-                .map(|(c, v)| format!("{} {}", c.rsplit('/').next().unwrap_or(c), v.len()))
-                .collect();
-            if !parts.is_empty() {
-                line.push_str(&format!(" ({})", parts.join(", ")));
-            }
-            return Ok(
-                format!("{}\n", crate::schema::clip(&line, SUMMARY_ABSTRACT_CHARS)).into_bytes(),
-            );
+        }
+        let parts: Vec<String> = order
+            .iter()
+            .map(|(c, v)| format!("{} {}", c.rsplit('/').next().unwrap_or(c), v.len()))
+            .collect();
+        if !parts.is_empty() {
+            line.push_str(&format!(" ({})", parts.join(", ")));
         }
         let mut out = format!(
             "# {name}\n\n{n} memor{} in {} categor{}, {} archived.\n\n",
@@ -286,7 +294,11 @@ impl Fs {
                 cats.len() - SUMMARY_MAX_CHILDREN
             ));
         }
-        Ok(out.into_bytes())
+        Ok(Derived {
+            abstract_line: crate::schema::clip(&line, SUMMARY_ABSTRACT_CHARS),
+            overview: out,
+            nodes: n,
+        })
     }
 
     /// The prompt header: of one owner space (`dir`), or of everything the

@@ -89,6 +89,8 @@ impl Fs {
             let inbox = format!("{u}/{}", super::inbox::INBOX);
             sstack.extend(super::inbox::stored_dirs(&inbox));
         }
+        // Directory summaries written by the LLM.
+        sstack.extend(dirs.iter().map(|d| super::inbox::summaries::row_path(d)));
         while let Some(s) = sstack.pop() {
             for (name, _) in self.store.list_scratch(&s)? {
                 sstack.push(format!("{s}/{name}"));

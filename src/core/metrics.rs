@@ -67,6 +67,8 @@ pub struct Metrics {
     quota: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Inbox jobs by how a try ended: (account, "done" | "review" | "retry" | "failed").
     extractions: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Directory summaries by the LLM: (account, "written" | "failed").
+    summaries: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// LLM tokens: (account, "prompt" | "completion").
     llm_tokens: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
@@ -86,6 +88,7 @@ impl Default for Metrics {
             auth: Mutex::new(BTreeMap::new()),
             quota: Mutex::new(BTreeMap::new()),
             extractions: Mutex::new(BTreeMap::new()),
+            summaries: Mutex::new(BTreeMap::new()),
             llm_tokens: Mutex::new(BTreeMap::new()),
         }
     }
@@ -149,6 +152,17 @@ impl Metrics {
     /// retry, failed) after spending these tokens.
     pub fn extraction(&self, account: &str, how: &'static str, prompt: u64, completion: u64) {
         bump(&self.extractions, account, how);
+        let mut t = crate::locks::lock(&self.llm_tokens);
+        if t.len() < 10_000 || t.contains_key(&(account.to_string(), "prompt")) {
+            *t.entry((account.to_string(), "prompt")).or_default() += prompt;
+            *t.entry((account.to_string(), "completion")).or_default() += completion;
+        }
+    }
+
+    /// One directory summary by the LLM for `account` ended (`how`:
+    /// written, failed) after spending these tokens.
+    pub fn summary(&self, account: &str, how: &'static str, prompt: u64, completion: u64) {
+        bump(&self.summaries, account, how);
         let mut t = crate::locks::lock(&self.llm_tokens);
         if t.len() < 10_000 || t.contains_key(&(account.to_string(), "prompt")) {
             *t.entry((account.to_string(), "prompt")).or_default() += prompt;
@@ -224,7 +238,12 @@ impl Metrics {
         out.push_str("# TYPE ctxfs_extractions_total counter\n");
         labelled(out, "ctxfs_extractions_total", &self.extractions, accounts);
         out.push_str(
-            "# HELP ctxfs_llm_tokens_total Tokens the LLM spent on inbox jobs (prompt, completion).\n",
+            "# HELP ctxfs_summaries_total Directory summaries asked of the LLM, by how they ended (written, failed).\n",
+        );
+        out.push_str("# TYPE ctxfs_summaries_total counter\n");
+        labelled(out, "ctxfs_summaries_total", &self.summaries, accounts);
+        out.push_str(
+            "# HELP ctxfs_llm_tokens_total Tokens the LLM spent on inbox jobs and directory summaries (prompt, completion).\n",
         );
         out.push_str("# TYPE ctxfs_llm_tokens_total counter\n");
         labelled(out, "ctxfs_llm_tokens_total", &self.llm_tokens, accounts);

@@ -82,12 +82,17 @@ impl Client {
     }
 
     /// One request: the answer's message content and the tokens spent.
-    fn complete(&self, messages: &[Value], schema: &Value) -> Result<(String, Usage), LlmError> {
+    fn complete(
+        &self,
+        messages: &[Value],
+        schema: &Value,
+        max_tokens: u32,
+    ) -> Result<(String, Usage), LlmError> {
         let body = json!({
             "model": self.s.model,
             "messages": messages,
             "temperature": 0,
-            "max_tokens": self.s.max_tokens,
+            "max_tokens": max_tokens,
             "stream": false,
             "response_format": {
                 "type": "json_schema",
@@ -154,7 +159,20 @@ impl Client {
         schema: &Value,
         spent: &mut Usage,
     ) -> Result<Value, LlmError> {
-        let (content, u) = self.complete(&messages, schema)?;
+        self.chat_json_within(messages, schema, self.s.max_tokens, spent)
+    }
+
+    /// [`Client::chat_json`] with at most `max_tokens` completion tokens a
+    /// request (never more than the configured limit).
+    pub fn chat_json_within(
+        &self,
+        messages: Vec<Value>,
+        schema: &Value,
+        max_tokens: u32,
+        spent: &mut Usage,
+    ) -> Result<Value, LlmError> {
+        let max_tokens = max_tokens.min(self.s.max_tokens);
+        let (content, u) = self.complete(&messages, schema, max_tokens)?;
         spent.add(u);
         let err = match parse_object(&content) {
             Ok(v) => return Ok(v),
@@ -166,7 +184,7 @@ impl Client {
         again.push(json!({"role": "user", "content": format!(
             "That answer is not valid JSON ({err}). Answer again with only the JSON object, nothing else."
         )}));
-        let (content, u) = self.complete(&again, schema)?;
+        let (content, u) = self.complete(&again, schema, max_tokens)?;
         spent.add(u);
         match parse_object(&content) {
             Ok(v) => Ok(v),

@@ -141,6 +141,39 @@ pub fn merge_schema() -> Value {
     })
 }
 
+pub const SUMMARY_SYSTEM: &str = "You summarise one directory of an AI agent's long-term memory for the agent, \
+from the list of what the directory holds. Use only what the list says: add no name, place, date, number \
+or fact that is not in it, and do not guess. Say \"the user\" for the person the memories are about \
+(\"the agent\" in an agent's directory). \"abstract\" is one short line (at most 12 words) saying what \
+the directory holds; \"overview\" is two to four short sentences with the most useful facts of the list first.";
+
+/// The chat messages asking for the summary of the directory `dir`
+/// (under `accounts/`), from its deterministic listing. No worked example:
+/// a small model copies one into what it writes.
+pub fn summary_messages(dir: &str, category: bool, listing: &str) -> Vec<Value> {
+    let rel = dir.split_once('/').map(|(_, r)| r).unwrap_or(dir);
+    let what = if category {
+        "a category of memories"
+    } else {
+        "everything kept about one owner, by category"
+    };
+    vec![
+        json!({"role": "system", "content": SUMMARY_SYSTEM}),
+        json!({"role": "user", "content": format!("Directory: {rel} ({what})\n\n{}", listing.trim())}),
+    ]
+}
+
+pub fn summary_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "abstract": {"type": "string", "maxLength": 100},
+            "overview": {"type": "string", "maxLength": 700}
+        },
+        "required": ["abstract", "overview"]
+    })
+}
+
 /// Texts equal but for case, spacing and punctuation.
 pub fn same_text(a: &str, b: &str) -> bool {
     let norm = |s: &str| -> String {

@@ -121,6 +121,11 @@ impl Sources {
 
     /// Why `sentence` is not supported, or `None` when it is.
     pub fn unsupported(&self, sentence: &str) -> Option<String> {
+        self.unsupported_at(sentence, MIN_TERM_SHARE)
+    }
+
+    /// [`Sources::unsupported`] with `share` of the subject terms to hold.
+    pub fn unsupported_at(&self, sentence: &str, share: f32) -> Option<String> {
         for (i, w) in tokens(sentence).enumerate() {
             let marked_number = w.chars().any(|c| c.is_ascii_digit());
             let lower = w.to_lowercase();
@@ -151,7 +156,7 @@ impl Sources {
             return None;
         }
         let held = terms.iter().filter(|t| self.terms.contains(*t)).count();
-        if (held as f32) < MIN_TERM_SHARE * terms.len() as f32 {
+        if (held as f32) < share * terms.len() as f32 {
             let missing: Vec<&str> = terms
                 .iter()
                 .filter(|t| !self.terms.contains(*t))
@@ -169,10 +174,15 @@ impl Sources {
     /// The sentences of `text` these sources support, and the others with
     /// the reason.
     pub fn split(&self, text: &str) -> (Vec<String>, Vec<(String, String)>) {
+        self.split_at(text, MIN_TERM_SHARE)
+    }
+
+    /// [`Sources::split`] with `share` of each sentence's subject terms to hold.
+    pub fn split_at(&self, text: &str, share: f32) -> (Vec<String>, Vec<(String, String)>) {
         let mut yes = Vec::new();
         let mut no = Vec::new();
         for s in sentences(text) {
-            match self.unsupported(&s) {
+            match self.unsupported_at(&s, share) {
                 None => yes.push(s),
                 Some(why) => no.push((s, why)),
             }

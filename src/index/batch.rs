@@ -261,6 +261,7 @@ impl Index {
         let mut blocked: HashSet<String> = HashSet::new();
         let mut done_lags = Vec::new();
         let mut label_hw: HashMap<String, usize> = HashMap::new();
+        let mut dirs: std::collections::BTreeSet<String> = Default::default();
         for p in batch {
             if p.path.is_empty() {
                 self.dead_letter(&mut ops, &p, "not an index event");
@@ -292,6 +293,12 @@ impl Index {
             }
             let change = self.plan(&ai, &p, &have, &model, &mut label_hw, &changes)?;
             change.ops(&mut ops);
+            // A summary the LLM wrote of the node's directories held its
+            // old text: it goes with the change (deletes forget).
+            dirs.extend(place::summarized_dirs_of(&p.path));
+            if let Work::Move { from, .. } = &p.work {
+                dirs.extend(place::summarized_dirs_of(from));
+            }
             ops.push(Op::DoneEvent {
                 seq: p.ev.seq,
                 node_path: p.path.clone(),
@@ -313,7 +320,15 @@ impl Index {
             });
         }
         let n_done = changes.len() as u64;
+        for d in &dirs {
+            ops.push(Op::DelScratch {
+                path: format!("{d}/{}", crate::schema::names::SUMMARY_ROW),
+            });
+        }
         self.store.apply(ops, false)?;
+        if let (Some(f), false) = (self.on_dirs.get(), dirs.is_empty()) {
+            f(&dirs.into_iter().collect::<Vec<_>>());
+        }
         // Memory: the graph inserts (on the rayon pool, outside the state
         // lock) and the state changes (BM25, slots) at the same time; the
         // batch counts as done when both are. A search in between may see a

@@ -331,7 +331,13 @@ pub struct Index {
     lags: Mutex<VecDeque<u64>>,
     pub stats: IndexStats,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Told the summarised directories each indexed batch changed (the
+    /// directory summaries written by the LLM go stale with them).
+    on_dirs: OnceLock<DirsHook>,
 }
+
+/// What [`Index::on_changed_dirs`] installs.
+pub type DirsHook = Box<dyn Fn(&[String]) + Send + Sync>;
 
 use crate::schema::time::now_ms;
 
@@ -393,7 +399,15 @@ impl Index {
             lags: Mutex::new(VecDeque::new()),
             stats: IndexStats::default(),
             thread: Mutex::new(None),
+            on_dirs: OnceLock::new(),
         }))
+    }
+
+    /// Call `f` with the summarised directories (category and owner
+    /// space) whose nodes each indexed batch changed, after the batch is
+    /// stored. Once per index.
+    pub fn on_changed_dirs(&self, f: DirsHook) {
+        let _ = self.on_dirs.set(f);
     }
 
     pub fn embedder(&self) -> &dyn Embedder {
@@ -663,6 +677,36 @@ mod tests {
         assert_eq!(t.hits("widget4")[0], "accounts/a/users/u/memories/c/n4");
         t.ix.dump_all();
         assert!(!dump.exists(), "the stale dump is removed");
+    }
+
+    #[test]
+    fn an_indexed_change_takes_the_summaries_of_its_directories() {
+        let mut t = T::with(IndexConfig::default());
+        let rows = ["a/users/u/memories/c/.summary", "a/users/u/.summary"];
+        let other = "a/users/v/memories/c/.summary";
+        for p in rows.iter().chain([&other]) {
+            t.store
+                .apply(
+                    vec![Op::PutScratch {
+                        path: p.to_string(),
+                        data: b"{}".to_vec(),
+                    }],
+                    true,
+                )
+                .unwrap();
+        }
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let t2 = told.clone();
+        t.ix.on_changed_dirs(Box::new(move |d| lock(&t2).extend_from_slice(d)));
+        t.notes(0..1);
+        for p in rows {
+            assert!(t.store.get_scratch(p).unwrap().is_none(), "{p} left");
+        }
+        assert!(t.store.get_scratch(other).unwrap().is_some());
+        assert_eq!(
+            *lock(&told),
+            vec!["a/users/u".to_string(), "a/users/u/memories/c".to_string()]
+        );
     }
 
     #[test]

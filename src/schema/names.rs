@@ -54,6 +54,10 @@ pub const MAP_FILE: &str = "README.md";
 /// Generated in user and agent directories: the prompt header.
 pub const HEADER_FILE: &str = ".header.md";
 
+/// The stored row of a directory's summary written by the LLM, in the
+/// scratch table under the directory's path (`{dir}/.summary`).
+pub const SUMMARY_ROW: &str = ".summary";
+
 /// A project's shared working area and its append-only log.
 pub const SCRATCHPAD: &str = "scratchpad";
 pub const ACTIVITY_LOG: &str = "activity_log.jsonl";

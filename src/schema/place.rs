@@ -225,6 +225,25 @@ pub fn ancestor_containers(c: &[&str]) -> Vec<(String, String)> {
     out
 }
 
+/// The directories whose derived summaries (`.abstract.md`,
+/// `.overview.md`) a change to the node at `path` changes: its category
+/// (none for the profile) and its owner space, innermost first.
+pub fn summarized_dirs_of(path: &str) -> Vec<String> {
+    let c = split(path);
+    if c.len() < 4 || !(c[1] == "users" || c[1] == "agents") {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(2);
+    match c[3] {
+        "skills" if c[1] == "agents" && c.len() >= 5 => out.push(c[..4].join("/")),
+        "memories" if c.len() >= 6 => out.push(c[..5].join("/")),
+        "memories" | "skills" => {}
+        _ => return Vec::new(),
+    }
+    out.push(c[..3].join("/"));
+    out
+}
+
 pub fn split(path: &str) -> Vec<&str> {
     if path.is_empty() {
         Vec::new()
@@ -243,6 +262,22 @@ pub fn parent_name(path: &str) -> (&str, &str) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_node_changes_the_summaries_of_its_category_and_owner() {
+        use super::summarized_dirs_of as d;
+        assert_eq!(
+            d("a/users/u/memories/prefs/tea"),
+            vec!["a/users/u/memories/prefs", "a/users/u"]
+        );
+        assert_eq!(d("a/users/u/memories/profile"), vec!["a/users/u"]);
+        assert_eq!(
+            d("a/agents/g/skills/deploy"),
+            vec!["a/agents/g/skills", "a/agents/g"]
+        );
+        assert!(d("a/users/u/inbox/c.json").is_empty());
+        assert!(d("a/projects/p/scratchpad/x").is_empty());
+    }
+
     use super::*;
 
     fn cl(p: &str) -> Result<DirPlace> {

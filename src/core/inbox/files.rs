@@ -562,7 +562,7 @@ fn redact_conversation(
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+pub(super) fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     let d = sha2::Sha256::digest(bytes);
     d.iter().map(|b| format!("{b:02x}")).collect()

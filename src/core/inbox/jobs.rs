@@ -98,6 +98,17 @@ impl Fs {
         let Some(ib) = self.inbox.get().cloned() else {
             return Ok(());
         };
+        if ib.summaries {
+            // The indexer tells which directories' summaries went stale.
+            if let Some(ix) = self.index.get() {
+                let w = Arc::downgrade(&ib);
+                ix.on_changed_dirs(Box::new(move |dirs| {
+                    if let Some(ib) = w.upgrade() {
+                        ib.touch(dirs, true);
+                    }
+                }));
+            }
+        }
         for i in 0..ib.concurrency {
             let ib2 = ib.clone();
             let t = std::thread::Builder::new()
@@ -120,6 +131,8 @@ fn extract_loop(ib: Arc<Inbox>) {
         if ib.stop.load(Ordering::SeqCst) {
             return;
         }
+        // On a shared store one daemon runs the jobs; summaries are
+        // written by whichever daemon found them stale.
         let next = ib.with_fs(|fs| {
             if fs.store.shared() && !fs.leads("extractor") {
                 return Ok(None);
@@ -136,12 +149,16 @@ fn extract_loop(ib: Arc<Inbox>) {
             Some(Ok(None)) => {}
             Some(Err(e)) => tracing::error!(error = %e.report(), "inbox: cannot look for work"),
         }
+        // No conversation waits: a directory summary, if one is due.
+        if summaries::run_due_summary(&ib) {
+            continue;
+        }
         let mut woken = lock(&ib.wake.0);
         if !*woken {
             woken = ib
                 .wake
                 .1
-                .wait_timeout(woken, RESCAN)
+                .wait_timeout(woken, ib.idle_wait())
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
@@ -163,7 +180,7 @@ enum Outcome {
 impl Fs {
     /// Why `account` may spend no more LLM tokens today, counting `running`
     /// tokens a job spent that are not counted in the store yet.
-    fn llm_budget_spent(&self, account: &str, running: u64) -> Option<String> {
+    pub(super) fn llm_budget_spent(&self, account: &str, running: u64) -> Option<String> {
         let max = self.quota(account).and_then(|q| q.llm_tokens_per_day)?;
         let used = self
             .store

@@ -242,6 +242,12 @@ pub struct Inbox {
     last_scan: Mutex<Option<std::time::Instant>>,
     /// Conversation files open for writing, not stored before their close.
     writing: Mutex<HashSet<String>>,
+    /// Directory summaries by the LLM (`[llm] summaries`), written once a
+    /// directory has been quiet this long.
+    summaries: bool,
+    summary_delay: Duration,
+    waiting: Mutex<summaries::Waiting>,
+    summary_stats: summaries::SummaryStats,
     stop: AtomicBool,
     /// Threads holding the file system right now (`shutdown` waits for none).
     busy: AtomicUsize,
@@ -283,6 +289,10 @@ impl Inbox {
             served: Mutex::new((0, std::collections::HashMap::new())),
             last_scan: Mutex::new(None),
             writing: Mutex::new(HashSet::new()),
+            summaries: s.summaries.unwrap_or(true),
+            summary_delay: Duration::from_secs(s.summary_delay_s.unwrap_or(10)),
+            waiting: Mutex::new(Default::default()),
+            summary_stats: Default::default(),
             stop: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
@@ -356,6 +366,7 @@ impl Fs {
                 "llm": "configured",
                 "model": ib.client.model(),
                 "extracting": lock(&ib.running).len(),
+                "summaries": ib.summary_status(),
             }),
             None => json!({
                 "llm": "not configured: conversations written to users/U/inbox/ are refused (ENOTSUP); add [llm] to the config",
@@ -496,3 +507,4 @@ fn record_results(job: &mut Job, result: &[u8]) {
 
 mod files;
 mod jobs;
+pub mod summaries;

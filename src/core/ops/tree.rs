@@ -112,7 +112,16 @@ impl Fs {
                     // Structural directories are implicit: an empty one is
                     // "removed" and shows again, so `rm -r` of an owner works.
                     DirPlace::Fixed(_) => Ok(()),
-                    _ => self.store.apply(vec![Op::DelDir { path }], true),
+                    // A summary the LLM wrote of it goes with it.
+                    _ => self.store.apply(
+                        vec![
+                            Op::DelScratch {
+                                path: inbox::summaries::row_path(&path),
+                            },
+                            Op::DelDir { path },
+                        ],
+                        true,
+                    ),
                 }
             }
         }
