@@ -289,7 +289,8 @@ VERBOSE = False
 MSG = re.compile(r"/inbox/s(\d+)\.json#(\d+)$")
 
 # Words of the extraction prompt's worked examples (src/extract/prompt.rs).
-EXAMPLE_WORDS = {"dana", "chemistry", "leeds", "miso", "tom", "lyon", "paris", "paramedic", "nurse", "vet"}
+EXAMPLE_WORDS = {"dana", "chemistry", "leeds", "miso", "ruth", "pharmacist", "tom", "lyon", "paris", "paramedic",
+                 "nurse", "vet"}
 
 
 def faithfulness(mnt, u):

@@ -307,10 +307,11 @@ pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<S
 /// Point a candidate at the messages its words are in. Small models cite
 /// the wrong message often (the assistant's reply after the user's words,
 /// a neighbour): a cited message that shares no subject word with the
-/// memory is dropped, and when none is left the messages sharing the most
-/// are taken. Memories about the user come from the user's messages when
-/// any of them holds the words. A memory whose words are in no message
-/// keeps the model's citation.
+/// memory is dropped, and the messages sharing the most are added (a
+/// memory drawn from two messages, one cited, keeps both). Memories about
+/// the user come from the user's messages when any of them holds the
+/// words. A memory whose words are in no message keeps the model's
+/// citation.
 pub fn ground(c: &mut Candidate, conv: &Conversation) {
     let words = policy::subject_words(&c.text);
     let overlap: Vec<usize> = conv
@@ -339,12 +340,12 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
         .copied()
         .filter(|i| pool.contains(i))
         .collect();
-    c.messages = if cited.is_empty() {
-        let best = pool.iter().map(|&i| overlap[i]).max().unwrap_or(0);
-        pool.into_iter().filter(|&i| overlap[i] == best).collect()
-    } else {
-        cited
-    };
+    let best = pool.iter().map(|&i| overlap[i]).max().unwrap_or(0);
+    let mut messages = cited;
+    messages.extend(pool.into_iter().filter(|&i| overlap[i] == best));
+    messages.sort_unstable();
+    messages.dedup();
+    c.messages = messages;
 }
 
 /// The texts a candidate may draw on: its cited messages (a profile only
@@ -514,6 +515,15 @@ mod tests {
         let mut c = cand(Kind::Event, "Something else entirely.", &[4]);
         ground(&mut c, &conv);
         assert_eq!(c.messages, vec![4]);
+        // A cited message sharing a word, the one holding the most
+        // uncited: both.
+        let mut c = cand(
+            Kind::Event,
+            "The user, a nurse, keeps busy with the dog Juno.",
+            &[0],
+        );
+        ground(&mut c, &conv);
+        assert_eq!(c.messages, vec![0, 2]);
     }
 
     #[test]

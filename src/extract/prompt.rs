@@ -11,13 +11,16 @@ pub const MAX_CANDIDATES: usize = 16;
 /// Characters of one memory's text.
 pub const MAX_TEXT: usize = 400;
 
-pub const EXTRACT_SYSTEM: &str = "You extract long-term memories from a conversation between a user and an AI assistant. \
+pub const EXTRACT_SYSTEM: &str = "You extract long-term memories from a conversation of the user with an AI assistant \
+or with another person (a friend, a colleague). \
 Keep only facts worth remembering in later conversations, each stated on its own, in the third person (\"The user ...\"). \
+Only the user's own messages say who the user is: the other speaker's job, family and plans are theirs, not the user's. \
+A name the user greets (\"hey Ruth!\") is the other speaker's; a name the other speaker greets the user with is the user's. \
 Kinds:\n\
 - profile: who the user is (name, job, where they live, family).\n\
 - preference: what the user likes, dislikes or wants; topic = the subject (\"coffee\", \"code style\").\n\
 - entity: a named person, pet, project, company or place in the user's life, not the user themselves \
-(the user's own name, job and city are profile); topic = its name.\n\
+(the user's own name, job and city are profile); the other speaker is one, with what they said about themselves; topic = its name.\n\
 - event: something that happened or is planned, with its date if said (a date in brackets, \
 [2026-03-14], is what the relative time before it means: write that date); topic = a short title.\n\
 - case: a problem the assistant solved for the user and how.\n\
@@ -27,15 +30,18 @@ For each memory give the numbers of the messages it comes from. \
 Skip greetings, small talk, general-knowledge questions and anything only true during this conversation. \
 If a later message corrects an earlier one, keep only the corrected fact.";
 
-const EXAMPLE_USER: &str = "[0] user: Hi, I'm Dana, I teach chemistry in Leeds.\n\
-[1] assistant: Nice to meet you, Dana! How can I help?\n\
+/// The worked example: two people, each greeting the other by name, each
+/// with a job, so the model sees whose facts are whose.
+const EXAMPLE_USER: &str = "[0] user: hey Ruth! big news, I switched jobs, I teach chemistry in Leeds now.\n\
+[1] assistant: Dana! congrats! still a pharmacist here, still on nights.\n\
 [2] user: I hate long emails, keep replies short. My cat Miso is sick, vet visit on 3 May.\n\
 [3] assistant: Sorry to hear that. Short replies it is.";
 
 fn example_answer() -> Value {
     json!({"memories": [
-        {"kind": "profile", "topic": "profile", "text": "The user is Dana, a chemistry teacher in Leeds.", "messages": [0]},
+        {"kind": "profile", "topic": "profile", "text": "The user is Dana, a chemistry teacher in Leeds.", "messages": [0, 1]},
         {"kind": "preference", "topic": "reply length", "text": "The user wants short replies and dislikes long emails.", "messages": [2]},
+        {"kind": "entity", "topic": "Ruth", "text": "Ruth is a friend of the user, a pharmacist who works nights.", "messages": [0, 1]},
         {"kind": "entity", "topic": "Miso", "text": "Miso is the user's cat.", "messages": [2]},
         {"kind": "event", "topic": "vet visit", "text": "The user's cat Miso is sick and has a vet visit on 3 May.", "messages": [2]}
     ]})
@@ -219,6 +225,21 @@ mod tests {
         );
         // The example answer passes the same checks as a real one.
         let (c, dropped) = crate::extract::candidates(&example_answer(), 4).unwrap();
-        assert_eq!((c.len(), dropped.len()), (4, 0));
+        assert_eq!((c.len(), dropped.len()), (5, 0));
+        // ... and is true to its own conversation by the daemon's check.
+        let lines: Vec<Value> = EXAMPLE_USER
+            .lines()
+            .map(|l| {
+                let (role, text) = l.split_once("] ").unwrap().1.split_once(": ").unwrap();
+                json!({"role": role, "content": text})
+            })
+            .collect();
+        let conv = crate::extract::parse("x.json", &serde_json::to_vec(&lines).unwrap()).unwrap();
+        let mut why = Vec::new();
+        for cand in c {
+            let text = cand.text.clone();
+            let kept = crate::extract::faithful(cand, &conv, None, &mut why);
+            assert_eq!(kept.map(|k| k.text), Some(text), "{why:?}");
+        }
     }
 }

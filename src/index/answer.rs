@@ -139,6 +139,13 @@ impl Index {
     /// must not see any more (expired nodes).
     pub fn answer(&self, scope: &str, q: &Query, is_live: &dyn Fn(&str) -> bool) -> Result<Answer> {
         let semantic = self.embedder().kind() != "hash";
+        // Asked inside a user's directory, the user's name reads as "the
+        // user" (`text::owner_neutral`): searched, judged and varied so.
+        let neutral = super::text::owner_neutral(scope, &q.text).map(|text| Query {
+            text,
+            ..q.clone()
+        });
+        let q = neutral.as_ref().unwrap_or(q);
         let t = std::time::Instant::now();
         let first = self.search(scope, q)?;
         let first_search_us = t.elapsed().as_micros() as u64;

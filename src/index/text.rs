@@ -148,3 +148,87 @@ mod tests {
         assert!(chunks(&w).iter().all(|x| x.text.ends_with("word")));
     }
 }
+
+/// `query` as asked inside the user directory of `scope`
+/// (`{a}/users/{u}/…`): a capitalised word that is the user's name (the
+/// directory's name, or a part of it of three letters or more split at
+/// `-`, `_` or `.`) reads as "the user", the words memories use for their
+/// owner; consecutive ones become one. `None` outside a user directory or
+/// when the query does not name its user. In a user's own memory the name
+/// tells nothing about which memory answers, while the other party's
+/// messages that greet the user by it ("Priya! good to see you") would
+/// outrank the one that answers.
+pub fn owner_neutral(scope: &str, query: &str) -> Option<String> {
+    let mut c = scope.split('/');
+    let (_, kind, user) = (c.next()?, c.next()?, c.next()?);
+    if kind != "users" || user.is_empty() {
+        return None;
+    }
+    let user = user.to_lowercase();
+    let parts: Vec<&str> = user
+        .split(['-', '_', '.'])
+        .filter(|p| p.chars().count() >= 3)
+        .collect();
+    let is_name = |w: &str| {
+        w.chars().next().is_some_and(char::is_uppercase) && {
+            let l = w.to_lowercase();
+            l == user || parts.contains(&l.as_str())
+        }
+    };
+    let mut out = String::with_capacity(query.len() + 8);
+    let mut named = false;
+    let mut last_was_name = false;
+    let mut rest = query;
+    while !rest.is_empty() {
+        let start = rest
+            .find(|ch: char| ch.is_alphanumeric())
+            .unwrap_or(rest.len());
+        let gap = &rest[..start];
+        let after = &rest[start..];
+        let end = after
+            .find(|ch: char| !ch.is_alphanumeric())
+            .unwrap_or(after.len());
+        let word = &after[..end];
+        if !word.is_empty() && is_name(word) {
+            named = true;
+            if !(last_was_name && gap.trim().is_empty()) {
+                out.push_str(gap);
+                out.push_str("the user");
+            }
+            last_was_name = true;
+        } else {
+            out.push_str(gap);
+            out.push_str(word);
+            last_was_name = last_was_name && word.is_empty();
+        }
+        rest = &after[end..];
+    }
+    named.then_some(out)
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use super::owner_neutral as n;
+
+    #[test]
+    fn the_users_name_reads_as_the_user_in_their_directory() {
+        let u = "acme/users/priya/memories";
+        assert_eq!(
+            n(u, "What does Priya work as?").as_deref(),
+            Some("What does the user work as?")
+        );
+        assert_eq!(
+            n("acme/users/priya", "Where is Priya's dog?").as_deref(),
+            Some("Where is the user's dog?")
+        );
+        assert_eq!(
+            n("acme/users/priya-raman", "Did Priya Raman move?").as_deref(),
+            Some("Did the user move?")
+        );
+        // Lower case, another name, another scope: as asked.
+        assert_eq!(n(u, "what does priya work as"), None);
+        assert_eq!(n(u, "What does Mel work as?"), None);
+        assert_eq!(n("acme/agents/priya", "What does Priya do?"), None);
+        assert_eq!(n("acme", "What does Priya do?"), None);
+    }
+}
