@@ -2,7 +2,7 @@
 """Search benchmarks through a real mount, on nodes made of SciFact sentences.
 
   python3 scripts/bench_search.py [--nodes 100000] [--minilm-nodes N] [--embedders hash,minilm]
-                                  [--lag-seconds 60] [--lag-rate 20] [--writers 8]
+                                  [--lag-seconds 60] [--lag-rate 20] [--writers 8] [--messages N]
 
 For each embedder: commit N nodes (four-step protocol), wait for
 `.ctxfs/sync`, then
@@ -108,11 +108,33 @@ def status(mnt):
         return json.load(f)
 
 
-def mount(mnt, data, emb):
+def mount(mnt, data, emb, config=None):
     cmd = [BIN, "mount", mnt, "--data", data, "--embedder", emb]
     if emb == "minilm":
         cmd += ["--model-dir", MODEL]
+    if config:
+        cmd += ["--config", config]
     subprocess.run(cmd, check=True)
+
+
+MESSAGES_PER_CONVERSATION = 50
+
+
+def write_conversations(mnt, texts):
+    """Store `texts` as conversations of 50 messages in the bench user's
+    inbox (two speakers, dated), so search ranks them beside the nodes.
+    The mount's [llm] points at a closed port: the messages are indexed at
+    close whatever extraction does. Returns the seconds taken."""
+    inbox = os.path.join(mnt, "accounts", "bench", "users", "u", "inbox")
+    t = time.time()
+    per = MESSAGES_PER_CONVERSATION
+    for c in range(0, len(texts), per):
+        msgs = [{"role": "user" if j % 2 == 0 else "assistant", "content": text,
+                 "ts": f"2026-03-{1 + (c // per) % 28:02d}T10:{j % 60:02d}:00Z"}
+                for j, (_, text) in enumerate(texts[c:c + per])]
+        with open(os.path.join(inbox, f"c{c // per}.json"), "w") as f:
+            json.dump({"messages": msgs}, f)
+    return time.time() - t
 
 
 def umount(mnt):
@@ -182,8 +204,12 @@ def main():
     ap.add_argument("--writers", type=int, default=8,
                     help="processes committing the nodes (the indexer must not wait for one writer)")
     ap.add_argument("--keep", help="keep data dirs under this directory")
+    ap.add_argument("--messages", type=int, default=0,
+                    help="conversation messages stored beside the nodes (in conversations of 50; "
+                         "searched with them)")
     args = ap.parse_args()
-    nodes = corpus(args.nodes)
+    nodes = corpus(args.nodes + args.messages)
+    nodes, said = nodes[:args.nodes], nodes[args.nodes:]
     qs = queries()
     base = tempfile.mkdtemp(prefix="ctxfs-bench-search-", dir="/tmp")
     print(f"{len(nodes)} nodes from SciFact sentences, {len(qs)} distinct queries", file=sys.stderr)
@@ -195,13 +221,25 @@ def main():
             r = results[emb] = {}
             mine = nodes[: args.minilm_nodes] if emb == "minilm" and args.minilm_nodes else nodes
             r["nodes"] = len(mine)
-            mount(mnt, data, emb)
+            config = None
+            if said:
+                config = os.path.join(base, "config.toml")
+                with open(config, "w") as f:
+                    f.write('[llm]\nurl = "http://127.0.0.1:9/v1"\nmodel = "none"\nsummaries = false\n'
+                            'max_attempts = 1\n')
+            mount(mnt, data, emb, config)
             root = os.path.join(mnt, "accounts")
             t0 = time.time()
             secs = commit_parallel(root, mine, args.writers)
             r["writers"] = args.writers
             r["commit_per_s"] = len(mine) / secs
             wait_sync(mnt)
+            if said:
+                os.makedirs(os.path.join(root, "bench", "users", "u"), exist_ok=True)
+                ms = write_conversations(mnt, said)
+                r["messages"] = len(said)
+                print(f"[{emb}] stored {len(said)} messages in {ms:.0f}s", file=sys.stderr)
+                wait_sync(mnt)
             r["index_caught_up_s"] = time.time() - t0
             r["online_index_per_s"] = len(mine) / (time.time() - t0)
             print(f"[{emb}] committed {len(mine)} in {secs:.0f}s with {args.writers} writers, indexed {r['online_index_per_s']:.0f} nodes/s overall", file=sys.stderr)
@@ -228,7 +266,7 @@ def main():
             umount(mnt)
             # Mount with the index on disk: time to the first search answer.
             t = time.time()
-            mount(mnt, data, emb)
+            mount(mnt, data, emb, config)
             tm = time.time() - t
             with open(os.path.join(mnt, "accounts/bench/.search", query_name(qs[0], "k=10"))) as f:
                 first = f.read()

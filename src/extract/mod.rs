@@ -323,10 +323,8 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
                 .count()
         })
         .collect();
-    let about_user = matches!(
-        c.kind,
-        Kind::Profile | Kind::Preference | Kind::Entity | Kind::Event
-    );
+    // An entity may be the other speaker, whose words are theirs.
+    let about_user = matches!(c.kind, Kind::Profile | Kind::Preference | Kind::Event);
     let mut pool: Vec<usize> = (0..overlap.len()).filter(|&i| overlap[i] > 0).collect();
     if about_user && pool.iter().any(|&i| conv.messages[i].role == "user") {
         pool.retain(|&i| conv.messages[i].role == "user");
@@ -346,6 +344,31 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
     messages.sort_unstable();
     messages.dedup();
     c.messages = messages;
+}
+
+/// Why an entity candidate is the user under another name, if it is: its
+/// topic is a name the other speaker calls the user by ("Priya! good to
+/// see you") and the user calls no one so. A small model given a chat of
+/// two people makes the user a friend of themselves.
+pub fn entity_is_the_user(c: &Candidate, conv: &Conversation) -> Option<String> {
+    if c.kind != Kind::Entity {
+        return None;
+    }
+    let topic = c.topic.trim().to_lowercase();
+    let called = |user: bool| -> Vec<String> {
+        conv.messages
+            .iter()
+            .filter(|m| (m.role == "user") == user)
+            .flat_map(|m| support::vocatives(&m.content))
+            .map(|n| n.to_lowercase())
+            .collect()
+    };
+    (called(false).contains(&topic) && !called(true).contains(&topic)).then(|| {
+        format!(
+            "the entity {:?} is the user: the other speaker calls the user so",
+            c.topic
+        )
+    })
 }
 
 /// The texts a candidate may draw on: its cited messages (a profile only
@@ -500,10 +523,14 @@ mod tests {
             text: text.into(),
             messages: m.to_vec(),
         };
-        // The assistant's reply cited: the user's words are the source.
-        let mut c = cand(Kind::Entity, "Juno is the user's dog.", &[3]);
+        // The assistant's reply cited: the user's words are the source of
+        // a memory about the user; an entity keeps both speakers' words.
+        let mut c = cand(Kind::Event, "Juno keeps the user busy.", &[3]);
         ground(&mut c, &conv);
         assert_eq!(c.messages, vec![2]);
+        let mut c = cand(Kind::Entity, "Juno is the user's dog.", &[3]);
+        ground(&mut c, &conv);
+        assert_eq!(c.messages, vec![2, 3]);
         // A wrong neighbour: moved to the message holding the words.
         let mut c = cand(Kind::Profile, "The user is Aiko, a nurse in Osaka.", &[1]);
         ground(&mut c, &conv);
@@ -515,6 +542,28 @@ mod tests {
         let mut c = cand(Kind::Event, "Something else entirely.", &[4]);
         ground(&mut c, &conv);
         assert_eq!(c.messages, vec![4]);
+        // The other speaker greeting the user names the user: not an entity.
+        let two = parse(
+            "c.json",
+            br#"[{"role":"user","content":"hey Mel! long time"},
+                 {"role":"assistant","content":"Priya! good. still a florist"}]"#,
+        )
+        .unwrap();
+        let e = |topic: &str| Candidate {
+            kind: Kind::Entity,
+            topic: topic.into(),
+            text: format!("{topic} is a friend of the user."),
+            messages: vec![0, 1],
+        };
+        assert!(entity_is_the_user(&e("Priya"), &two).is_some());
+        assert!(entity_is_the_user(&e("Mel"), &two).is_none());
+        // A three-letter name is a subject word: the friend's entity cites
+        // the greeting too, whoever spoke it.
+        let mut c = e("Mel");
+        c.text = "Mel is a friend of the user, a florist.".into();
+        c.messages = vec![1];
+        ground(&mut c, &two);
+        assert_eq!(c.messages, vec![0, 1]);
         // A cited message sharing a word, the one holding the most
         // uncited: both.
         let mut c = cand(

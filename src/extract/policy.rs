@@ -169,11 +169,18 @@ const STOP: &[&str] = &[
 ];
 
 /// The subject words of a text: lower-case alphanumeric words of four or
-/// more bytes, stop words aside.
+/// more bytes, and capitalised ones of three (names: "Mel", "Ava"), stop
+/// words aside.
 pub fn subject_words(text: &str) -> std::collections::HashSet<String> {
     text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| {
+            w.len() >= 4
+                || (w.len() == 3
+                    && w.chars().next().is_some_and(char::is_uppercase)
+                    && !crate::schema::words::is_stopword(&w.to_lowercase()))
+        })
         .map(str::to_lowercase)
-        .filter(|w| w.len() >= 4 && !STOP.contains(&w.as_str()))
+        .filter(|w| !STOP.contains(&w.as_str()))
         .collect()
 }
 

@@ -33,7 +33,7 @@ If a later message corrects an earlier one, keep only the corrected fact.";
 /// The worked example: two people, each greeting the other by name, each
 /// with a job, so the model sees whose facts are whose.
 const EXAMPLE_USER: &str = "[0] user: hey Ruth! big news, I switched jobs, I teach chemistry in Leeds now.\n\
-[1] assistant: Dana! congrats! still a pharmacist here, still on nights.\n\
+[1] assistant: Dana! congrats! still a pharmacist here.\n\
 [2] user: I hate long emails, keep replies short. My cat Miso is sick, vet visit on 3 May.\n\
 [3] assistant: Sorry to hear that. Short replies it is.";
 
@@ -41,7 +41,7 @@ fn example_answer() -> Value {
     json!({"memories": [
         {"kind": "profile", "topic": "profile", "text": "The user is Dana, a chemistry teacher in Leeds.", "messages": [0, 1]},
         {"kind": "preference", "topic": "reply length", "text": "The user wants short replies and dislikes long emails.", "messages": [2]},
-        {"kind": "entity", "topic": "Ruth", "text": "Ruth is a friend of the user, a pharmacist who works nights.", "messages": [0, 1]},
+        {"kind": "entity", "topic": "Ruth", "text": "Ruth is a friend of the user and a pharmacist.", "messages": [0, 1]},
         {"kind": "entity", "topic": "Miso", "text": "Miso is the user's cat.", "messages": [2]},
         {"kind": "event", "topic": "vet visit", "text": "The user's cat Miso is sick and has a vet visit on 3 May.", "messages": [2]}
     ]})

@@ -356,7 +356,11 @@ fn extract_job(
     job.changes.clear();
     let mut placed = Vec::new();
     for c in cands {
-        match policy::target(&c, &user, conv.agent.as_deref(), &job.file) {
+        let target = match extract::entity_is_the_user(&c, conv) {
+            Some(why) => Err(why),
+            None => policy::target(&c, &user, conv.agent.as_deref(), &job.file),
+        };
+        match target {
             Ok(t) => placed.push((t, c)),
             Err(why) => job.changes.push(ChangeRec {
                 action: "skipped".into(),
