@@ -32,7 +32,8 @@ If a later message corrects an earlier one, keep only the corrected fact.";
 
 /// The worked example: two people, each greeting the other by name, each
 /// with a job, so the model sees whose facts are whose.
-const EXAMPLE_USER: &str = "[0] user: hey Ruth! big news, I switched jobs, I teach chemistry in Leeds now.\n\
+const EXAMPLE_USER: &str =
+    "[0] user: hey Ruth! big news, I switched jobs, I teach chemistry in Leeds now.\n\
 [1] assistant: Dana! congrats! still a pharmacist here.\n\
 [2] user: I hate long emails, keep replies short. My cat Miso is sick, vet visit on 3 May.\n\
 [3] assistant: Sorry to hear that. Short replies it is.";

@@ -141,10 +141,8 @@ impl Index {
         let semantic = self.embedder().kind() != "hash";
         // Asked inside a user's directory, the user's name reads as "the
         // user" (`text::owner_neutral`): searched, judged and varied so.
-        let neutral = super::text::owner_neutral(scope, &q.text).map(|text| Query {
-            text,
-            ..q.clone()
-        });
+        let neutral =
+            super::text::owner_neutral(scope, &q.text).map(|text| Query { text, ..q.clone() });
         let q = neutral.as_ref().unwrap_or(q);
         let t = std::time::Instant::now();
         let first = self.search(scope, q)?;

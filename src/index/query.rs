@@ -99,10 +99,7 @@ impl Index {
     /// The best ACTIVE nodes under `scope` (a path under `accounts/`).
     pub fn search(&self, scope: &str, q: &Query) -> Result<Vec<Hit>> {
         self.stats.searches.fetch_add(1, Ordering::Relaxed);
-        let neutral = text::owner_neutral(scope, &q.text).map(|text| Query {
-            text,
-            ..q.clone()
-        });
+        let neutral = text::owner_neutral(scope, &q.text).map(|text| Query { text, ..q.clone() });
         let q = neutral.as_ref().unwrap_or(q);
         if q.mode == Mode::Tree {
             return self.search_tree(scope, q);
