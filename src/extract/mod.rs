@@ -402,7 +402,52 @@ fn source_texts(c: &Candidate, conv: &Conversation) -> Vec<String> {
 pub fn sources(c: &Candidate, conv: &Conversation, known: Option<&str>) -> support::Sources {
     let mut texts = source_texts(c, conv);
     texts.extend(known.map(str::to_string));
-    support::Sources::new(texts.iter().map(String::as_str))
+    let mut s = support::Sources::new(texts.iter().map(String::as_str));
+    // The worked examples' names, places and jobs, unless this
+    // conversation (or the node's version) says them: a small model copies
+    // them ("a pharmacist") into sentences whose other words are true.
+    let said: std::collections::HashSet<String> = conv
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .chain(known)
+        .flat_map(|t| t.split(|ch: char| !ch.is_alphanumeric()))
+        .map(str::to_lowercase)
+        .collect();
+    s.forbid(
+        prompt::EXAMPLE_MARKERS
+            .iter()
+            .copied()
+            .filter(|w| !said.contains(*w)),
+        "a word of the prompt's worked example, which the conversation does not say",
+    );
+    if c.kind == Kind::Profile {
+        // A name the user greets is the other speaker's ("hey Sam!"),
+        // unless the other speaker calls the user so too or the profile
+        // already says it.
+        let theirs = |user: bool| -> std::collections::HashSet<String> {
+            conv.messages
+                .iter()
+                .filter(|m| (m.role == "user") == user)
+                .flat_map(|m| support::vocatives(&m.content))
+                .map(|n| n.to_lowercase())
+                .collect()
+        };
+        let (greeted, greeting) = (theirs(true), theirs(false));
+        let known_words: std::collections::HashSet<String> = known
+            .unwrap_or("")
+            .split(|ch: char| !ch.is_alphanumeric())
+            .map(str::to_lowercase)
+            .collect();
+        s.forbid(
+            greeted
+                .iter()
+                .filter(|n| !greeting.contains(*n) && !known_words.contains(*n))
+                .map(String::as_str),
+            "the name the user calls the other speaker, not the user's",
+        );
+    }
+    s
 }
 
 /// The candidate with only the sentences its sources support
@@ -573,6 +618,49 @@ mod tests {
         );
         ground(&mut c, &conv);
         assert_eq!(c.messages, vec![0, 2]);
+    }
+
+    #[test]
+    fn a_profile_holds_neither_the_greeted_name_nor_the_examples_words() {
+        let conv = parse(
+            "c.json",
+            br#"[{"role":"user","content":"hey Sam! we moved to Tallinn last month"},
+                 {"role":"assistant","content":"Marcus! wow, Tallinn!"}]"#,
+        )
+        .unwrap();
+        let profile = |text: &str| Candidate {
+            kind: Kind::Profile,
+            topic: "profile".into(),
+            text: text.into(),
+            messages: vec![0],
+        };
+        let mut why = Vec::new();
+        let kept =
+            |t: &str, why: &mut Vec<String>| faithful(profile(t), &conv, None, why).map(|c| c.text);
+        assert_eq!(
+            kept("The user is Marcus and moved to Tallinn.", &mut why).as_deref(),
+            Some("The user is Marcus and moved to Tallinn.")
+        );
+        assert_eq!(kept("The user is Sam, living in Tallinn.", &mut why), None);
+        assert!(
+            why.last().unwrap().contains("the name the user calls"),
+            "{why:?}"
+        );
+        assert_eq!(kept("The user is a pharmacist in Tallinn.", &mut why), None);
+        assert!(why.last().unwrap().contains("worked example"), "{why:?}");
+        // Said in the conversation, an example's word is the user's own.
+        let nurse = parse(
+            "c.json",
+            br#"[{"role":"user","content":"I work as a nurse in Tallinn"}]"#,
+        )
+        .unwrap();
+        assert!(faithful(
+            profile("The user is a nurse in Tallinn."),
+            &nurse,
+            None,
+            &mut why
+        )
+        .is_some());
     }
 
     #[test]

@@ -30,6 +30,22 @@ For each memory give the numbers of the messages it comes from. \
 Skip greetings, small talk, general-knowledge questions and anything only true during this conversation. \
 If a later message corrects an earlier one, keep only the corrected fact.";
 
+/// The names, places and jobs of the worked examples (extraction and
+/// merge): a memory may hold one only where the conversation says it.
+pub const EXAMPLE_MARKERS: &[&str] = &[
+    "dana",
+    "ruth",
+    "leeds",
+    "chemistry",
+    "pharmacist",
+    "miso",
+    "tom",
+    "lyon",
+    "paris",
+    "paramedic",
+    "nurse",
+];
+
 /// The worked example: two people, each greeting the other by name, each
 /// with a job, so the model sees whose facts are whose.
 const EXAMPLE_USER: &str =
@@ -227,6 +243,16 @@ mod tests {
         // The example answer passes the same checks as a real one.
         let (c, dropped) = crate::extract::candidates(&example_answer(), 4).unwrap();
         assert_eq!((c.len(), dropped.len()), (5, 0));
+        // Every marker is a word of an example.
+        let examples = format!(
+            "{EXAMPLE_USER} {} {MERGE_EXAMPLE_USER} {}",
+            example_answer(),
+            merge_messages("", "")[2]
+        )
+        .to_lowercase();
+        for m in EXAMPLE_MARKERS {
+            assert!(examples.contains(m), "{m}");
+        }
         // ... and is true to its own conversation by the daemon's check.
         let lines: Vec<Value> = EXAMPLE_USER
             .lines()

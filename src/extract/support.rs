@@ -90,6 +90,8 @@ pub struct Sources {
     words: HashSet<String>,
     /// Stemmed subject terms (as the search index stems them).
     terms: HashSet<String>,
+    /// Lower-case words no supported sentence may hold, with why.
+    forbidden: std::collections::HashMap<String, &'static str>,
 }
 
 fn tokens(text: &str) -> impl Iterator<Item = &str> {
@@ -116,7 +118,19 @@ impl Sources {
             }
             terms.extend(crate::schema::words::terms(t));
         }
-        Sources { words, terms }
+        Sources {
+            words,
+            terms,
+            forbidden: Default::default(),
+        }
+    }
+
+    /// No supported sentence may hold any of `words` (lower case), for
+    /// `why`, whatever else its sources say.
+    pub fn forbid<'a>(&mut self, words: impl IntoIterator<Item = &'a str>, why: &'static str) {
+        for w in words {
+            self.forbidden.insert(w.to_lowercase(), why);
+        }
     }
 
     /// Why `sentence` is not supported, or `None` when it is.
@@ -126,6 +140,11 @@ impl Sources {
 
     /// [`Sources::unsupported`] with `share` of the subject terms to hold.
     pub fn unsupported_at(&self, sentence: &str, share: f32) -> Option<String> {
+        for w in tokens(sentence) {
+            if let Some(why) = self.forbidden.get(&w.to_lowercase()) {
+                return Some(format!("{w} is {why}"));
+            }
+        }
         for (i, w) in tokens(sentence).enumerate() {
             let marked_number = w.chars().any(|c| c.is_ascii_digit());
             let lower = w.to_lowercase();
