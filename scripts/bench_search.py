@@ -243,6 +243,18 @@ def main():
             r["index_caught_up_s"] = time.time() - t0
             r["online_index_per_s"] = len(mine) / (time.time() - t0)
             print(f"[{emb}] committed {len(mine)} in {secs:.0f}s with {args.writers} writers, indexed {r['online_index_per_s']:.0f} nodes/s overall", file=sys.stderr)
+            if said:
+                # The messages are searched with the nodes: share of top-10
+                # results that are messages, over 50 queries.
+                n_msg = n_all = 0
+                for q in qs[:50]:
+                    with open(os.path.join(mnt, "accounts/bench/.search",
+                                           query_name(q, "k=10&format=json"))) as f:
+                        res = json.load(f)["results"]
+                    n_all += len(res)
+                    n_msg += sum(1 for x in res if "conversation" in x)
+                r["message_share_of_results"] = n_msg / max(1, n_all)
+                print(f"[{emb}] {n_msg} of {n_all} top-10 results are messages", file=sys.stderr)
             tot, embd = latency(mnt, qs[:600])
             r["search_ms"] = {"p50": pct(tot, .5), "p99": pct(tot, .99), "n": len(tot)}
             r["query_embedding_ms"] = {"p50": pct(embd, .5), "p99": pct(embd, .99)}
