@@ -421,6 +421,13 @@ pub fn sources(c: &Candidate, conv: &Conversation, known: Option<&str>) -> suppo
             .filter(|w| !said.contains(*w)),
         "a word of the prompt's worked example, which the conversation does not say",
     );
+    // The other speaker's "my son Maya" is not the user's son.
+    let (user, other): (Vec<&Message>, Vec<&Message>) =
+        conv.messages.iter().partition(|m| m.role == "user");
+    s.forbid_their_relations(
+        other.iter().map(|m| m.content.as_str()),
+        user.iter().map(|m| m.content.as_str()).chain(known),
+    );
     if c.kind == Kind::Profile {
         // A name the user greets is the other speaker's ("hey Sam!"),
         // unless the other speaker calls the user so too or the profile

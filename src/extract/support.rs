@@ -92,6 +92,20 @@ pub struct Sources {
     terms: HashSet<String>,
     /// Lower-case words no supported sentence may hold, with why.
     forbidden: std::collections::HashMap<String, &'static str>,
+    /// The other speaker's relations (relation, name), lower case.
+    theirs: Vec<(String, String)>,
+}
+
+/// "my son Maya", "my wife, Ana": (relation, name), lower case.
+fn relations(text: &str) -> Vec<(String, String)> {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| {
+        regex::Regex::new(r"\b(?i:my)\s+(\p{Ll}+),?\s+(\p{Lu}\p{L}+)")
+            .expect("the relation pattern compiles")
+    });
+    re.captures_iter(text)
+        .map(|c| (c[1].to_lowercase(), c[2].to_lowercase()))
+        .collect()
 }
 
 fn tokens(text: &str) -> impl Iterator<Item = &str> {
@@ -122,7 +136,25 @@ impl Sources {
             words,
             terms,
             forbidden: Default::default(),
+            theirs: Vec::new(),
         }
+    }
+
+    /// The other speaker's own relations ("my son Maya": ("son", "maya")),
+    /// which no sentence may give the user ("the user's son Maya", "Maya is
+    /// the user's son"), unless `user_texts` claim the same.
+    pub fn forbid_their_relations<'a>(
+        &mut self,
+        their_texts: impl IntoIterator<Item = &'a str>,
+        user_texts: impl IntoIterator<Item = &'a str>,
+    ) {
+        let mine: HashSet<(String, String)> = user_texts.into_iter().flat_map(relations).collect();
+        self.theirs.extend(
+            their_texts
+                .into_iter()
+                .flat_map(relations)
+                .filter(|r| !mine.contains(r)),
+        );
     }
 
     /// No supported sentence may hold any of `words` (lower case), for
@@ -143,6 +175,17 @@ impl Sources {
         for w in tokens(sentence) {
             if let Some(why) = self.forbidden.get(&w.to_lowercase()) {
                 return Some(format!("{w} is {why}"));
+            }
+        }
+        if !self.theirs.is_empty() {
+            let low = sentence.to_lowercase();
+            let words: HashSet<&str> = tokens(&low).collect();
+            for (rel, name) in &self.theirs {
+                if words.contains(name.as_str()) && low.contains(&format!("user's {rel}")) {
+                    return Some(format!(
+                        "{name} is the other speaker's {rel}, not the user's"
+                    ));
+                }
             }
         }
         for (i, w) in tokens(sentence).enumerate() {
@@ -231,6 +274,28 @@ mod tests {
         assert_eq!(vocatives("hey Sam how are you"), vec!["Sam"]);
         assert!(vocatives("I'm Mel, I love hiking too!").is_empty());
         assert!(vocatives("Hi, I'm Mel.").is_empty());
+    }
+
+    #[test]
+    fn the_other_speakers_son_is_not_the_users() {
+        let their = "that's amazing. my son Maya just started kindergarten";
+        let mut s = Sources::new([their, "aww, say hi to Maya!"]);
+        s.forbid_their_relations([their], ["aww, say hi to Maya!"]);
+        for bad in [
+            "The user's son Maya is excited about kindergarten.",
+            "Maya is the user's son.",
+        ] {
+            let why = s.unsupported(bad).unwrap_or_default();
+            assert!(why.contains("other speaker's son"), "{bad}: {why}");
+        }
+        assert_eq!(s.unsupported("Maya started kindergarten."), None);
+        // The user's own son, said by the user too: theirs as well.
+        let mut s = Sources::new([their]);
+        s.forbid_their_relations([their], ["my son Maya loves it"]);
+        assert_eq!(
+            s.unsupported("The user's son Maya started kindergarten."),
+            None
+        );
     }
 
     #[test]
