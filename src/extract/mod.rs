@@ -14,6 +14,7 @@ pub mod when;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::HashSet;
 
 /// A conversation file holds at most this many bytes.
 pub const MAX_CONVERSATION_BYTES: usize = 1 << 20;
@@ -346,6 +347,26 @@ pub fn ground(c: &mut Candidate, conv: &Conversation) {
     c.messages = messages;
 }
 
+/// The names (lower case) the user's messages (`by_user`) or the other
+/// speaker's call the one they talk to (`support::vocatives`).
+fn names_called(conv: &Conversation, by_user: bool) -> HashSet<String> {
+    conv.messages
+        .iter()
+        .filter(|m| (m.role == "user") == by_user)
+        .flat_map(|m| support::vocatives(&m.content))
+        .map(|n| n.to_lowercase())
+        .collect()
+}
+
+/// The lower-case alphanumeric words of `texts`.
+fn words_of<'a>(texts: impl IntoIterator<Item = &'a str>) -> HashSet<String> {
+    texts
+        .into_iter()
+        .flat_map(|t| t.split(|ch: char| !ch.is_alphanumeric()))
+        .map(str::to_lowercase)
+        .collect()
+}
+
 /// Why an entity candidate is the user under another name, if it is: its
 /// topic is a name the other speaker calls the user by ("Priya! good to
 /// see you") and the user calls no one so. A small model given a chat of
@@ -355,20 +376,14 @@ pub fn entity_is_the_user(c: &Candidate, conv: &Conversation) -> Option<String> 
         return None;
     }
     let topic = c.topic.trim().to_lowercase();
-    let called = |user: bool| -> Vec<String> {
-        conv.messages
-            .iter()
-            .filter(|m| (m.role == "user") == user)
-            .flat_map(|m| support::vocatives(&m.content))
-            .map(|n| n.to_lowercase())
-            .collect()
-    };
-    (called(false).contains(&topic) && !called(true).contains(&topic)).then(|| {
-        format!(
-            "the entity {:?} is the user: the other speaker calls the user so",
-            c.topic
-        )
-    })
+    (names_called(conv, false).contains(&topic) && !names_called(conv, true).contains(&topic)).then(
+        || {
+            format!(
+                "the entity {:?} is the user: the other speaker calls the user so",
+                c.topic
+            )
+        },
+    )
 }
 
 /// The texts a candidate may draw on: its cited messages (a profile only
@@ -406,14 +421,12 @@ pub fn sources(c: &Candidate, conv: &Conversation, known: Option<&str>) -> suppo
     // The worked examples' names, places and jobs, unless this
     // conversation (or the node's version) says them: a small model copies
     // them ("a pharmacist") into sentences whose other words are true.
-    let said: std::collections::HashSet<String> = conv
-        .messages
-        .iter()
-        .map(|m| m.content.as_str())
-        .chain(known)
-        .flat_map(|t| t.split(|ch: char| !ch.is_alphanumeric()))
-        .map(str::to_lowercase)
-        .collect();
+    let said = words_of(
+        conv.messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .chain(known),
+    );
     s.forbid(
         prompt::EXAMPLE_MARKERS
             .iter()
@@ -432,20 +445,8 @@ pub fn sources(c: &Candidate, conv: &Conversation, known: Option<&str>) -> suppo
         // A name the user greets is the other speaker's ("hey Sam!"),
         // unless the other speaker calls the user so too or the profile
         // already says it.
-        let theirs = |user: bool| -> std::collections::HashSet<String> {
-            conv.messages
-                .iter()
-                .filter(|m| (m.role == "user") == user)
-                .flat_map(|m| support::vocatives(&m.content))
-                .map(|n| n.to_lowercase())
-                .collect()
-        };
-        let (greeted, greeting) = (theirs(true), theirs(false));
-        let known_words: std::collections::HashSet<String> = known
-            .unwrap_or("")
-            .split(|ch: char| !ch.is_alphanumeric())
-            .map(str::to_lowercase)
-            .collect();
+        let (greeted, greeting) = (names_called(conv, true), names_called(conv, false));
+        let known_words = words_of(known);
         s.forbid(
             greeted
                 .iter()

@@ -98,57 +98,6 @@ pub fn one_line(s: &str) -> String {
         .join(" ")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stopwords_sorted() {
-        let mut s = crate::schema::words::STOPWORDS.to_vec();
-        s.sort();
-        assert_eq!(s, crate::schema::words::STOPWORDS);
-    }
-
-    #[test]
-    fn words_and_terms() {
-        assert_eq!(
-            words("Rust's async-io, ID ab-12."),
-            ["rust", "s", "async", "io", "async-io", "id", "ab", "12", "ab-12"]
-        );
-        assert_eq!(terms("The cats are running"), ["cat", "run"]);
-    }
-
-    #[test]
-    fn chunking_keeps_lines() {
-        let text = "# Title\n\nfirst para\n\n".to_string() + &"word ".repeat(400) + "\nlast\n";
-        let c = chunks(&text);
-        assert!(c.len() >= 2);
-        assert_eq!(c[0].line, 1);
-        assert!(c.iter().all(|c| c.text.len() <= CHUNK_BYTES));
-        assert!(c.last().unwrap().text.ends_with("last"));
-        assert!(chunks("").is_empty());
-        assert_eq!(chunks("é".repeat(2000).as_str()).len(), 8);
-    }
-
-    #[test]
-    fn long_lines_are_cut_after_sentences() {
-        let s = "This sentence has some words in it and ends here. ".repeat(30);
-        let c = chunks(&s);
-        assert!(c.len() >= 3);
-        for x in &c {
-            assert!(x.text.len() <= CHUNK_BYTES);
-            assert!(
-                x.text.starts_with("This") && x.text.ends_with("here."),
-                "{:?}",
-                x.text
-            );
-        }
-        // Without sentence ends, a cut still falls after a space.
-        let w = "word ".repeat(300);
-        assert!(chunks(&w).iter().all(|x| x.text.ends_with("word")));
-    }
-}
-
 /// `query` as asked inside the user directory of `scope`
 /// (`{a}/users/{u}/…`): a capitalised word that is the user's name (the
 /// directory's name, or a part of it of three letters or more split at
@@ -207,11 +156,58 @@ pub fn owner_neutral(scope: &str, query: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod owner_tests {
-    use super::owner_neutral as n;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stopwords_sorted() {
+        let mut s = crate::schema::words::STOPWORDS.to_vec();
+        s.sort();
+        assert_eq!(s, crate::schema::words::STOPWORDS);
+    }
+
+    #[test]
+    fn words_and_terms() {
+        assert_eq!(
+            words("Rust's async-io, ID ab-12."),
+            ["rust", "s", "async", "io", "async-io", "id", "ab", "12", "ab-12"]
+        );
+        assert_eq!(terms("The cats are running"), ["cat", "run"]);
+    }
+
+    #[test]
+    fn chunking_keeps_lines() {
+        let text = "# Title\n\nfirst para\n\n".to_string() + &"word ".repeat(400) + "\nlast\n";
+        let c = chunks(&text);
+        assert!(c.len() >= 2);
+        assert_eq!(c[0].line, 1);
+        assert!(c.iter().all(|c| c.text.len() <= CHUNK_BYTES));
+        assert!(c.last().unwrap().text.ends_with("last"));
+        assert!(chunks("").is_empty());
+        assert_eq!(chunks("é".repeat(2000).as_str()).len(), 8);
+    }
+
+    #[test]
+    fn long_lines_are_cut_after_sentences() {
+        let s = "This sentence has some words in it and ends here. ".repeat(30);
+        let c = chunks(&s);
+        assert!(c.len() >= 3);
+        for x in &c {
+            assert!(x.text.len() <= CHUNK_BYTES);
+            assert!(
+                x.text.starts_with("This") && x.text.ends_with("here."),
+                "{:?}",
+                x.text
+            );
+        }
+        // Without sentence ends, a cut still falls after a space.
+        let w = "word ".repeat(300);
+        assert!(chunks(&w).iter().all(|x| x.text.ends_with("word")));
+    }
 
     #[test]
     fn the_users_name_reads_as_the_user_in_their_directory() {
+        use super::owner_neutral as n;
         let u = "acme/users/priya/memories";
         assert_eq!(
             n(u, "What does Priya work as?").as_deref(),

@@ -57,10 +57,7 @@ fn digest(listing: &str) -> String {
 }
 
 /// Directories waiting for a summary: (first change, last change).
-#[derive(Default)]
-pub(super) struct Waiting {
-    dirs: HashMap<String, (Instant, Instant)>,
-}
+pub(super) type Waiting = HashMap<String, (Instant, Instant)>;
 
 /// Counts shown in `.ctxfs/status`.
 #[derive(Default)]
@@ -80,7 +77,7 @@ impl Inbox {
         let now = Instant::now();
         let mut w = lock(&self.waiting);
         for d in dirs {
-            let e = w.dirs.entry(d.clone()).or_insert((now, now));
+            let e = w.entry(d.clone()).or_insert((now, now));
             if changed {
                 e.1 = now;
             }
@@ -101,12 +98,11 @@ impl Inbox {
         let now = Instant::now();
         let mut w = lock(&self.waiting);
         let d = w
-            .dirs
             .iter()
             .filter(|(_, t)| self.due_at(**t) <= now)
             .min_by_key(|(_, t)| t.0)
             .map(|(d, _)| d.clone())?;
-        w.dirs.remove(&d);
+        w.remove(&d);
         Some(d)
     }
 
@@ -114,8 +110,7 @@ impl Inbox {
     pub(super) fn idle_wait(&self) -> Duration {
         let now = Instant::now();
         let w = lock(&self.waiting);
-        w.dirs
-            .values()
+        w.values()
             .map(|t| self.due_at(*t).saturating_duration_since(now))
             .min()
             .map_or(RESCAN, |d| d.min(RESCAN))
@@ -127,7 +122,7 @@ impl Inbox {
         }
         json!({
             "enabled": true,
-            "waiting": lock(&self.waiting).dirs.len(),
+            "waiting": lock(&self.waiting).len(),
             "written": self.summary_stats.written.load(Ordering::Relaxed),
             "failed": self.summary_stats.failed.load(Ordering::Relaxed),
             "sentences_dropped": self.summary_stats.sentences_dropped.load(Ordering::Relaxed),
