@@ -1,12 +1,13 @@
 //! Ids of nodes, blobs and events: counted in memory on one daemon; on a
-//! shared store taken from the store (node and blob ids in blocks, event
-//! ids one at a time, or one range for a batch chunk once it is planned).
+//! shared store taken from the store (node and blob ids in blocks; event
+//! ids of commits by the store in the commit's transaction, others one at
+//! a time).
 
 use super::Fs;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::locks::lock;
 use crate::schema::counters;
-use crate::store::{Op, Store};
+use crate::store::EVENT_PLACEHOLDER;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 thread_local! {
@@ -15,47 +16,11 @@ thread_local! {
     static DEFERRED_EVENTS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
-/// Event ids at and above this are placeholders of a batch being planned.
-const EVENT_PLACEHOLDER: u64 = 1 << 62;
-
-/// A batch's deferred event ids on a shared store. A node's events must
-/// take ids after the version they build on is read, so a batch takes its
-/// range after planning all its nodes: one round trip for the chunk, not
-/// one per event.
+/// A commit's deferred event ids on a shared store: its events carry
+/// placeholders, and the store gives them ids inside the commit's
+/// transaction (`Store::shared`), after the versions they build on were
+/// read. No round trip of its own, one for a whole batch chunk.
 pub(crate) struct EventIds;
-
-impl EventIds {
-    /// Take a range for the placeholders handed out so far and write the
-    /// real ids into `ops` (events, their JSON and the high-water mark),
-    /// in the order they were handed out.
-    pub(crate) fn assign(&self, store: &dyn Store, ops: &mut [Op]) -> Result<()> {
-        let n = DEFERRED_EVENTS.replace(Some(0)).unwrap_or(0);
-        if n == 0 {
-            return Ok(());
-        }
-        let first = store.alloc(counters::EVENT_ID, n)?;
-        let real = |s: u64| first + (s - EVENT_PLACEHOLDER);
-        for op in ops {
-            match op {
-                Op::PutEvent { seq, json, .. } if *seq >= EVENT_PLACEHOLDER => {
-                    *seq = real(*seq);
-                    let mut ev = crate::schema::event::OutboxEvent::decode(json).map_err(|e| {
-                        Error::store(format!("a planned event does not parse: {e}"))
-                    })?;
-                    ev.event_id = crate::schema::event::event_id(*seq);
-                    *json = ev.encode();
-                }
-                Op::HighWater { key, value }
-                    if key == counters::EVENT_ID && *value >= EVENT_PLACEHOLDER =>
-                {
-                    *value = real(*value);
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-}
 
 impl Drop for EventIds {
     fn drop(&mut self) {
@@ -74,8 +39,8 @@ impl Fs {
             return Ok(local.fetch_add(1, Ordering::Relaxed));
         }
         if key == counters::EVENT_ID {
-            // A batch planning its nodes: a placeholder, replaced by a range
-            // taken once the whole chunk is planned (`EventIds::assign`).
+            // A commit or batch being planned: a placeholder, replaced by
+            // the store in the commit's transaction (`EventIds`).
             if let Some(i) = DEFERRED_EVENTS.get() {
                 DEFERRED_EVENTS.set(Some(i + 1));
                 return Ok(EVENT_PLACEHOLDER + i);
@@ -93,8 +58,8 @@ impl Fs {
         Ok(b.0 - 1)
     }
 
-    /// Start deferring this thread's event ids (a batch on a shared
-    /// store); the guard stops it, also on an early return.
+    /// Start deferring this thread's event ids (a commit or a batch on a
+    /// shared store); the guard stops it, also on an early return.
     pub(crate) fn defer_event_ids(&self) -> EventIds {
         if self.store.shared() {
             DEFERRED_EVENTS.set(Some(0));

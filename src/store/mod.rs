@@ -57,6 +57,10 @@ impl NodeRec {
 }
 
 /// One change inside a transaction (also the unit of the write-ahead log).
+/// Event ids at and above this are placeholders for ids a shared store
+/// takes in the commit's transaction (`Store::shared`).
+pub const EVENT_PLACEHOLDER: u64 = 1 << 62;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Op {
     PutNode {
@@ -101,7 +105,8 @@ pub enum Op {
         key: String,
         delta: i64,
     },
-    /// Raise an id high-water mark (ids are allocated in memory).
+    /// Raise an id high-water mark (ids are allocated in memory; a shared
+    /// store hands out node, blob and event ids itself and skips these).
     HighWater {
         key: String,
         value: u64,
@@ -354,7 +359,10 @@ pub trait Store: Send + Sync {
         None
     }
 
-    /// Do other daemons share this store?
+    /// Do other daemons share this store? A shared store takes the event
+    /// ids of a commit itself, inside its transaction: `PutEvent`s whose
+    /// `seq` is at or above [`EVENT_PLACEHOLDER`] are placeholders, to be
+    /// given increasing ids in their order (and their JSON's `event_id`).
     fn shared(&self) -> bool {
         false
     }

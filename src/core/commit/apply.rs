@@ -110,7 +110,11 @@ impl Fs {
             None => self.node_id()?,
         };
         let expires = plan.expires;
-        let ops = match self.commit_ops(node, id, rec.as_ref(), stale.as_ref(), plan, &intent) {
+        // On a shared store the events' ids are taken in the transaction.
+        let ids = self.defer_event_ids();
+        let ops = self.commit_ops(node, id, rec.as_ref(), stale.as_ref(), plan, &intent);
+        drop(ids);
+        let ops = match ops {
             Ok(ops) => ops,
             Err(e) => {
                 if matches!(e, Error::Quota(_)) {

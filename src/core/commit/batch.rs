@@ -153,7 +153,6 @@ impl Fs {
                     }
                 }
             }
-            ids.assign(&*self.store, &mut ops)?;
             drop(ids);
             if !ops.is_empty() {
                 self.store.apply(ops, true)?;

@@ -4,8 +4,9 @@
 
 use super::{account_of, decode, encode, i, pe, split};
 use crate::error::{Error, Result};
-use crate::store::Op;
+use crate::store::{Op, EVENT_PLACEHOLDER};
 use std::collections::BTreeSet;
+use tokio_postgres::error::SqlState;
 
 /// The account of the node changes among `ops` (blob and history changes
 /// carry no path: they belong to the node changed with them).
@@ -36,29 +37,33 @@ fn event_account(json: &[u8]) -> Result<String> {
         .to_string())
 }
 
+/// The id counters `alloc` hands out on a shared store.
+const ALLOCATED: [&str; 3] = [
+    crate::schema::counters::NODE_ID,
+    crate::schema::counters::BLOB_ID,
+    crate::schema::counters::EVENT_ID,
+];
+
 type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
 
 /// What a statement's outcome decides once the pipeline returns.
 enum After {
     Nothing,
-    /// Tell other daemons of `path` (as `kind`) if a row changed.
-    FeedIfChanged(String, &'static str),
     /// The compare-and-set of a commit: the node at `path` must be at `version`.
     Expect(String, Option<u32>),
-    /// The statement must change a row, else the commit conflicts (an
-    /// event id another daemon was handed too: plan again with a new one).
-    MustChange(&'static str),
 }
 
 struct Stmt {
     sql: &'static str,
     params: Vec<Param>,
     after: After,
+    /// Sent as a simple query (`BEGIN`, `COMMIT`): no parameters, not prepared.
+    simple: bool,
 }
 
 enum Out {
     Rows(Vec<tokio_postgres::Row>),
-    Count(u64),
+    Done,
 }
 
 /// Statements sent together: tokio-postgres writes every request of
@@ -76,68 +81,230 @@ impl Pipeline {
     }
 
     fn then(&mut self, sql: &'static str, params: Vec<Param>, after: After) {
-        self.stmts.push(Stmt { sql, params, after });
+        self.stmts.push(Stmt {
+            sql,
+            params,
+            after,
+            simple: false,
+        });
+    }
+
+    fn simple(&mut self, sql: &'static str) {
+        self.stmts.push(Stmt {
+            sql,
+            params: Vec::new(),
+            after: After::Nothing,
+            simple: true,
+        });
+    }
+
+    /// Does an answer decide whether the transaction may commit?
+    fn checks(&self) -> bool {
+        self.stmts
+            .iter()
+            .any(|s| matches!(s.after, After::Expect(..)))
     }
 
     /// Run what is queued, in order, in one round trip (and one more for
     /// statements this connection has not prepared yet).
-    pub(super) async fn flush(
-        &mut self,
-        t: &deadpool_postgres::Transaction<'_>,
-        feed: &mut dyn FnMut(&str, &'static str),
-    ) -> Result<()> {
+    pub(super) async fn flush(&mut self, c: &deadpool_postgres::ClientWrapper) -> Result<()> {
         if self.stmts.is_empty() {
             return Ok(());
         }
         let stmts = std::mem::take(&mut self.stmts);
-        let mut sqls: Vec<&'static str> = stmts.iter().map(|s| s.sql).collect();
+        let mut sqls: Vec<&'static str> =
+            stmts.iter().filter(|s| !s.simple).map(|s| s.sql).collect();
         sqls.sort_unstable();
         sqls.dedup();
-        let prepared = futures_util::future::try_join_all(sqls.iter().map(|q| t.prepare_cached(q)))
+        let prepared = futures_util::future::try_join_all(sqls.iter().map(|q| c.prepare_cached(q)))
             .await
             .map_err(pe)?;
         let by_sql: std::collections::HashMap<&str, &tokio_postgres::Statement> =
             sqls.iter().copied().zip(prepared.iter()).collect();
         let runs = stmts.iter().map(|s| {
-            let st = by_sql[s.sql];
+            let st = by_sql.get(s.sql).copied();
             async move {
+                let Some(st) = st else {
+                    return c.batch_execute(s.sql).await.map(|_| Out::Done);
+                };
                 let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = s
                     .params
                     .iter()
                     .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
                     .collect();
                 match s.after {
-                    After::Expect(..) => t.query(st, &refs).await.map(Out::Rows),
-                    _ => t.execute(st, &refs).await.map(Out::Count),
+                    After::Expect(..) => c.query(st, &refs).await.map(Out::Rows),
+                    _ => c.execute(st, &refs).await.map(|_| Out::Done),
                 }
             }
         });
-        let outs = futures_util::future::try_join_all(runs).await.map_err(pe)?;
+        let outs = futures_util::future::try_join_all(runs)
+            .await
+            .map_err(tx_error)?;
         for (s, out) in stmts.iter().zip(outs) {
-            match (&s.after, out) {
-                (After::FeedIfChanged(path, kind), Out::Count(n)) if n > 0 => feed(path, kind),
-                (After::MustChange(why), Out::Count(0)) => {
-                    return Err(Error::Conflict((*why).to_string()));
+            if let (After::Expect(path, version), Out::Rows(rows)) = (&s.after, out) {
+                let now = match rows.first() {
+                    Some(r) => Some(decode(&r.get::<_, Vec<u8>>(0))?.version),
+                    None => None,
+                };
+                if now != *version {
+                    return Err(Error::Conflict(format!(
+                        "{path} is at version {} on the store, this commit was planned on {}",
+                        now.map(|v| v.to_string()).unwrap_or_else(|| "none".into()),
+                        version
+                            .map(|v| v.to_string())
+                            .unwrap_or_else(|| "none".into())
+                    )));
                 }
-                (After::Expect(path, version), Out::Rows(rows)) => {
-                    let now = match rows.first() {
-                        Some(r) => Some(decode(&r.get::<_, Vec<u8>>(0))?.version),
-                        None => None,
-                    };
-                    if now != *version {
-                        return Err(Error::Conflict(format!(
-                            "{path} is at version {} on the store, this commit was planned on {}",
-                            now.map(|v| v.to_string()).unwrap_or_else(|| "none".into()),
-                            version
-                                .map(|v| v.to_string())
-                                .unwrap_or_else(|| "none".into())
-                        )));
-                    }
-                }
-                _ => {}
             }
         }
         Ok(())
+    }
+}
+
+/// A failed statement of a transaction. An outbox event id taken twice
+/// (which the sequence should make impossible) is a conflict: the commit
+/// is planned again with new ids rather than losing an event.
+fn tx_error(e: tokio_postgres::Error) -> Error {
+    let taken = e.as_db_error().is_some_and(|d| {
+        d.code() == &SqlState::UNIQUE_VIOLATION && d.constraint() == Some("outbox_pkey")
+    });
+    if taken {
+        return Error::Conflict("an outbox event id is taken already".into());
+    }
+    pe(e)
+}
+
+/// Take the event ids of `ops`' placeholders from the sequence and write
+/// them in (events, their JSON's `event_id`): the placeholders in the order
+/// they were handed out get ids in increasing order. Only the JSON's top
+/// level is touched, so a sealed payload stays as it is.
+fn resolve_events(ops: &mut [Op], ids: &[u64]) -> Result<()> {
+    for op in ops {
+        if let Op::PutEvent { seq, json, .. } = op {
+            if *seq < EVENT_PLACEHOLDER {
+                continue;
+            }
+            let real = *ids
+                .get((*seq - EVENT_PLACEHOLDER) as usize)
+                .ok_or_else(|| Error::store("an event placeholder without its id"))?;
+            let mut v: serde_json::Value = serde_json::from_slice(json)
+                .map_err(|e| Error::store(format!("a planned event does not parse: {e}")))?;
+            v["event_id"] = serde_json::Value::String(crate::schema::event::event_id(real));
+            *json = serde_json::to_vec(&v)
+                .map_err(|e| Error::store(format!("a planned event does not encode: {e}")))?;
+            *seq = real;
+        }
+    }
+    Ok(())
+}
+
+/// How many event placeholders `ops` hold (the highest plus one).
+fn placeholders(ops: &[Op]) -> u64 {
+    ops.iter()
+        .filter_map(|o| match o {
+            Op::PutEvent { seq, .. } if *seq >= EVENT_PLACEHOLDER => {
+                Some(*seq - EVENT_PLACEHOLDER + 1)
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Apply `ops` as one transaction on `c`, in as few round trips as it
+/// allows, and tell the other daemons what changed:
+/// - `BEGIN` goes with the first statements; when the commit holds event
+///   placeholders, with the `nextval` that gives their ids instead (the
+///   ids are taken inside the transaction, after the version it builds
+///   on was read, so a node's events keep the order of its versions);
+/// - every write, the change feed's rows and the `NOTIFY` go in one round
+///   trip (a directory feeds its change only if it is new: the statement
+///   inserts the feed row itself);
+/// - `COMMIT` goes with them too unless an answer decides (a
+///   compare-and-set); then it follows.
+///
+/// On an error the caller must not give the connection back as it is
+/// (`Tx`).
+pub(super) async fn transact(
+    c: &deadpool_postgres::ClientWrapper,
+    ops: &mut [Op],
+    durable: bool,
+    origin: &str,
+    shard: i16,
+) -> Result<()> {
+    let begin = if durable {
+        "BEGIN"
+    } else {
+        "BEGIN; SET LOCAL synchronous_commit = off"
+    };
+    let mut pl = Pipeline::default();
+    let wanted = placeholders(ops);
+    if wanted > 0 {
+        let st = c.prepare_cached(NEXT_EVENTS).await.map_err(pe)?;
+        let n = wanted as i32;
+        let (_, rows) = futures_util::future::try_join(c.batch_execute(begin), c.query(&st, &[&n]))
+            .await
+            .map_err(pe)?;
+        let mut ids: Vec<u64> = rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect();
+        ids.sort_unstable();
+        resolve_events(ops, &ids)?;
+    } else {
+        pl.simple(begin);
+    }
+    let mut changes = BTreeSet::new();
+    let mut notify = apply_ops(c, &mut pl, ops, shard, origin, &mut changes).await?;
+    if !changes.is_empty() {
+        let (mut accts, mut paths, mut kinds) = (Vec::new(), Vec::new(), Vec::new());
+        for (a, p, k) in changes {
+            accts.push(a);
+            paths.push(p);
+            kinds.push(k.to_string());
+        }
+        pl.push(
+            "INSERT INTO changes (origin, account, path, kind) \
+             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[])",
+            vec![s(origin), Box::new(accts), Box::new(paths), Box::new(kinds)],
+        );
+        notify = true;
+    }
+    if notify {
+        // The payload names who changed: a daemon is not woken by its own.
+        pl.push(
+            "SELECT pg_notify($1, $2)",
+            vec![s(super::CHANNEL), s(origin)],
+        );
+    }
+    if pl.checks() {
+        pl.flush(c).await?;
+        c.batch_execute("COMMIT").await.map_err(pe)
+    } else {
+        pl.simple("COMMIT");
+        pl.flush(c).await
+    }
+}
+
+/// Ids for a commit's event placeholders.
+const NEXT_EVENTS: &str = "SELECT nextval('ctxfs_event_ids') FROM generate_series(1, $1)";
+
+/// A connection inside a transaction: if it is dropped before the
+/// transaction ended (an error, a timeout), the connection is closed rather
+/// than given back to the pool, and the server rolls the transaction back.
+pub(super) struct Tx(pub(super) Option<deadpool_postgres::Client>);
+
+impl Tx {
+    /// The transaction ended (committed or rolled back): the connection
+    /// may serve again.
+    pub(super) fn done(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(deadpool_postgres::Client::take(c));
+        }
     }
 }
 
@@ -153,16 +320,21 @@ fn b(v: &[u8]) -> Param {
     Box::new(v.to_vec())
 }
 
-/// Apply `ops` in transaction `t`; the changes other daemons must hear of.
+/// Queue `ops` on `pl`; the changes other daemons must hear of go to
+/// `changes`, and the answer says whether a `NOTIFY` is due even without
+/// them (a directory that feeds its own change if it is new).
 /// Every statement on an account's rows names the account first: it is the
 /// first column of every key of those tables. Statements are pipelined;
 /// the few ops that read before they write (dropping a history, appending
 /// to a log) send what is queued first.
-pub(super) async fn apply_ops(
-    t: &deadpool_postgres::Transaction<'_>,
+async fn apply_ops(
+    c: &deadpool_postgres::ClientWrapper,
+    pl: &mut Pipeline,
     ops: &[Op],
+    shard: i16,
+    origin: &str,
     changes: &mut BTreeSet<(String, String, &'static str)>,
-) -> Result<()> {
+) -> Result<bool> {
     let mut feed = |path: &str, kind: &'static str| {
         changes.insert((account_of(path).to_string(), path.to_string(), kind));
     };
@@ -172,7 +344,7 @@ pub(super) async fn apply_ops(
             .clone()
             .ok_or_else(|| Error::store(format!("{what} without the node change it belongs to")))
     };
-    let mut pl = Pipeline::default();
+    let mut notify = false;
     for op in ops {
         match op {
             Op::Expect { path, version } => {
@@ -202,11 +374,13 @@ pub(super) async fn apply_ops(
             }
             Op::PutDir { path } => {
                 let (p, nm) = split(path);
-                pl.then(
-                    "INSERT INTO dirs (account, parent, name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                    vec![s(account_of(path)), s(p), s(nm)],
-                    After::FeedIfChanged(path.clone(), "dir"),
+                pl.push(
+                    "WITH ins AS (INSERT INTO dirs (account, parent, name) VALUES ($1, $2, $3) \
+                     ON CONFLICT DO NOTHING RETURNING 1) \
+                     INSERT INTO changes (origin, account, path, kind) SELECT $4, $1, $5, 'dir' FROM ins",
+                    vec![s(account_of(path)), s(p), s(nm), s(origin), s(path)],
                 );
+                notify = true;
             }
             Op::DelDir { path } => {
                 let (p, nm) = split(path);
@@ -230,15 +404,15 @@ pub(super) async fn apply_ops(
             }
             Op::DropHistory { node_id } => {
                 let account = owner_of("a history dropped")?;
-                pl.flush(t, &mut feed).await?;
-                let st = t
+                pl.flush(c).await?;
+                let st = c
                     .prepare_cached(
                         "DELETE FROM versions WHERE account = $1 AND node_id = $2 RETURNING rec",
                     )
                     .await
                     .map_err(pe)?;
                 let mut blobs = Vec::new();
-                for r in t.query(&st, &[&account, &i(*node_id)]).await.map_err(pe)? {
+                for r in c.query(&st, &[&account, &i(*node_id)]).await.map_err(pe)? {
                     blobs.extend(
                         decode(&r.get::<_, Vec<u8>>(0))?
                             .files
@@ -277,8 +451,10 @@ pub(super) async fn apply_ops(
                 node_path,
                 account,
                 json,
-            } => put_event(&mut pl, Queue::Outbox, account, *seq, node_path, json),
-            Op::DoneEvent { seq, account, .. } => drop_event(&mut pl, Queue::Outbox, account, *seq),
+            } => put_event(pl, Queue::Outbox, account, *seq, node_path, json, shard),
+            Op::DoneEvent { seq, account, .. } => {
+                drop_event(pl, Queue::Outbox, account, *seq, shard)
+            }
             Op::UpdateEvent { seq, json } => {
                 let account = event_account(json)?;
                 pl.push(
@@ -292,8 +468,8 @@ pub(super) async fn apply_ops(
                 account,
                 json,
             } => {
-                drop_event(&mut pl, Queue::Outbox, account, *seq);
-                put_event(&mut pl, Queue::Dead, account, *seq, node_path, json);
+                drop_event(pl, Queue::Outbox, account, *seq, shard);
+                put_event(pl, Queue::Dead, account, *seq, node_path, json, shard);
             }
             Op::ReviveEvent {
                 seq,
@@ -301,10 +477,10 @@ pub(super) async fn apply_ops(
                 account,
                 json,
             } => {
-                drop_event(&mut pl, Queue::Dead, account, *seq);
-                put_event(&mut pl, Queue::Outbox, account, *seq, node_path, json);
+                drop_event(pl, Queue::Dead, account, *seq, shard);
+                put_event(pl, Queue::Outbox, account, *seq, node_path, json, shard);
             }
-            Op::DropDead { seq, account, .. } => drop_event(&mut pl, Queue::Dead, account, *seq),
+            Op::DropDead { seq, account, .. } => drop_event(pl, Queue::Dead, account, *seq, shard),
             Op::PutScratch { path, data } => {
                 let (p, nm) = split(path);
                 pl.push(
@@ -339,14 +515,14 @@ pub(super) async fn apply_ops(
                      ON CONFLICT (account, parent, name) DO NOTHING",
                     vec![s(a), s(p), s(nm), Box::new(empty)],
                 );
-                pl.flush(t, &mut feed).await?;
-                let st = t
+                pl.flush(c).await?;
+                let st = c
                     .prepare_cached(
                         "SELECT data FROM scratch WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
                     )
                     .await
                     .map_err(pe)?;
-                let old: Option<Vec<u8>> = t
+                let old: Option<Vec<u8>> = c
                     .query(&st, &[&a, &p, &nm])
                     .await
                     .map_err(pe)?
@@ -409,7 +585,12 @@ pub(super) async fn apply_ops(
                 );
             }
             Op::PutDraft { .. } | Op::DelDraft { .. } => {}
-            Op::Count { key, delta } => count(&mut pl, key, *delta),
+            Op::Count { key, delta } => count(pl, key, *delta, shard),
+            // On a shared store node, blob and event ids come from `alloc`,
+            // which moved their marks already: setting them again would
+            // only lock the row until this commit's WAL flush, making
+            // every concurrent commit wait for it.
+            Op::HighWater { key, .. } if ALLOCATED.contains(&key.as_str()) => {}
             Op::HighWater { key, value } => {
                 pl.push(
                     "INSERT INTO high_water (key, value) VALUES ($1, $2) \
@@ -419,30 +600,7 @@ pub(super) async fn apply_ops(
             }
         }
     }
-    pl.flush(t, &mut feed).await
-}
-
-/// Record `changes` in the change feed and wake the other daemons, in one
-/// round trip.
-pub(super) async fn publish(
-    t: &deadpool_postgres::Transaction<'_>,
-    origin: &str,
-    changes: BTreeSet<(String, String, &'static str)>,
-) -> Result<()> {
-    let (mut accts, mut paths, mut kinds) = (Vec::new(), Vec::new(), Vec::new());
-    for (a, p, k) in changes {
-        accts.push(a);
-        paths.push(p);
-        kinds.push(k.to_string());
-    }
-    let mut pl = Pipeline::default();
-    pl.push(
-        "INSERT INTO changes (origin, account, path, kind) \
-         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[])",
-        vec![s(origin), Box::new(accts), Box::new(paths), Box::new(kinds)],
-    );
-    pl.push("SELECT pg_notify($1, '')", vec![s(super::CHANNEL)]);
-    pl.flush(t, &mut |_, _| {}).await
+    Ok(notify)
 }
 
 /// The pending outbox or the dead letters, with the counter of each.
@@ -461,21 +619,30 @@ impl Queue {
     }
 }
 
-/// Add an event to a queue, counted when it was not there (one statement:
-/// the count follows the insert in the database, not a round trip).
-fn put_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64, node_path: &str, json: &[u8]) {
+/// Add an event to a queue, counted (one statement: the count follows the
+/// insert in the database, not a round trip). An event id already pending
+/// fails the transaction (`tx_error`); a dead letter already there is kept.
+fn put_event(
+    pl: &mut Pipeline,
+    q: Queue,
+    account: &str,
+    seq: u64,
+    node_path: &str,
+    json: &[u8],
+    shard: i16,
+) {
     let sql = match q {
         Queue::Outbox => {
             "WITH ins AS (INSERT INTO outbox (account, seq, node_path, json) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT DO NOTHING RETURNING 1) \
-             INSERT INTO counters (key, value) SELECT $5, 1 FROM ins \
-             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
+             RETURNING 1) \
+             INSERT INTO counters (key, shard, value) SELECT $5, $6, 1 FROM ins \
+             ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value"
         }
         Queue::Dead => {
             "WITH ins AS (INSERT INTO dlq (account, seq, node_path, json) VALUES ($1, $2, $3, $4) \
              ON CONFLICT DO NOTHING RETURNING 1) \
-             INSERT INTO counters (key, value) SELECT $5, 1 FROM ins \
-             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
+             INSERT INTO counters (key, shard, value) SELECT $5, $6, 1 FROM ins \
+             ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value"
         }
     };
     let params = vec![
@@ -484,38 +651,36 @@ fn put_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64, node_path: &s
         s(node_path),
         b(json),
         s(&q.counter(account)),
+        Box::new(shard),
     ];
-    match q {
-        Queue::Outbox => pl.then(
-            sql,
-            params,
-            After::MustChange("an outbox event id is taken already"),
-        ),
-        Queue::Dead => pl.push(sql, params),
-    }
+    pl.push(sql, params);
 }
 
 /// Remove an event from a queue, counted when it was there.
-fn drop_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64) {
+fn drop_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64, shard: i16) {
     let sql = match q {
         Queue::Outbox => {
             "WITH del AS (DELETE FROM outbox WHERE account = $1 AND seq = $2 RETURNING 1) \
-             INSERT INTO counters (key, value) SELECT $3, -1 FROM del \
-             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
+             INSERT INTO counters (key, shard, value) SELECT $3, $4, -1 FROM del \
+             ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value"
         }
         Queue::Dead => {
             "WITH del AS (DELETE FROM dlq WHERE account = $1 AND seq = $2 RETURNING 1) \
-             INSERT INTO counters (key, value) SELECT $3, -1 FROM del \
-             ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value"
+             INSERT INTO counters (key, shard, value) SELECT $3, $4, -1 FROM del \
+             ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value"
         }
     };
-    pl.push(sql, vec![s(account), n(seq), s(&q.counter(account))]);
+    pl.push(
+        sql,
+        vec![s(account), n(seq), s(&q.counter(account)), Box::new(shard)],
+    );
 }
 
-fn count(pl: &mut Pipeline, key: &str, delta: i64) {
+/// Add `delta` to counter `key` in this transaction's shard.
+fn count(pl: &mut Pipeline, key: &str, delta: i64, shard: i16) {
     pl.push(
-        "INSERT INTO counters (key, value) VALUES ($1, $2) \
-         ON CONFLICT (key) DO UPDATE SET value = counters.value + EXCLUDED.value",
-        vec![s(key), Box::new(delta)],
+        "INSERT INTO counters (key, shard, value) VALUES ($1, $3, $2) \
+         ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value",
+        vec![s(key), Box::new(delta), Box::new(shard)],
     );
 }

@@ -17,6 +17,8 @@ pub(super) struct Feed {
     pub(super) cursor: Mutex<i64>,
     pub(super) moved: Condvar,
     pub(super) running: AtomicBool,
+    /// Wakes the follower to read the feed now (`wait_for_feed`).
+    pub(super) poke: tokio::sync::Notify,
 }
 
 fn kind_of(s: &str) -> Option<ChangeKind> {
@@ -32,8 +34,11 @@ fn kind_of(s: &str) -> Option<ChangeKind> {
 
 impl PgStore {
     /// Follow the change feed: LISTEN, then read every row past the cursor
-    /// (at each notification, and every second in case one was missed or
-    /// the connection was lost), handing other daemons' changes to `f`.
+    /// (at each other daemon's notification, when `wait_for_feed` asks, and
+    /// every second in case one was missed or the connection was lost),
+    /// handing other daemons' changes to `f`. Notifications carry who
+    /// changed: this daemon's own do not wake it (its rows are skipped
+    /// anyway; the cursor passes them at the next read).
     pub(super) fn follow(
         self: &Arc<Self>,
         f: Box<dyn Fn(Vec<RemoteChange>) + Send + Sync>,
@@ -66,6 +71,7 @@ impl PgStore {
         let (pg, origin, stop) = (self.pg.clone(), self.origin.clone(), self.stop.clone());
         let cache = self.cache.clone();
         let url = self.url.clone();
+        let feed = self.feed.clone();
         self.rt.spawn(async move {
             let mut read_to = start;
             let mut first = true;
@@ -83,10 +89,15 @@ impl PgStore {
                 };
                 let wake = Arc::new(tokio::sync::Notify::new());
                 let w = wake.clone();
+                let me = origin.clone();
                 let driver = tokio::spawn(async move {
                     loop {
                         match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
-                            Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => w.notify_one(),
+                            Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                                if n.payload() != me {
+                                    w.notify_one()
+                                }
+                            }
                             Some(Ok(_)) => {}
                             Some(Err(_)) | None => {
                                 w.notify_one();
@@ -173,7 +184,13 @@ impl PgStore {
                     if driver.is_finished() {
                         break;
                     }
-                    let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        tokio::select! {
+                            _ = wake.notified() => {}
+                            _ = feed.poke.notified() => {}
+                        }
+                    })
+                    .await;
                 }
                 driver.abort();
             }
@@ -193,6 +210,10 @@ impl PgStore {
             .map(|r| r.get(0))
             .unwrap_or(0);
         let deadline = Instant::now() + OP_TIMEOUT;
+        if *lock(&self.feed.cursor) < target {
+            // Rows of this daemon's own do not wake the follower.
+            self.feed.poke.notify_one();
+        }
         let mut c = lock(&self.feed.cursor);
         while *c < target {
             let now = Instant::now();

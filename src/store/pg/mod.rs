@@ -4,8 +4,9 @@
 //! `apply` is one transaction. What several daemons need beyond the `Store`
 //! of one:
 //!
-//! - **ids** come from `high_water` rows updated in place (`alloc`), so no
-//!   two daemons hand out the same node, blob or event id;
+//! - **ids** come from `high_water` rows updated in place (`alloc`: node
+//!   and blob ids, in blocks) and from a sequence (event ids, taken inside
+//!   the commit's transaction), so no two daemons hand out the same id;
 //! - **a compare-and-set** (`Op::Expect`) locks the node row and checks the
 //!   version a commit was planned on;
 //! - **a change feed**: every transaction that changes what a daemon may
@@ -33,7 +34,6 @@ use super::{NodeRec, Op, RemoteChange, Store, StoredEvent};
 use crate::error::{Error, Result};
 use crate::locks::lock;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::Path;
 use std::str::FromStr;
@@ -48,7 +48,6 @@ mod feed;
 mod schema;
 mod session;
 
-use self::apply::apply_ops;
 use self::cache::{touched, Cache, CACHE_MAX};
 use self::feed::Feed;
 use self::session::{lock_key, Session};
@@ -109,6 +108,10 @@ pub struct PgStore {
     origin: String,
     /// Drafts of this daemon.
     local: Arc<super::RedbStore>,
+    /// The drafts the local file holds (made durable by an `fsync` or an
+    /// unmount): a commit's removal of its draft touches the file only
+    /// when there is one, not with a disk flush of its own every time.
+    local_drafts: Mutex<std::collections::HashSet<String>>,
     feed: Arc<Feed>,
     /// The session of this daemon's advisory locks (roles and `flock`s).
     session: Mutex<Option<Session>>,
@@ -116,6 +119,9 @@ pub struct PgStore {
     stop: Arc<AtomicBool>,
     pruned: AtomicU64,
     cache: Arc<Cache>,
+    /// The transactions this daemon started: each adds to the counter
+    /// shard this picks (`schema::COUNTER_SHARDS`).
+    transactions: std::sync::atomic::AtomicU32,
 }
 
 impl PgStore {
@@ -155,6 +161,7 @@ impl PgStore {
         std::fs::create_dir_all(data)
             .map_err(|e| Error::store_from(format!("cannot create {}", data.display()), e))?;
         let local = super::RedbStore::open(&data.join("drafts.redb"))?;
+        let local_drafts = local.drafts()?.into_iter().map(|(p, _)| p).collect();
         let origin = format!(
             "{}:{}:{:x}",
             hostname(),
@@ -168,12 +175,16 @@ impl PgStore {
             url: shown_url(url),
             origin,
             local,
+            local_drafts: Mutex::new(local_drafts),
             feed: Arc::new(Feed::default()),
             session: Mutex::new(None),
             last_try: Mutex::new(Default::default()),
             stop: Arc::new(AtomicBool::new(false)),
             pruned: AtomicU64::new(0),
             cache: Arc::new(Cache::default()),
+            // Daemons start at different shards, so two daemons' first
+            // transactions do not meet on one row.
+            transactions: std::sync::atomic::AtomicU32::new(std::process::id()),
         };
         let url_shown = s.url.clone();
         s.run(async {
@@ -223,35 +234,19 @@ impl PgStore {
         })
     }
 
-    /// Event ids, taken one commit at a time (a node's events must keep the
-    /// order of its versions) without a WAL flush of their own: the
-    /// commit that uses an id is the next transaction after it, and its own
-    /// flush makes the allocation durable with it. Should the server lose an
-    /// unflushed allocation in a crash, another daemon may be handed the
-    /// same id; the outbox insert of the second commit then fails as a
-    /// conflict (`apply.rs`), and that commit is planned again with a new id.
+    /// One event id from the sequence (a commit's own events take theirs
+    /// inside its transaction: `apply::transact`). Only one at a time:
+    /// values taken together need not be consecutive.
     fn alloc_events(&self, n: u64) -> Result<u64> {
-        let key = crate::schema::counters::EVENT_ID;
-        let sql = format!(
-            "BEGIN; SET LOCAL synchronous_commit TO OFF; \
-             INSERT INTO high_water (key, value) VALUES ('{key}', {n}) \
-             ON CONFLICT (key) DO UPDATE SET value = high_water.value + EXCLUDED.value RETURNING value; \
-             COMMIT"
-        );
-        let msgs = self.run(async {
-            let c = self.client().await?;
-            c.simple_query(&sql).await.map_err(pe)
-        })?;
-        let last = msgs
-            .iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => {
-                    r.get(0).and_then(|v| v.parse::<u64>().ok())
-                }
-                _ => None,
-            })
-            .ok_or_else(|| Error::store("allocating event ids returned no row"))?;
-        Ok(last + 1 - n)
+        if n != 1 {
+            return Err(Error::store(format!(
+                "{n} consecutive event ids asked of a shared store: they come one at a time"
+            )));
+        }
+        let rows = self.query("SELECT nextval('ctxfs_event_ids')", &[])?;
+        rows.first()
+            .map(|r| r.get::<_, i64>(0) as u64)
+            .ok_or_else(|| Error::store("allocating an event id returned no row"))
     }
 
     /// Rows of `(seq, json)` as stored events.
@@ -443,13 +438,24 @@ impl Store for PgStore {
 
     fn counter(&self, key: &str) -> Result<i64> {
         Ok(self
-            .query("SELECT value FROM counters WHERE key = $1", &[&key])?
+            .query(
+                "SELECT COALESCE(SUM(value), 0)::bigint FROM counters WHERE key = $1",
+                &[&key],
+            )?
             .first()
             .map(|r| r.get(0))
             .unwrap_or(0))
     }
 
     fn high_water(&self, key: &str) -> Result<u64> {
+        if key == crate::schema::counters::EVENT_ID {
+            // The last id handed out (`alloc_events`).
+            let rows = self.query(
+                "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM ctxfs_event_ids",
+                &[],
+            )?;
+            return Ok(rows.first().map(|r| r.get::<_, i64>(0) as u64).unwrap_or(0));
+        }
         Ok(self
             .query("SELECT value FROM high_water WHERE key = $1", &[&key])?
             .first()
@@ -582,32 +588,53 @@ impl Store for PgStore {
             .into_iter()
             .partition(|o| matches!(o, Op::PutDraft { .. } | Op::DelDraft { .. }));
         if !shared.is_empty() {
-            let paths: Vec<&str> = shared.iter().filter_map(touched).collect();
+            let mut shared = shared;
+            let shard =
+                (self.transactions.fetch_add(1, Ordering::Relaxed) % schema::COUNTER_SHARDS) as i16;
             let result = self.run(async {
-                let mut c = self.client().await?;
-                let t = c.transaction().await.map_err(pe)?;
-                if !durable {
-                    t.batch_execute("SET LOCAL synchronous_commit = off")
-                        .await
-                        .map_err(pe)?;
+                let tx = apply::Tx(Some(self.client().await?));
+                let c = tx.0.as_ref().expect("set above");
+                match apply::transact(c, &mut shared, durable, &self.origin, shard).await {
+                    Ok(()) => {
+                        tx.done();
+                        Ok(())
+                    }
+                    Err(e) => {
+                        // Roll back on this connection, or close it (`Tx`).
+                        if c.batch_execute("ROLLBACK").await.is_ok() {
+                            tx.done();
+                        }
+                        Err(e)
+                    }
                 }
-                let mut changes = BTreeSet::new();
-                apply_ops(&t, &shared, &mut changes).await?;
-                if !changes.is_empty() {
-                    apply::publish(&t, &self.origin, changes).await?;
-                }
-                t.commit().await.map_err(pe)
             });
             // Committed: the cache holds what was written. Not (a
             // conflict: the row moved): what was read of these paths is no
             // longer to be trusted.
             match &result {
                 Ok(()) => self.cache.learn(&shared),
-                Err(_) => self.cache.forget(&paths),
+                Err(_) => {
+                    let paths: Vec<&str> = shared.iter().filter_map(touched).collect();
+                    self.cache.forget(&paths)
+                }
             }
             result?;
         }
         // The drafts after the shared state they follow.
+        let local: Vec<Op> = {
+            let mut held = lock(&self.local_drafts);
+            local
+                .into_iter()
+                .filter(|o| match o {
+                    Op::PutDraft { path, .. } => {
+                        held.insert(path.clone());
+                        true
+                    }
+                    Op::DelDraft { path } => held.remove(path),
+                    _ => true,
+                })
+                .collect()
+        };
         if !local.is_empty() {
             self.local.apply(local, durable)?;
         }

@@ -100,7 +100,30 @@ pub const MIGRATIONS: &[&str] = &[
         at      timestamptz NOT NULL DEFAULT now()
     );
     "#,
+    // 2: what let concurrent commits wait for each other's WAL flush.
+    // - Counters in shards: a counter row updated by every commit of an
+    //   account (its node count, bytes, outbox) is locked until the
+    //   commit's flush; each transaction adds to one of `COUNTER_SHARDS`
+    //   rows of a key instead, and a read sums them.
+    // - Event ids from a sequence, taken inside the commit's transaction
+    //   without a lock (they were a `high_water` row, updated in a
+    //   transaction of their own before each commit). A value is never
+    //   handed out twice, also across a crash: the sequence's WAL record
+    //   precedes the commit that used it.
+    r#"
+    ALTER TABLE counters ADD COLUMN shard smallint NOT NULL DEFAULT 0;
+    ALTER TABLE counters DROP CONSTRAINT counters_pkey;
+    ALTER TABLE counters ADD PRIMARY KEY (key, shard);
+    CREATE SEQUENCE ctxfs_event_ids;
+    SELECT setval('ctxfs_event_ids',
+                  GREATEST(COALESCE((SELECT value FROM high_water WHERE key = 'event'), 0), 1),
+                  COALESCE((SELECT value FROM high_water WHERE key = 'event'), 0) > 0);
+    DELETE FROM high_water WHERE key = 'event';
+    "#,
 ];
+
+/// Rows a counter is spread over (schema version 2).
+pub const COUNTER_SHARDS: u32 = 16;
 
 /// Create or migrate the schema; refuse one newer than this binary.
 pub async fn migrate(c: &mut deadpool_postgres::Client) -> Result<()> {
