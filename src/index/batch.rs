@@ -160,9 +160,33 @@ impl Index {
         // scope of an encrypted store (its rows are keyed per scope).
         let mut owners: HashMap<u128, Vec<String>> = HashMap::new();
         let mut stored: HashSet<(Option<String>, u128)> = HashSet::new();
-        for p in &batch {
-            if let Work::Upsert { texts, .. } = &p.work {
-                for (h, t) in record_texts(texts) {
+        // The embedding cache read once for the whole batch (one round
+        // trip on a shared store, not one per text).
+        let texts_of: Vec<Vec<(u128, String)>> = batch
+            .iter()
+            .map(|p| match &p.work {
+                Work::Upsert { texts, .. } => record_texts(texts),
+                _ => Vec::new(),
+            })
+            .collect();
+        let mut asked: Vec<(&str, u128)> = Vec::new();
+        let mut places = HashSet::new();
+        for (p, texts) in batch.iter().zip(&texts_of) {
+            for (h, _) in texts {
+                if places.insert((self.store.vec_scope(&p.path), *h)) {
+                    asked.push((p.path.as_str(), *h));
+                }
+            }
+        }
+        let mut cached: HashMap<(Option<String>, u128), Vec<u8>> = HashMap::new();
+        for ((owner, h), b) in asked.iter().zip(self.store.get_vecs_of(&model, &asked)?) {
+            if let Some(b) = b {
+                cached.insert((self.store.vec_scope(owner), *h), b);
+            }
+        }
+        for (p, texts) in batch.iter().zip(texts_of) {
+            {
+                for (h, t) in texts {
                     let place = (self.store.vec_scope(&p.path), h);
                     if stored.contains(&place) {
                         continue;
@@ -172,10 +196,10 @@ impl Index {
                         stored.insert(place);
                         continue;
                     }
-                    match self.store.get_vec_of(&p.path, &model, h)? {
+                    match cached.get(&place) {
                         Some(b) if b.len() == self.embedder.dim() * 4 => {
                             self.stats.embed_cache_hits.fetch_add(1, Ordering::Relaxed);
-                            have.insert(h, ann::half(&bytes_vec(&b)));
+                            have.insert(h, ann::half(&bytes_vec(b)));
                         }
                         _ => {
                             let a = asks.entry(p.account.clone()).or_default();

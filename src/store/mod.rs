@@ -323,6 +323,16 @@ pub trait Store: Send + Sync {
         let _ = owner;
         self.get_vec(model, hash)
     }
+    /// `get_vec` of many hashes, in the order asked: one round trip on a
+    /// store across the network.
+    fn get_vecs(&self, model: &str, hashes: &[u128]) -> Result<Vec<Option<Vec<u8>>>> {
+        hashes.iter().map(|h| self.get_vec(model, *h)).collect()
+    }
+    /// `get_vec_of` of many pairs of owner and hash, in the order asked.
+    fn get_vecs_of(&self, model: &str, wants: &[(&str, u128)]) -> Result<Vec<Option<Vec<u8>>>> {
+        let hashes: Vec<u128> = wants.iter().map(|(_, h)| *h).collect();
+        self.get_vecs(model, &hashes)
+    }
     /// Which owners share stored embeddings: `None` when every owner does
     /// (one row per text); on an encrypted store, the owner's scope.
     fn vec_scope(&self, owner: &str) -> Option<String> {

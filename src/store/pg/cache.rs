@@ -22,6 +22,9 @@ pub(super) const CACHE_MAX: usize = 200_000;
 
 impl Cache {
     pub(super) fn forget(&self, paths: &[&str]) {
+        if paths.is_empty() {
+            return;
+        }
         self.epoch.fetch_add(1, Ordering::SeqCst);
         let mut n = lock(&self.nodes);
         let mut d = lock(&self.dirs);
@@ -35,6 +38,11 @@ impl Cache {
     /// entries of its paths become the values written (a commit's next
     /// lookups of its node and directories cost no round trip).
     pub(super) fn learn(&self, ops: &[Op]) {
+        // Transactions that touch no node or directory (the indexer's) do
+        // not move the epoch: reads racing them stay cached.
+        if !ops.iter().any(|o| touched(o).is_some()) {
+            return;
+        }
         self.epoch.fetch_add(1, Ordering::SeqCst);
         let mut n = lock(&self.nodes);
         let mut d = lock(&self.dirs);

@@ -527,6 +527,22 @@ impl Store for PgStore {
         }
     }
 
+    fn get_vecs(&self, model: &str, hashes: &[u128]) -> Result<Vec<Option<Vec<u8>>>> {
+        if hashes.len() < 2 {
+            return hashes.iter().map(|h| self.get_vec(model, *h)).collect();
+        }
+        let keys: Vec<Vec<u8>> = hashes.iter().map(|h| h.to_be_bytes().to_vec()).collect();
+        let found: std::collections::HashMap<Vec<u8>, Vec<u8>> = self
+            .query(
+                "SELECT hash, data FROM vecs WHERE model = $1 AND hash = ANY($2)",
+                &[&model, &keys],
+            )?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
+    }
+
     fn get_vec(&self, model: &str, hash: u128) -> Result<Option<Vec<u8>>> {
         self.bytes_opt(
             "SELECT data FROM vecs WHERE model = $1 AND hash = $2",

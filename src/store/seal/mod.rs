@@ -542,6 +542,27 @@ impl Store for Sealed {
         };
         self.open_opt(Kind::Vector, self.inner.get_vec(model, key.vec_hash(hash))?)
     }
+    fn get_vecs_of(&self, model: &str, wants: &[(&str, u128)]) -> Result<Vec<Option<Vec<u8>>>> {
+        // The stored rows are keyed per scope: ask the inner store for
+        // those keys at once, then open what it has.
+        let keyed: Vec<Option<u128>> = wants
+            .iter()
+            .map(|(owner, hash)| {
+                self.ring
+                    .current(scope_of(owner))
+                    .map(|k| k.vec_hash(*hash))
+            })
+            .collect();
+        let asked: Vec<u128> = keyed.iter().flatten().copied().collect();
+        let mut found = self.inner.get_vecs(model, &asked)?.into_iter();
+        keyed
+            .iter()
+            .map(|k| match k {
+                Some(_) => self.open_opt(Kind::Vector, found.next().flatten()),
+                None => Ok(None),
+            })
+            .collect()
+    }
     fn vec_scope(&self, owner: &str) -> Option<String> {
         Some(scope_of(owner).to_string())
     }
@@ -717,6 +738,17 @@ mod tests {
             vec![1, 2, 3, 4]
         );
         assert!(raw.get_vec("m", 42).unwrap().is_none(), "keyed per scope");
+        // Read many at once: the same answers, in the order asked; another
+        // scope (no key yet) finds nothing.
+        assert_eq!(
+            sealed
+                .get_vecs_of(
+                    "m",
+                    &[(&path, 7), (&path, 42), ("acme/users/bo/memories/x/y", 42)]
+                )
+                .unwrap(),
+            vec![None, Some(vec![1, 2, 3, 4]), None]
+        );
         assert_eq!(sealed.data_keys(), Some(1));
         // The user's directory goes, and its key with it.
         sealed
