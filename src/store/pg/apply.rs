@@ -345,6 +345,7 @@ async fn apply_ops(
             .ok_or_else(|| Error::store(format!("{what} without the node change it belongs to")))
     };
     let mut notify = false;
+    let mut rows = Rows::default();
     for op in ops {
         match op {
             Op::Expect { path, version } => {
@@ -373,16 +374,11 @@ async fn apply_ops(
                 feed(path, "node");
             }
             Op::PutDir { path } => {
-                let (p, nm) = split(path);
-                pl.push(
-                    "WITH ins AS (INSERT INTO dirs (account, parent, name) VALUES ($1, $2, $3) \
-                     ON CONFLICT DO NOTHING RETURNING 1) \
-                     INSERT INTO changes (origin, account, path, kind) SELECT $4, $1, $5, 'dir' FROM ins",
-                    vec![s(account_of(path)), s(p), s(nm), s(origin), s(path)],
-                );
+                rows.dirs.insert(path.clone());
                 notify = true;
             }
             Op::DelDir { path } => {
+                rows.queue(pl, shard, origin);
                 let (p, nm) = split(path);
                 pl.push(
                     "DELETE FROM dirs WHERE account = $1 AND parent = $2 AND name = $3",
@@ -403,6 +399,7 @@ async fn apply_ops(
                 );
             }
             Op::DropHistory { node_id } => {
+                rows.queue(pl, shard, origin);
                 let account = owner_of("a history dropped")?;
                 pl.flush(c).await?;
                 let st = c
@@ -428,6 +425,7 @@ async fn apply_ops(
                 );
             }
             Op::DelBlob { id } => {
+                rows.queue(pl, shard, origin);
                 let account = owner_of("a blob deleted")?;
                 pl.push(
                     "DELETE FROM blobs WHERE account = $1 AND id = $2",
@@ -440,11 +438,7 @@ async fn apply_ops(
                 ));
             }
             Op::PutBlobOf { account, id, data } => {
-                pl.push(
-                    "INSERT INTO blobs (account, id, data) VALUES ($1, $2, $3) \
-                     ON CONFLICT (account, id) DO UPDATE SET data = EXCLUDED.data",
-                    vec![s(account), n(*id), b(data)],
-                );
+                rows.blobs.insert((account.clone(), i(*id)), data.to_vec());
             }
             Op::PutEvent {
                 seq,
@@ -510,6 +504,7 @@ async fn apply_ops(
                 // appends meet on its lock rather than both inserting; it
                 // goes with what is queued, before the read.
                 let empty = crate::store::ScratchRec::appended(None, &[], *mode, *mtime_ns)?;
+                rows.queue(pl, shard, origin);
                 pl.push(
                     "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (account, parent, name) DO NOTHING",
@@ -573,19 +568,19 @@ async fn apply_ops(
             | Op::PutVecOf {
                 model, hash, data, ..
             } => {
-                pl.push(
-                    "INSERT INTO vecs (model, hash, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                    vec![s(model), b(&hash.to_be_bytes()), b(data)],
-                );
+                rows.vecs
+                    .entry((model.clone(), hash.to_be_bytes().to_vec()))
+                    .or_insert_with(|| data.clone());
             }
             Op::DelVec { model, hash } => {
+                rows.queue(pl, shard, origin);
                 pl.push(
                     "DELETE FROM vecs WHERE model = $1 AND hash = $2",
                     vec![s(model), b(&hash.to_be_bytes())],
                 );
             }
             Op::PutDraft { .. } | Op::DelDraft { .. } => {}
-            Op::Count { key, delta } => count(pl, key, *delta, shard),
+            Op::Count { key, delta } => *rows.counts.entry(key.clone()).or_default() += delta,
             // On a shared store node, blob and event ids come from `alloc`,
             // which moved their marks already: setting them again would
             // only lock the row until this commit's WAL flush, making
@@ -600,7 +595,92 @@ async fn apply_ops(
             }
         }
     }
+    rows.queue(pl, shard, origin);
     Ok(notify)
+}
+
+/// Rows of one kind that many ops of a transaction write, sent as one
+/// statement each (arrays unnested in the server) rather than one
+/// statement a row: a commit's blobs, counters and directories, an
+/// indexer batch's vectors. Queued before any op that could touch the
+/// same rows (a delete of a blob, directory or vector), so the order of
+/// the ops holds.
+#[derive(Default)]
+struct Rows {
+    blobs: std::collections::BTreeMap<(String, i64), Vec<u8>>,
+    counts: std::collections::BTreeMap<String, i64>,
+    dirs: BTreeSet<String>,
+    vecs: std::collections::BTreeMap<(String, Vec<u8>), Vec<u8>>,
+}
+
+impl Rows {
+    fn queue(&mut self, pl: &mut Pipeline, shard: i16, origin: &str) {
+        let blobs = std::mem::take(&mut self.blobs);
+        if !blobs.is_empty() {
+            let (mut accts, mut ids, mut data) = (Vec::new(), Vec::new(), Vec::new());
+            for ((a, id), d) in blobs {
+                accts.push(a);
+                ids.push(id);
+                data.push(d);
+            }
+            pl.push(
+                "INSERT INTO blobs (account, id, data) \
+                 SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[]) \
+                 ON CONFLICT (account, id) DO UPDATE SET data = EXCLUDED.data",
+                vec![Box::new(accts), Box::new(ids), Box::new(data)],
+            );
+        }
+        let counts = std::mem::take(&mut self.counts);
+        if !counts.is_empty() {
+            let (keys, deltas): (Vec<String>, Vec<i64>) = counts.into_iter().unzip();
+            pl.push(
+                "INSERT INTO counters (key, shard, value) \
+                 SELECT k, $3, v FROM UNNEST($1::text[], $2::bigint[]) AS t(k, v) \
+                 ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value",
+                vec![Box::new(keys), Box::new(deltas), Box::new(shard)],
+            );
+        }
+        let dirs = std::mem::take(&mut self.dirs);
+        if !dirs.is_empty() {
+            let (mut accts, mut parents, mut names) = (Vec::new(), Vec::new(), Vec::new());
+            for path in &dirs {
+                let (p, nm) = split(path);
+                accts.push(account_of(path).to_string());
+                parents.push(p.to_string());
+                names.push(nm.to_string());
+            }
+            // A directory that is new feeds its own change (in the server:
+            // only the rows the insert made).
+            pl.push(
+                "WITH ins AS (INSERT INTO dirs (account, parent, name) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[]) \
+                 ON CONFLICT DO NOTHING RETURNING account, parent, name) \
+                 INSERT INTO changes (origin, account, path, kind) \
+                 SELECT $4, account, CASE WHEN parent = '' THEN name ELSE parent || '/' || name END, 'dir' \
+                 FROM ins",
+                vec![
+                    Box::new(accts),
+                    Box::new(parents),
+                    Box::new(names),
+                    s(origin),
+                ],
+            );
+        }
+        let vecs = std::mem::take(&mut self.vecs);
+        if !vecs.is_empty() {
+            let (mut models, mut hashes, mut data) = (Vec::new(), Vec::new(), Vec::new());
+            for ((m, h), d) in vecs {
+                models.push(m);
+                hashes.push(h);
+                data.push(d);
+            }
+            pl.push(
+                "INSERT INTO vecs (model, hash, data) \
+                 SELECT * FROM UNNEST($1::text[], $2::bytea[], $3::bytea[]) ON CONFLICT DO NOTHING",
+                vec![Box::new(models), Box::new(hashes), Box::new(data)],
+            );
+        }
+    }
 }
 
 /// The pending outbox or the dead letters, with the counter of each.
@@ -673,14 +753,5 @@ fn drop_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64, shard: i16) 
     pl.push(
         sql,
         vec![s(account), n(seq), s(&q.counter(account)), Box::new(shard)],
-    );
-}
-
-/// Add `delta` to counter `key` in this transaction's shard.
-fn count(pl: &mut Pipeline, key: &str, delta: i64, shard: i16) {
-    pl.push(
-        "INSERT INTO counters (key, shard, value) VALUES ($1, $3, $2) \
-         ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value",
-        vec![s(key), Box::new(delta), Box::new(shard)],
     );
 }
