@@ -46,30 +46,20 @@ const ALLOCATED: [&str; 3] = [
 
 type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
 
-/// What a statement's outcome decides once the pipeline returns.
-enum After {
-    Nothing,
-    /// The compare-and-set of a commit: the node at `path` must be at `version`.
-    Expect(String, Option<u32>),
-}
-
 struct Stmt {
     sql: &'static str,
     params: Vec<Param>,
-    after: After,
     /// Sent as a simple query (`BEGIN`, `COMMIT`): no parameters, not prepared.
     simple: bool,
 }
 
-enum Out {
-    Rows(Vec<tokio_postgres::Row>),
-    Done,
-}
-
 /// Statements sent together: tokio-postgres writes every request of
 /// futures polled together before it reads the first answer, so a whole
-/// transaction's writes cost one round trip, not one each. Their order is
-/// kept (the server runs them in the order sent).
+/// transaction costs one round trip, not one a statement. Their order is
+/// kept (the server runs them in the order sent), and nothing of a
+/// transaction is decided by the client between them: a compare-and-set
+/// that fails raises an error in the server (`ctxfs_expect`), so the
+/// `COMMIT` sent with them rolls back.
 #[derive(Default)]
 pub(super) struct Pipeline {
     stmts: Vec<Stmt>,
@@ -77,14 +67,9 @@ pub(super) struct Pipeline {
 
 impl Pipeline {
     fn push(&mut self, sql: &'static str, params: Vec<Param>) {
-        self.then(sql, params, After::Nothing);
-    }
-
-    fn then(&mut self, sql: &'static str, params: Vec<Param>, after: After) {
         self.stmts.push(Stmt {
             sql,
             params,
-            after,
             simple: false,
         });
     }
@@ -93,20 +78,13 @@ impl Pipeline {
         self.stmts.push(Stmt {
             sql,
             params: Vec::new(),
-            after: After::Nothing,
             simple: true,
         });
     }
 
-    /// Does an answer decide whether the transaction may commit?
-    fn checks(&self) -> bool {
-        self.stmts
-            .iter()
-            .any(|s| matches!(s.after, After::Expect(..)))
-    }
-
     /// Run what is queued, in order, in one round trip (and one more for
-    /// statements this connection has not prepared yet).
+    /// statements this connection has not prepared yet). Every answer is
+    /// read; the first error is the outcome.
     pub(super) async fn flush(&mut self, c: &deadpool_postgres::ClientWrapper) -> Result<()> {
         if self.stmts.is_empty() {
             return Ok(());
@@ -125,133 +103,63 @@ impl Pipeline {
             let st = by_sql.get(s.sql).copied();
             async move {
                 let Some(st) = st else {
-                    return c.batch_execute(s.sql).await.map(|_| Out::Done);
+                    return c.batch_execute(s.sql).await;
                 };
                 let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = s
                     .params
                     .iter()
                     .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
                     .collect();
-                match s.after {
-                    After::Expect(..) => c.query(st, &refs).await.map(Out::Rows),
-                    _ => c.execute(st, &refs).await.map(|_| Out::Done),
-                }
+                c.execute(st, &refs).await.map(|_| ())
             }
         });
-        let outs = futures_util::future::try_join_all(runs)
+        futures_util::future::try_join_all(runs)
             .await
             .map_err(tx_error)?;
-        for (s, out) in stmts.iter().zip(outs) {
-            if let (After::Expect(path, version), Out::Rows(rows)) = (&s.after, out) {
-                let now = match rows.first() {
-                    Some(r) => Some(decode(&r.get::<_, Vec<u8>>(0))?.version),
-                    None => None,
-                };
-                if now != *version {
-                    return Err(Error::Conflict(format!(
-                        "{path} is at version {} on the store, this commit was planned on {}",
-                        now.map(|v| v.to_string()).unwrap_or_else(|| "none".into()),
-                        version
-                            .map(|v| v.to_string())
-                            .unwrap_or_else(|| "none".into())
-                    )));
-                }
-            }
-        }
         Ok(())
     }
 }
 
-/// A failed statement of a transaction. An outbox event id taken twice
-/// (which the sequence should make impossible) is a conflict: the commit
-/// is planned again with new ids rather than losing an event.
+/// A failed statement of a transaction. A compare-and-set that failed
+/// (`ctxfs_expect`) is a conflict: the commit is planned again. So is an
+/// outbox event id taken twice (which the sequence should make
+/// impossible), rather than an event lost.
 fn tx_error(e: tokio_postgres::Error) -> Error {
-    let taken = e.as_db_error().is_some_and(|d| {
-        d.code() == &SqlState::UNIQUE_VIOLATION && d.constraint() == Some("outbox_pkey")
-    });
-    if taken {
-        return Error::Conflict("an outbox event id is taken already".into());
+    if let Some(d) = e.as_db_error() {
+        if d.code().code() == super::schema::CONFLICT {
+            return Error::Conflict(d.message().to_string());
+        }
+        if d.code() == &SqlState::UNIQUE_VIOLATION && d.constraint() == Some("outbox_pkey") {
+            return Error::Conflict("an outbox event id is taken already".into());
+        }
     }
     pe(e)
 }
 
-/// Take the event ids of `ops`' placeholders from the sequence and write
-/// them in (events, their JSON's `event_id`): the placeholders in the order
-/// they were handed out get ids in increasing order. Only the JSON's top
-/// level is touched, so a sealed payload stays as it is.
-fn resolve_events(ops: &mut [Op], ids: &[u64]) -> Result<()> {
-    for op in ops {
-        if let Op::PutEvent { seq, json, .. } = op {
-            if *seq < EVENT_PLACEHOLDER {
-                continue;
-            }
-            let real = *ids
-                .get((*seq - EVENT_PLACEHOLDER) as usize)
-                .ok_or_else(|| Error::store("an event placeholder without its id"))?;
-            let mut v: serde_json::Value = serde_json::from_slice(json)
-                .map_err(|e| Error::store(format!("a planned event does not parse: {e}")))?;
-            v["event_id"] = serde_json::Value::String(crate::schema::event::event_id(real));
-            *json = serde_json::to_vec(&v)
-                .map_err(|e| Error::store(format!("a planned event does not encode: {e}")))?;
-            *seq = real;
-        }
-    }
-    Ok(())
-}
-
-/// How many event placeholders `ops` hold (the highest plus one).
-fn placeholders(ops: &[Op]) -> u64 {
-    ops.iter()
-        .filter_map(|o| match o {
-            Op::PutEvent { seq, .. } if *seq >= EVENT_PLACEHOLDER => {
-                Some(*seq - EVENT_PLACEHOLDER + 1)
-            }
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
-}
-
-/// Apply `ops` as one transaction on `c`, in as few round trips as it
-/// allows, and tell the other daemons what changed:
-/// - `BEGIN` goes with the first statements; when the commit holds event
-///   placeholders, with the `nextval` that gives their ids instead (the
-///   ids are taken inside the transaction, after the version it builds
-///   on was read, so a node's events keep the order of its versions);
-/// - every write, the change feed's rows and the `NOTIFY` go in one round
-///   trip (a directory feeds its change only if it is new: the statement
-///   inserts the feed row itself);
-/// - `COMMIT` goes with them too unless an answer decides (a
-///   compare-and-set); then it follows.
+/// Apply `ops` as one transaction on `c`, in one round trip (two when an
+/// op reads before it writes), and tell the other daemons what changed:
+/// `BEGIN`, every write, the compare-and-sets (checked in the server),
+/// the change feed's rows, the `NOTIFY` and `COMMIT` go together. A
+/// commit's events take their ids from the sequence in their own insert,
+/// after the compare-and-set locked the node row, so a node's events keep
+/// the order of its versions; a directory feeds its change only if it is
+/// new (the statement inserts the feed row itself).
 ///
 /// On an error the caller must not give the connection back as it is
 /// (`Tx`).
 pub(super) async fn transact(
     c: &deadpool_postgres::ClientWrapper,
-    ops: &mut [Op],
+    ops: &[Op],
     durable: bool,
     origin: &str,
     shard: i16,
 ) -> Result<()> {
-    let begin = if durable {
+    let mut pl = Pipeline::default();
+    pl.simple(if durable {
         "BEGIN"
     } else {
         "BEGIN; SET LOCAL synchronous_commit = off"
-    };
-    let mut pl = Pipeline::default();
-    let wanted = placeholders(ops);
-    if wanted > 0 {
-        let st = c.prepare_cached(NEXT_EVENTS).await.map_err(pe)?;
-        let n = wanted as i32;
-        let (_, rows) = futures_util::future::try_join(c.batch_execute(begin), c.query(&st, &[&n]))
-            .await
-            .map_err(pe)?;
-        let mut ids: Vec<u64> = rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect();
-        ids.sort_unstable();
-        resolve_events(ops, &ids)?;
-    } else {
-        pl.simple(begin);
-    }
+    });
     let mut changes = BTreeSet::new();
     let mut notify = apply_ops(c, &mut pl, ops, shard, origin, &mut changes).await?;
     if !changes.is_empty() {
@@ -275,17 +183,9 @@ pub(super) async fn transact(
             vec![s(super::CHANNEL), s(origin)],
         );
     }
-    if pl.checks() {
-        pl.flush(c).await?;
-        c.batch_execute("COMMIT").await.map_err(pe)
-    } else {
-        pl.simple("COMMIT");
-        pl.flush(c).await
-    }
+    pl.simple("COMMIT");
+    pl.flush(c).await
 }
-
-/// Ids for a commit's event placeholders.
-const NEXT_EVENTS: &str = "SELECT nextval('ctxfs_event_ids') FROM generate_series(1, $1)";
 
 /// A connection inside a transaction: if it is dropped before the
 /// transaction ended (an error, a timeout), the connection is closed rather
@@ -349,19 +249,31 @@ async fn apply_ops(
     for op in ops {
         match op {
             Op::Expect { path, version } => {
+                // Locks the node row and raises `schema::CONFLICT` unless
+                // the node is at `version` (none: it must not exist).
                 let (p, nm) = split(path);
-                pl.then(
-                    "SELECT rec FROM nodes WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
-                    vec![s(account_of(path)), s(p), s(nm)],
-                    After::Expect(path.clone(), *version),
+                pl.push(
+                    "SELECT ctxfs_expect($1, $2, $3, $4) /* account */",
+                    vec![
+                        s(account_of(path)),
+                        s(p),
+                        s(nm),
+                        Box::new(version.map(|v| v as i32)),
+                    ],
                 );
             }
             Op::PutNode { path, rec } => {
                 let (p, nm) = split(path);
                 pl.push(
-                    "INSERT INTO nodes (account, parent, name, rec) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (account, parent, name) DO UPDATE SET rec = EXCLUDED.rec",
-                    vec![s(account_of(path)), s(p), s(nm), Box::new(encode(rec)?)],
+                    "INSERT INTO nodes (account, parent, name, rec, version) VALUES ($1, $2, $3, $4, $5) \
+                     ON CONFLICT (account, parent, name) DO UPDATE SET rec = EXCLUDED.rec, version = EXCLUDED.version",
+                    vec![
+                        s(account_of(path)),
+                        s(p),
+                        s(nm),
+                        Box::new(encode(rec)?),
+                        Box::new(rec.version as i32),
+                    ],
                 );
                 feed(path, "node");
             }
@@ -445,7 +357,7 @@ async fn apply_ops(
                 node_path,
                 account,
                 json,
-            } => put_event(pl, Queue::Outbox, account, *seq, node_path, json, shard),
+            } => put_event(pl, Queue::Outbox, account, *seq, node_path, json, shard)?,
             Op::DoneEvent { seq, account, .. } => {
                 drop_event(pl, Queue::Outbox, account, *seq, shard)
             }
@@ -463,7 +375,7 @@ async fn apply_ops(
                 json,
             } => {
                 drop_event(pl, Queue::Outbox, account, *seq, shard);
-                put_event(pl, Queue::Dead, account, *seq, node_path, json, shard);
+                put_event(pl, Queue::Dead, account, *seq, node_path, json, shard)?;
             }
             Op::ReviveEvent {
                 seq,
@@ -472,7 +384,7 @@ async fn apply_ops(
                 json,
             } => {
                 drop_event(pl, Queue::Dead, account, *seq, shard);
-                put_event(pl, Queue::Outbox, account, *seq, node_path, json, shard);
+                put_event(pl, Queue::Outbox, account, *seq, node_path, json, shard)?;
             }
             Op::DropDead { seq, account, .. } => drop_event(pl, Queue::Dead, account, *seq, shard),
             Op::PutScratch { path, data } => {
@@ -710,7 +622,34 @@ fn put_event(
     node_path: &str,
     json: &[u8],
     shard: i16,
-) {
+) -> Result<()> {
+    if matches!(q, Queue::Outbox) && seq >= EVENT_PLACEHOLDER {
+        // A commit's event: its id from the sequence, written into the
+        // JSON's `event_id` in place of the placeholder (16 hex digits at
+        // byte `$2`, one-based), so a sealed payload is left as it is.
+        let hex = crate::schema::event::event_id(seq);
+        let Some(at) = find(json, format!("\"event_id\":\"{hex}\"").as_bytes()) else {
+            return Err(Error::store("a planned event without its placeholder id"));
+        };
+        let at = (at + "\"event_id\":\"".len() + 1) as i32;
+        pl.push(
+            "WITH e AS (SELECT nextval('ctxfs_event_ids') AS seq), \
+             ins AS (INSERT INTO outbox (account, seq, node_path, json) \
+             SELECT $1, e.seq, $3, overlay($4 placing convert_to(lpad(to_hex(e.seq), 16, '0'), 'UTF8') from $2 for 16) \
+             FROM e RETURNING 1) \
+             INSERT INTO counters (key, shard, value) SELECT $5, $6, 1 FROM ins \
+             ON CONFLICT (key, shard) DO UPDATE SET value = counters.value + EXCLUDED.value",
+            vec![
+                s(account),
+                Box::new(at),
+                s(node_path),
+                b(json),
+                s(&q.counter(account)),
+                Box::new(shard),
+            ],
+        );
+        return Ok(());
+    }
     let sql = match q {
         Queue::Outbox => {
             "WITH ins AS (INSERT INTO outbox (account, seq, node_path, json) VALUES ($1, $2, $3, $4) \
@@ -734,6 +673,12 @@ fn put_event(
         Box::new(shard),
     ];
     pl.push(sql, params);
+    Ok(())
+}
+
+/// Where `needle` first starts in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Remove an event from a queue, counted when it was there.

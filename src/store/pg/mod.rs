@@ -604,13 +604,12 @@ impl Store for PgStore {
             .into_iter()
             .partition(|o| matches!(o, Op::PutDraft { .. } | Op::DelDraft { .. }));
         if !shared.is_empty() {
-            let mut shared = shared;
             let shard =
                 (self.transactions.fetch_add(1, Ordering::Relaxed) % schema::COUNTER_SHARDS) as i16;
             let result = self.run(async {
                 let tx = apply::Tx(Some(self.client().await?));
                 let c = tx.0.as_ref().expect("set above");
-                match apply::transact(c, &mut shared, durable, &self.origin, shard).await {
+                match apply::transact(c, &shared, durable, &self.origin, shard).await {
                     Ok(()) => {
                         tx.done();
                         Ok(())

@@ -105,6 +105,10 @@ pub const MIGRATIONS: &[&str] = &[
     //   account (its node count, bytes, outbox) is locked until the
     //   commit's flush; each transaction adds to one of `COUNTER_SHARDS`
     //   rows of a key instead, and a read sums them.
+    // - A node's version in a column of its own, so that a commit's
+    //   compare-and-set runs in the server (`ctxfs_expect`, raising
+    //   `CONFLICT`) and the whole transaction, `COMMIT` included, goes in
+    //   one round trip (rows of older versions are filled in by `migrate`).
     // - Event ids from a sequence, taken inside the commit's transaction
     //   without a lock (they were a `high_water` row, updated in a
     //   transaction of their own before each commit). A value is never
@@ -119,11 +123,58 @@ pub const MIGRATIONS: &[&str] = &[
                   GREATEST(COALESCE((SELECT value FROM high_water WHERE key = 'event'), 0), 1),
                   COALESCE((SELECT value FROM high_water WHERE key = 'event'), 0) > 0);
     DELETE FROM high_water WHERE key = 'event';
+    ALTER TABLE nodes ADD COLUMN version integer;
+    CREATE FUNCTION ctxfs_expect(a text, p text, n text, want integer) RETURNS void
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        have integer;
+    BEGIN
+        SELECT version INTO have FROM nodes
+        WHERE account = a AND parent = p AND name = n FOR UPDATE;
+        IF have IS DISTINCT FROM want THEN
+            RAISE EXCEPTION USING ERRCODE = 'CX409', MESSAGE = format(
+                '%s is at version %s on the store, this commit was planned on %s',
+                CASE WHEN p = '' THEN n ELSE p || '/' || n END,
+                COALESCE(have::text, 'none'), COALESCE(want::text, 'none'));
+        END IF;
+    END $$;
     "#,
 ];
 
 /// Rows a counter is spread over (schema version 2).
 pub const COUNTER_SHARDS: u32 = 16;
+
+/// The SQLSTATE of a failed compare-and-set (`ctxfs_expect`).
+pub const CONFLICT: &str = "CX409";
+
+/// Version 2: the `version` column of the nodes written before it, read
+/// from their records.
+async fn fill_versions(t: &deadpool_postgres::Transaction<'_>) -> Result<()> {
+    let rows = t
+        .query("SELECT account, parent, name, rec FROM nodes", &[])
+        .await
+        .map_err(pe)?;
+    let (mut accts, mut parents, mut names, mut versions) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in &rows {
+        accts.push(r.get::<_, String>(0));
+        parents.push(r.get::<_, String>(1));
+        names.push(r.get::<_, String>(2));
+        versions.push(super::decode(&r.get::<_, Vec<u8>>(3))?.version as i32);
+    }
+    if !rows.is_empty() {
+        tracing::info!(nodes = rows.len(), "filling in the nodes' versions");
+        t.execute(
+            "UPDATE nodes SET version = v.version \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[]) AS v(account, parent, name, version) \
+             WHERE nodes.account = v.account AND nodes.parent = v.parent AND nodes.name = v.name",
+            &[&accts, &parents, &names, &versions],
+        )
+        .await
+        .map_err(pe)?;
+    }
+    Ok(())
+}
 
 /// Create or migrate the schema; refuse one newer than this binary.
 pub async fn migrate(c: &mut deadpool_postgres::Client) -> Result<()> {
@@ -152,6 +203,9 @@ pub async fn migrate(c: &mut deadpool_postgres::Client) -> Result<()> {
     for (n, sql) in MIGRATIONS.iter().enumerate().skip(have) {
         tracing::info!(from = n, to = n + 1, "migrating the PostgreSQL schema");
         t.batch_execute(sql).await.map_err(pe)?;
+        if n == 1 {
+            fill_versions(&t).await?;
+        }
     }
     if have < want {
         t.execute(
