@@ -5,6 +5,7 @@
 mod files;
 mod listing;
 mod lookup;
+mod readers;
 mod tree;
 
 use super::agent;
