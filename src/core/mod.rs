@@ -151,9 +151,6 @@ pub struct DirEntry {
     pub ino: u64,
     pub name: String,
     pub kind: Kind,
-    /// Listed on the readers' mount: a directory of the tree or a
-    /// committed node file (`ops/readers.rs`).
-    pub readers: bool,
 }
 
 /// A directory's entries as one caller saw them at offset 0.

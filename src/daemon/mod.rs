@@ -276,13 +276,9 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
 
-    // Prototype: a read-only second mount for readers (BENCHMARKS).
-    let readers = std::env::var_os("CTXFS_READERS_MOUNT").map(std::path::PathBuf::from);
-    let (session, ro_session) =
-        crate::fuse::spawn(fs.clone(), &o.mountpoint, o.threads, readers.as_deref())
-            .map_err(|e| anyhow!("cannot mount at {}: {e}", o.mountpoint.display()))?;
+    let session = crate::fuse::spawn(fs.clone(), &o.mountpoint, o.threads)
+        .map_err(|e| anyhow!("cannot mount at {}: {e}", o.mountpoint.display()))?;
     tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), "mounted");
-
     // Run by hand in the foreground (no parent to tell): warn here, mounted.
     if ready.0.is_none() {
         warn_if_no_model(o, &settings);
@@ -309,14 +305,6 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let served = session.join();
-    if let (Some(r), Some(at)) = (ro_session, &readers) {
-        // The readers' mount goes with the main one (lazily: a reader's
-        // open file or working directory does not keep the daemon).
-        if let Err(e) = unmount(at, true) {
-            tracing::warn!(error = %e, "the readers' mount did not unmount");
-        }
-        let _ = r.join();
-    }
     sweeper_done.store(true, Ordering::Relaxed);
     let _ = sweeper.join();
     if let Some(ib) = &inbox {

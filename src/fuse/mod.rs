@@ -14,8 +14,6 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-mod readers;
-
 /// The kernel's dentry and attribute caches are shared by all uids, while
 /// some answers depend on the caller (tenancy, drafts): those get TTL 0.
 /// Answers the core marks `shared` (the same for every caller allowed into
@@ -87,50 +85,31 @@ pub fn config(threads: usize) -> Config {
     c
 }
 
-/// Mount `fs` at `mountpoint`, and its readers' view at `readers` if given
-/// (`readers.rs`); the daemon's cache invalidations go to both.
 pub fn spawn(
     fs: Arc<Fs>,
     mountpoint: &Path,
     threads: usize,
-    readers: Option<&Path>,
-) -> std::io::Result<(fuser::BackgroundSession, Option<fuser::BackgroundSession>)> {
+) -> std::io::Result<fuser::BackgroundSession> {
     let adapter = Adapter::new(fs.clone());
     let for_readdir = adapter.notifier.clone();
     let session = fuser::Session::new(adapter, mountpoint, &config(threads))?;
     let notifier = session.notifier();
     // Before any request is served.
     let _ = for_readdir.set(notifier.clone());
-    let (ro, ro_notifier) = match readers {
-        Some(at) => {
-            let (s, n) = readers::session(fs.clone(), at, threads)?;
-            (Some(s), Some(n))
-        }
-        None => (None, None),
-    };
     let session = session.spawn()?;
-    let ro = ro.map(|s| s.spawn()).transpose()?;
-    let of = fs.clone();
     fs.set_invalidator(move |t| {
-        let send = |n: &Notifier, t: &Target| {
-            // fuser already treats ENOENT (nothing cached) as done.
-            let r = match t {
-                Target::Entry { parent, name } => n.inval_entry(INodeNo(*parent), OsStr::new(name)),
-                Target::Inode(ino) => n.inval_inode(INodeNo(*ino), 0, 0),
-            };
-            if let Err(e) = r {
-                tracing::debug!(target = ?t, error = %e, "invalidation failed");
+        // fuser already treats ENOENT (nothing cached) as done.
+        let r = match t {
+            Target::Entry { parent, name } => {
+                notifier.inval_entry(INodeNo(*parent), OsStr::new(name))
             }
+            Target::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, 0),
         };
-        send(&notifier, t);
-        if let Some(n) = &ro_notifier {
-            send(n, t);
-            if let Some(node) = of.readers_inval(t) {
-                send(n, &node);
-            }
+        if let Err(e) = r {
+            tracing::debug!(target = ?t, error = %e, "invalidation failed");
         }
     });
-    Ok((session, ro))
+    Ok(session)
 }
 
 fn caller(req: &Request) -> Caller {

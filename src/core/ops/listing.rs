@@ -22,20 +22,17 @@ impl Fs {
                 ino,
                 name: ".".into(),
                 kind: Kind::Dir,
-                readers: true,
             },
             DirEntry {
                 ino,
                 name: "..".into(),
                 kind: Kind::Dir,
-                readers: true,
             },
         ];
         let d = |k: Key, name: &str, kind: Kind| DirEntry {
             ino: self.entry_ino(&k),
             name: name.to_string(),
             kind,
-            readers: Self::for_readers(&k),
         };
         let mut shared = true;
         match &key {
@@ -74,7 +71,6 @@ impl Fs {
                             ino: base | (i as u64 + 1).min(0xffff),
                             name,
                             kind: Kind::File,
-                            readers: false,
                         });
                     }
                 } else {

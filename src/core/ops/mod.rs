@@ -5,7 +5,6 @@
 mod files;
 mod listing;
 mod lookup;
-mod readers;
 mod tree;
 
 use super::agent;
