@@ -2,7 +2,7 @@
 """How cost grows with nodes and accounts, on the embedded store.
 
 For each shape (one account of N nodes, or A accounts of M nodes), on a
-fresh data dir with the hashing embedder (MiniLM is the search benchmark's):
+fresh data dir with the hashing embedder (`--model-dir DIR`: MiniLM):
   - load: the nodes written through `.ctxfs/batch` (batches of 5,000),
     then `.ctxfs/sync`;
   - mount-ready time (a remount: `ctxfs mount` returns when the mount
@@ -17,7 +17,7 @@ Every figure is printed beside its ratio to the smallest shape of the run,
 so the growth shows (linear in the nodes, sub-linear, worse).
 
     python3 scripts/bench_scale.py --bin target/release/ctxfs \
-        [--shapes 1x10000,1x100000,1000x20] [--keep]
+        [--shapes 1x10000,1x100000,1000x20] [--model-dir models/all-MiniLM-L6-v2] [--keep]
 """
 
 import argparse
@@ -54,9 +54,13 @@ def rss_mib(pid):
     return int(m.group(1)) / 1024
 
 
+MODEL_DIR = None  # --model-dir: MiniLM instead of the hashing embedder
+
+
 def mount(bin_path, mnt, data, cfg):
-    out = subprocess.run([bin_path, "mount", mnt, "--data", data, "--config", cfg,
-                          "--embedder", "hash"], check=True, capture_output=True, text=True).stdout
+    emb = ["--embedder", "minilm", "--model-dir", MODEL_DIR] if MODEL_DIR else ["--embedder", "hash"]
+    out = subprocess.run([bin_path, "mount", mnt, "--data", data, "--config", cfg] + emb,
+                         check=True, capture_output=True, text=True).stdout
     return int(re.search(r"pid (\d+)", out).group(1))
 
 
@@ -144,7 +148,10 @@ def main():
     ap.add_argument("--bin", default="target/release/ctxfs")
     ap.add_argument("--shapes", default="1x10000,1x100000,1000x20")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--model-dir", help="MiniLM's files: embed with it instead of the hashing embedder")
     args = ap.parse_args()
+    global MODEL_DIR
+    MODEL_DIR = os.path.abspath(args.model_dir) if args.model_dir else None
     bin_path = os.path.abspath(args.bin)
     rng = random.Random(5)
     base = tempfile.mkdtemp(prefix="ctxfs-bench-scale-", dir="/var/tmp")
