@@ -435,6 +435,11 @@ impl PgDb {
         Mount::with_args(config, &a)
     }
 
+    /// Run `sql` on this database; what it printed (unaligned, tuples only).
+    pub fn sql(&self, sql: &str) -> String {
+        pg_setup(&["sql", &self.name, sql])
+    }
+
     /// `pg_dump` of this database.
     pub fn dump(&self) -> String {
         pg_setup(&["dump", &self.name])

@@ -1026,3 +1026,68 @@ with open(path, "w") as f:
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A database a daemon of schema version 1 left (one counter row a key,
+/// event ids in `high_water`, no `version` column) is migrated at mount:
+/// the nodes' versions are filled in from their records, so the next
+/// commit's check in the server passes; event ids go on from the old mark;
+/// the counters still add up (fsck).
+#[test]
+fn a_version_1_database_is_migrated_at_mount() {
+    let db = PgDb::new();
+    let n = "acme/users/alice/memories/prefs/tea";
+    let mut m = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    m.ok(WRITER, &four_steps(n, "Sencha.", ACTIVE));
+    m.ok(WRITER, &four_steps(n, "Genmaicha.", ACTIVE));
+    m.ok(0, "cat $M/.ctxfs/sync");
+    m.umount();
+    // Back to version 1, as such a daemon would have left it.
+    db.sql(
+        "INSERT INTO high_water (key, value) \
+           SELECT 'event', CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM ctxfs_event_ids; \
+         DROP SEQUENCE ctxfs_event_ids; \
+         DROP FUNCTION ctxfs_expect(text, text, text, integer); \
+         ALTER TABLE nodes DROP COLUMN version; \
+         CREATE TABLE one_row AS SELECT key, SUM(value)::bigint AS value FROM counters GROUP BY key; \
+         DROP TABLE counters; \
+         ALTER TABLE one_row RENAME TO counters; \
+         ALTER TABLE counters ADD PRIMARY KEY (key); \
+         UPDATE ctxfs_meta SET value = '1' WHERE key = 'schema_version';",
+    );
+    let mut m = db.mount(Some(CONFIG), &["--embedder", "hash"]);
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{n}/content.md")),
+        "Genmaicha."
+    );
+    // Version 3 of the old node (its check reads the filled-in version 2),
+    // and a new node whose events take ids past the old ones.
+    m.ok(WRITER, &four_steps(n, "Hojicha.", ACTIVE));
+    m.ok(
+        WRITER,
+        &four_steps("acme/users/alice/memories/prefs/coffee", "Cortado.", ACTIVE),
+    );
+    assert!(m
+        .ok(READER, &format!("cat $M/accounts/{n}/.meta.json"))
+        .contains("\"version\": 3"));
+    m.ok(0, "cat $M/.ctxfs/sync");
+    let hits = m.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/hojicha cortado?k=5\"",
+    );
+    assert!(
+        hits.contains("prefs/tea") && hits.contains("prefs/coffee"),
+        "{hits}"
+    );
+    m.umount();
+    assert_eq!(
+        db.sql("SELECT value FROM ctxfs_meta WHERE key = 'schema_version'"),
+        "2"
+    );
+    let fsck = ctxfs(&["fsck", "--store", &db.url]);
+    assert_eq!(
+        String::from_utf8_lossy(&fsck.stdout),
+        "clean\n",
+        "{}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+}

@@ -12,6 +12,7 @@
 #   scripts/pg-setup.sh restart        stop and start the server (fault tests)
 #   scripts/pg-setup.sh dump NAME      pg_dump of database NAME on stdout (at-rest tests)
 #   scripts/pg-setup.sh datadir        the cluster's data directory (its WAL is in pg_wal/)
+#   scripts/pg-setup.sh sql NAME SQL   run SQL on database NAME (migration tests)
 #
 # Everything lives under $CTXFS_PG_DIR (default /var/tmp/ctxfs-pg): outside
 # the source tree, so the server's user can reach it whoever owns the tree.
@@ -118,6 +119,7 @@ case "${1:-start}" in
     ;;
   dropdb) psql_ -c "DROP DATABASE IF EXISTS \"$2\" WITH (FORCE)" >/dev/null ;;
   dump) as_pg "$BIN/pg_dump" -h 127.0.0.1 -p "$PORT" -U postgres -d "$2" ;;
+  sql) as_pg "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d "$2" -v ON_ERROR_STOP=1 -qAt -c "$3" ;;
   datadir) echo "$DATA" ;;
-  *) echo "usage: $0 start|stop|restart|url [PORT] | createdb NAME | dropdb NAME | dump NAME | datadir" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|url [PORT] | createdb NAME | dropdb NAME | dump NAME | sql NAME SQL | datadir" >&2; exit 2 ;;
 esac
