@@ -237,8 +237,10 @@ fn concurrent_commits_of_one_node_on_two_daemons_are_all_versions() {
     };
     let ja = a.spawn_as(WRITER, &script("A"));
     let jb = b.spawn_as(WRITER, &script("B"));
-    assert!(ja.wait_with_output().unwrap().status.success());
-    assert!(jb.wait_with_output().unwrap().status.success());
+    for j in [ja, jb] {
+        let o = j.wait_with_output().unwrap();
+        assert!(o.status.success(), "a writer failed: {:?}", o.status);
+    }
     let meta = a.json(READER, &format!("cat {n}/.meta.json"));
     assert_eq!(meta["version"], 31, "{meta}");
     // Every version holds one writer's text; all 30 are there.

@@ -2,7 +2,9 @@
 """How cost grows with nodes and accounts, on the embedded store.
 
 For each shape (one account of N nodes, or A accounts of M nodes), on a
-fresh data dir with the hashing embedder (`--model-dir DIR`: MiniLM):
+fresh data dir with the hashing embedder (`--model-dir DIR`: MiniLM), or a
+fresh PostgreSQL database (`--postgres`; "on disk" is then the database's
+size):
   - load: the nodes written through `.ctxfs/batch` (batches of 5,000),
     then `.ctxfs/sync`;
   - mount-ready time (a remount: `ctxfs mount` returns when the mount
@@ -17,7 +19,7 @@ Every figure is printed beside its ratio to the smallest shape of the run,
 so the growth shows (linear in the nodes, sub-linear, worse).
 
     python3 scripts/bench_scale.py --bin target/release/ctxfs \
-        [--shapes 1x10000,1x100000,1000x20] [--model-dir models/all-MiniLM-L6-v2] [--keep]
+        [--shapes 1x10000,1x100000,1000x20] [--model-dir models/all-MiniLM-L6-v2] [--postgres] [--keep]
 """
 
 import argparse
@@ -55,11 +57,19 @@ def rss_mib(pid):
 
 
 MODEL_DIR = None  # --model-dir: MiniLM instead of the hashing embedder
+PG_SETUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pg-setup.sh")
+STORES = {}  # --postgres: the database URL of each data dir
+POSTGRES = False
+
+
+def pg(*args):
+    return subprocess.run([PG_SETUP, *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def mount(bin_path, mnt, data, cfg):
     emb = ["--embedder", "minilm", "--model-dir", MODEL_DIR] if MODEL_DIR else ["--embedder", "hash"]
-    out = subprocess.run([bin_path, "mount", mnt, "--data", data, "--config", cfg] + emb,
+    store = ["--store", STORES[data]] if data in STORES else []
+    out = subprocess.run([bin_path, "mount", mnt, "--data", data, "--config", cfg] + emb + store,
                          check=True, capture_output=True, text=True).stdout
     return int(re.search(r"pid (\d+)", out).group(1))
 
@@ -86,6 +96,9 @@ def run_shape(bin_path, base, accounts, per, rng):
         for a in names:
             f.write(f'[[account]]\nid = "{a}"\nwriters = [0]\n')
     r = {"shape": f"{accounts} × {per:,}", "nodes": accounts * per}
+    if POSTGRES:
+        db = f"ctxfs_scale_{os.getpid()}_{accounts}x{per}"
+        STORES[data] = pg("createdb", db)
     pid = mount(bin_path, mnt, data, cfg)
     t = time.time()
     n = 0
@@ -134,11 +147,17 @@ def run_shape(bin_path, base, accounts, per, rng):
     r["rss_end_mib"] = rss_mib(pid)
     subprocess.run([bin_path, "umount", mnt], check=True)
     t = time.time()
-    fsck = subprocess.run([bin_path, "fsck", "--data", data], capture_output=True, text=True)
+    where = ["--store", STORES[data]] if data in STORES else ["--data", data]
+    fsck = subprocess.run([bin_path, "fsck"] + where, capture_output=True, text=True)
     r["fsck_s"] = time.time() - t
     r["fsck_ok"] = fsck.returncode == 0
-    r["disk_mb"] = int(subprocess.run(["du", "-sk", data], capture_output=True, text=True)
-                       .stdout.split()[0]) / 1024
+    if data in STORES:
+        # The database's size (its tables and indexes, not the server's WAL).
+        r["disk_mb"] = int(pg("sql", db, "SELECT pg_database_size(current_database())")) / 1e6
+        pg("dropdb", db)
+    else:
+        r["disk_mb"] = int(subprocess.run(["du", "-sk", data], capture_output=True, text=True)
+                           .stdout.split()[0]) / 1024
     print(f"  {json.dumps(r)}", file=sys.stderr)
     return r
 
@@ -149,9 +168,14 @@ def main():
     ap.add_argument("--shapes", default="1x10000,1x100000,1000x20")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--model-dir", help="MiniLM's files: embed with it instead of the hashing embedder")
+    ap.add_argument("--postgres", action="store_true",
+                    help="each shape in a fresh database on scripts/pg-setup.sh's PostgreSQL")
     args = ap.parse_args()
-    global MODEL_DIR
+    global MODEL_DIR, POSTGRES
     MODEL_DIR = os.path.abspath(args.model_dir) if args.model_dir else None
+    POSTGRES = args.postgres
+    if POSTGRES:
+        pg("start")
     bin_path = os.path.abspath(args.bin)
     rng = random.Random(5)
     base = tempfile.mkdtemp(prefix="ctxfs-bench-scale-", dir="/var/tmp")

@@ -217,6 +217,7 @@ impl Index {
         // Labels documents hold that the dump lacks: insert from the store.
         let mut missing = Vec::new();
         let model = self.embedder.id().to_string();
+        let mut wanted: Vec<(usize, &str, u128)> = Vec::new();
         for (label, (path, i)) in slots {
             if vecs.contains_key(label) {
                 continue;
@@ -227,8 +228,14 @@ impl Index {
             if doc.ix.model != model {
                 continue;
             }
-            let r = &doc.ix.recs[*i as usize];
-            if let Some(b) = self.store.get_vec_of(path, &model, r.hash)? {
+            wanted.push((*label, &**path, doc.ix.recs[*i as usize].hash));
+        }
+        // Read from the store in chunks: one round trip each on a store
+        // across the network, not one a vector.
+        for chunk in wanted.chunks(VECTOR_READS) {
+            let asks: Vec<(&str, u128)> = chunk.iter().map(|(_, p, h)| (*p, *h)).collect();
+            for ((label, _, _), b) in chunk.iter().zip(self.store.get_vecs_of(&model, &asks)?) {
+                let Some(b) = b else { continue };
                 let v = bytes_vec(&b);
                 if v.len() == dim {
                     missing.push((*label, ann::half(&v)));
@@ -309,6 +316,9 @@ impl Index {
         Ok(out)
     }
 }
+
+/// Vectors an account's load asks the store for at once.
+const VECTOR_READS: usize = 1000;
 
 impl AccountIndex {
     /// An estimate of the memory this index holds: its documents (with

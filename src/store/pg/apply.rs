@@ -63,6 +63,8 @@ struct Stmt {
 #[derive(Default)]
 pub(super) struct Pipeline {
     stmts: Vec<Stmt>,
+    /// Round trips sent so far (the first holds `BEGIN`).
+    sent: usize,
 }
 
 impl Pipeline {
@@ -99,6 +101,7 @@ impl Pipeline {
             .map_err(pe)?;
         let by_sql: std::collections::HashMap<&str, &tokio_postgres::Statement> =
             sqls.iter().copied().zip(prepared.iter()).collect();
+        self.sent += 1;
         let runs = stmts.iter().map(|s| {
             let st = by_sql.get(s.sql).copied();
             async move {
@@ -113,10 +116,14 @@ impl Pipeline {
                 c.execute(st, &refs).await.map(|_| ())
             }
         });
-        futures_util::future::try_join_all(runs)
-            .await
-            .map_err(tx_error)?;
-        Ok(())
+        // Every answer is awaited (none is left for the connection's next
+        // user), and the first failure in statement order is the outcome:
+        // the statements after it only say the transaction was aborted.
+        let outs = futures_util::future::join_all(runs).await;
+        match outs.into_iter().find_map(|r| r.err()) {
+            Some(e) => Err(tx_error(e)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -153,7 +160,7 @@ pub(super) async fn transact(
     durable: bool,
     origin: &str,
     shard: i16,
-) -> Result<()> {
+) -> std::result::Result<(), (Error, Ended)> {
     let mut pl = Pipeline::default();
     pl.simple(if durable {
         "BEGIN"
@@ -161,7 +168,10 @@ pub(super) async fn transact(
         "BEGIN; SET LOCAL synchronous_commit = off"
     });
     let mut changes = BTreeSet::new();
-    let mut notify = apply_ops(c, &mut pl, ops, shard, origin, &mut changes).await?;
+    // A failure before the last round trip leaves the transaction open.
+    let mut notify = apply_ops(c, &mut pl, ops, shard, origin, &mut changes)
+        .await
+        .map_err(|e| (e, Ended::No))?;
     if !changes.is_empty() {
         let (mut accts, mut paths, mut kinds) = (Vec::new(), Vec::new(), Vec::new());
         for (a, p, k) in changes {
@@ -184,7 +194,20 @@ pub(super) async fn transact(
         );
     }
     pl.simple("COMMIT");
-    pl.flush(c).await
+    let before = pl.sent;
+    pl.flush(c).await.map_err(|e| {
+        // Sent with the `COMMIT`, a failure ended the transaction (rolled
+        // back); not sent, it left open what an earlier round trip began.
+        let ended = pl.sent > before || before == 0;
+        (e, if ended { Ended::Yes } else { Ended::No })
+    })
+}
+
+/// Whether a failed transaction has ended (its `COMMIT` was sent and
+/// rolled it back) or is still open on the connection.
+pub(super) enum Ended {
+    Yes,
+    No,
 }
 
 /// A connection inside a transaction: if it is dropped before the

@@ -614,7 +614,11 @@ impl Store for PgStore {
                         tx.done();
                         Ok(())
                     }
-                    Err(e) => {
+                    Err((e, apply::Ended::Yes)) => {
+                        tx.done();
+                        Err(e)
+                    }
+                    Err((e, apply::Ended::No)) => {
                         // Roll back on this connection, or close it (`Tx`).
                         if c.batch_execute("ROLLBACK").await.is_ok() {
                             tx.done();
