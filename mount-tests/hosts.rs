@@ -14,6 +14,17 @@ fn pair(db: &PgDb) -> (Mount, Mount) {
     )
 }
 
+/// `ctxfs fsck --store` of `db` finds nothing to report.
+fn assert_fsck_clean(db: &PgDb) {
+    let fsck = ctxfs(&["fsck", "--store", &db.url]);
+    assert_eq!(
+        String::from_utf8_lossy(&fsck.stdout),
+        "clean\n",
+        "{}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+}
+
 fn seen(m: &Mount, uid: u32, script: &str, want: &str) -> bool {
     let o = m.sh(uid, script);
     o.status.success() && String::from_utf8_lossy(&o.stdout) == want
@@ -707,13 +718,7 @@ fn offline_commands_work_on_a_postgresql_store() {
     assert!(String::from_utf8_lossy(&busy.stderr).contains("a daemon is indexing"));
     m.umount();
 
-    let fsck = ctxfs(&["fsck", "--store", &db.url]);
-    assert_eq!(
-        String::from_utf8_lossy(&fsck.stdout),
-        "clean\n",
-        "{}",
-        String::from_utf8_lossy(&fsck.stderr)
-    );
+    assert_fsck_clean(&db);
     let out = m.dir.path().join("export");
     let e = ctxfs(&["export", "--store", &db.url, out.to_str().unwrap()]);
     assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
@@ -1085,11 +1090,5 @@ fn a_version_1_database_is_migrated_at_mount() {
         db.sql("SELECT value FROM ctxfs_meta WHERE key = 'schema_version'"),
         "2"
     );
-    let fsck = ctxfs(&["fsck", "--store", &db.url]);
-    assert_eq!(
-        String::from_utf8_lossy(&fsck.stdout),
-        "clean\n",
-        "{}",
-        String::from_utf8_lossy(&fsck.stderr)
-    );
+    assert_fsck_clean(&db);
 }

@@ -170,47 +170,48 @@ impl Index {
             })
             .collect();
         let mut asked: Vec<(&str, u128)> = Vec::new();
-        let mut places = HashSet::new();
+        let mut places = Vec::new();
+        let mut seen = HashSet::new();
         for (p, texts) in batch.iter().zip(&texts_of) {
             for (h, _) in texts {
-                if places.insert((self.store.vec_scope(&p.path), *h)) {
+                let place = (self.store.vec_scope(&p.path), *h);
+                if seen.insert(place.clone()) {
                     asked.push((p.path.as_str(), *h));
+                    places.push(place);
                 }
             }
         }
-        let mut cached: HashMap<(Option<String>, u128), Vec<u8>> = HashMap::new();
-        for ((owner, h), b) in asked.iter().zip(self.store.get_vecs_of(&model, &asked)?) {
-            if let Some(b) = b {
-                cached.insert((self.store.vec_scope(owner), *h), b);
-            }
-        }
+        let found = self.store.get_vecs_of(&model, &asked)?;
+        let cached: HashMap<(Option<String>, u128), Vec<u8>> = places
+            .into_iter()
+            .zip(found)
+            .filter_map(|(place, b)| Some((place, b?)))
+            .collect();
         for (p, texts) in batch.iter().zip(texts_of) {
-            {
-                for (h, t) in texts {
-                    let place = (self.store.vec_scope(&p.path), h);
-                    if stored.contains(&place) {
-                        continue;
-                    }
-                    if need.contains_key(&h) {
-                        owners.entry(h).or_default().push(p.path.clone());
-                        stored.insert(place);
-                        continue;
-                    }
-                    match cached.get(&place) {
-                        Some(b) if b.len() == self.embedder.dim() * 4 => {
-                            self.stats.embed_cache_hits.fetch_add(1, Ordering::Relaxed);
-                            have.insert(h, ann::half(&bytes_vec(b)));
-                        }
-                        _ => {
-                            let a = asks.entry(p.account.clone()).or_default();
-                            a.0 += crate::schema::counters::tokens_of(&t);
-                            a.1.push(h);
-                            owners.entry(h).or_default().push(p.path.clone());
-                            need.insert(h, t);
-                        }
-                    }
-                    stored.insert(place);
+            for (h, t) in texts {
+                let place = (self.store.vec_scope(&p.path), h);
+                if stored.contains(&place) {
+                    continue;
                 }
+                if need.contains_key(&h) {
+                    owners.entry(h).or_default().push(p.path.clone());
+                    stored.insert(place);
+                    continue;
+                }
+                match cached.get(&place) {
+                    Some(b) if b.len() == self.embedder.dim() * 4 => {
+                        self.stats.embed_cache_hits.fetch_add(1, Ordering::Relaxed);
+                        have.insert(h, ann::half(&bytes_vec(b)));
+                    }
+                    _ => {
+                        let a = asks.entry(p.account.clone()).or_default();
+                        a.0 += crate::schema::counters::tokens_of(&t);
+                        a.1.push(h);
+                        owners.entry(h).or_default().push(p.path.clone());
+                        need.insert(h, t);
+                    }
+                }
+                stored.insert(place);
             }
         }
         let mut ops: Vec<Op> = Vec::new();

@@ -650,11 +650,12 @@ fn put_event(
         // A commit's event: its id from the sequence, written into the
         // JSON's `event_id` in place of the placeholder (16 hex digits at
         // byte `$2`, one-based), so a sealed payload is left as it is.
+        const KEY: &str = "\"event_id\":\"";
         let hex = crate::schema::event::event_id(seq);
-        let Some(at) = find(json, format!("\"event_id\":\"{hex}\"").as_bytes()) else {
+        let Some(at) = find(json, format!("{KEY}{hex}\"").as_bytes()) else {
             return Err(Error::store("a planned event without its placeholder id"));
         };
-        let at = (at + "\"event_id\":\"".len() + 1) as i32;
+        let at = (at + KEY.len() + 1) as i32;
         pl.push(
             "WITH e AS (SELECT nextval('ctxfs_event_ids') AS seq), \
              ins AS (INSERT INTO outbox (account, seq, node_path, json) \
