@@ -283,8 +283,8 @@ fn on_postgresql_no_dump_or_wal_holds_text_and_deletes_forget() {
     let key = key_file(keys.path(), "master.key");
     let db = PgDb::new();
     let cfg = encrypted_config(&key);
-    let a = db.mount(Some(&cfg), &[]);
-    let b = db.mount(Some(&cfg), &[]);
+    let mut a = db.mount(Some(&cfg), &[]);
+    let mut b = db.mount(Some(&cfg), &[]);
     a.ok(WRITER, &four_steps(ALICE, "our dog Pgzorble", ACTIVE));
     a.ok(WRITER, &four_steps(BOB, "the cat of bob Pgquill", ACTIVE));
     a.ok(WRITER, "cat $M/.ctxfs/sync");
@@ -330,5 +330,13 @@ fn on_postgresql_no_dump_or_wal_holds_text_and_deletes_forget() {
     assert_eq!(
         b.ok(READER, &format!("cat \"$M/accounts/{BOB}/content.md\"")),
         "the cat of bob Pgquill"
+    );
+    // fsck opens every sealed blob it reads in batches: clean, with the key.
+    a.umount();
+    b.umount();
+    let out = ctxfs_with_key(&key, &["fsck", "--store", &db.url]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("clean"),
+        "{out:?}"
     );
 }

@@ -3,11 +3,27 @@
 //! `docs/SEMANTICS.md` ("Stored invariants"); the redb checker (`fsck.rs`)
 //! also reads the tables behind the trait.
 
-use super::{Status, Store, Violation};
+use super::{NodeRec, Status, Store, Violation};
 use crate::error::Result;
 use crate::schema::counters;
 use crate::schema::names::{CONTENT, META};
 use std::collections::HashSet;
+
+/// Node records whose stored rows one step of the check reads at once.
+const CHECK_NODES: usize = 500;
+/// Blobs the check reads at once.
+const CHECK_BLOBS: usize = 1000;
+
+/// A blob the check reads: which file of which version, and whether its
+/// text is the current `.meta.json` of a committed node (invariant 4).
+struct BlobAsk<'a> {
+    rec: &'a NodeRec,
+    version: u32,
+    name: String,
+    blob: u64,
+    size: u64,
+    meta: bool,
+}
 
 pub fn check(store: &dyn Store) -> Result<Vec<Violation>> {
     let mut v = Vec::new();
@@ -18,64 +34,96 @@ pub fn check(store: &dyn Store) -> Result<Vec<Violation>> {
     })?;
     let mut ids = HashSet::new();
     let (mut max_node, mut max_blob) = (0, 0);
-    for rec in &recs {
-        let mut bad = |invariant: u8, what: String| v.push(Violation { invariant, what });
-        // 1: the row at its path is this record.
-        if store.get_node(&rec.path)?.as_ref() != Some(rec) {
-            bad(
-                1,
-                format!("{}: the record is not the one stored at its path", rec.path),
-            );
+    // A chunk of records at a time, each read batched: a few round trips a
+    // chunk on a store across the network, not one a record.
+    for chunk in recs.chunks(CHECK_NODES) {
+        let paths: Vec<&str> = chunk.iter().map(|r| r.path.as_str()).collect();
+        let at_path = store.get_nodes(&paths)?;
+        let mut asks = Vec::new();
+        for rec in chunk {
+            asks.extend((1..=rec.version).map(|n| (rec.account(), rec.id, n)));
         }
-        // 2: its version is stored, and is it.
-        if rec.version == 0
-            || store
-                .get_version(rec.account(), rec.id, rec.version)?
-                .as_ref()
-                != Some(rec)
-        {
-            bad(
-                2,
-                format!(
-                    "{}: version {} is not stored as the current record",
-                    rec.path, rec.version
-                ),
-            );
-        }
-        // 3: ids are unique.
-        if !ids.insert(rec.id) {
-            bad(3, format!("{}: node id {} is used twice", rec.path, rec.id));
-        }
-        max_node = max_node.max(rec.id);
-        // 4: committed nodes hold content.md and a .meta.json that agrees.
-        if matches!(rec.status, Status::Active | Status::Archived) {
-            if rec.file(CONTENT).is_none() {
-                bad(4, format!("{}: no {CONTENT}", rec.path));
+        let mut versions = store.get_versions(&asks)?.into_iter();
+        // The blobs to read: every file of every stored version.
+        let mut blobs: Vec<BlobAsk> = Vec::new();
+        for (rec, at) in chunk.iter().zip(&at_path) {
+            let mut bad = |invariant: u8, what: String| v.push(Violation { invariant, what });
+            // 1: the row at its path is this record.
+            if at.as_ref() != Some(rec) {
+                bad(
+                    1,
+                    format!("{}: the record is not the one stored at its path", rec.path),
+                );
             }
-            match rec.file(META) {
-                None => bad(4, format!("{}: no {META}", rec.path)),
-                Some(f) => match store.read_blob(rec.account(), f.blob, f.size) {
-                    Ok(b) => {
+            let stored: Vec<Option<NodeRec>> =
+                versions.by_ref().take(rec.version as usize).collect();
+            // 2: its version is stored, and is it.
+            if rec.version == 0 || stored.last().and_then(Option::as_ref) != Some(rec) {
+                bad(
+                    2,
+                    format!(
+                        "{}: version {} is not stored as the current record",
+                        rec.path, rec.version
+                    ),
+                );
+            }
+            // 3: ids are unique.
+            if !ids.insert(rec.id) {
+                bad(3, format!("{}: node id {} is used twice", rec.path, rec.id));
+            }
+            max_node = max_node.max(rec.id);
+            // 4: committed nodes hold content.md and a .meta.json that agrees
+            // (the meta's text is checked when its blob is read, below).
+            let committed = matches!(rec.status, Status::Active | Status::Archived);
+            if committed {
+                if rec.file(CONTENT).is_none() {
+                    bad(4, format!("{}: no {CONTENT}", rec.path));
+                }
+                if rec.file(META).is_none() {
+                    bad(4, format!("{}: no {META}", rec.path));
+                }
+            }
+            // 5: every file of every version has its blob, of its size. A
+            // version redacted away keeps no row; none missing is I2's.
+            for (n, ver) in (1..).zip(&stored) {
+                let Some(ver) = ver else { continue };
+                for f in &ver.files {
+                    max_blob = max_blob.max(f.blob);
+                    blobs.push(BlobAsk {
+                        rec,
+                        version: n,
+                        name: f.name.clone(),
+                        blob: f.blob,
+                        size: f.size,
+                        meta: committed && n == rec.version && f.name == META,
+                    });
+                }
+            }
+        }
+        for part in blobs.chunks(CHECK_BLOBS) {
+            let asks: Vec<(&str, u64, u64)> = part
+                .iter()
+                .map(|b| (b.rec.account(), b.blob, b.size))
+                .collect();
+            for (b, read) in part.iter().zip(store.read_blobs(&asks)?) {
+                let rec = b.rec;
+                match read {
+                    Err(e) => v.push(Violation {
+                        invariant: 5,
+                        what: format!("{} v{} {}: {e}", rec.path, b.version, b.name),
+                    }),
+                    Ok(bytes) if b.meta => {
                         let meta: serde_json::Value =
-                            serde_json::from_slice(&b).unwrap_or_default();
+                            serde_json::from_slice(&bytes).unwrap_or_default();
                         if meta.get("version").and_then(|x| x.as_u64()) != Some(rec.version as u64)
                         {
-                            bad(4, format!("{}: {META} names another version", rec.path));
+                            v.push(Violation {
+                                invariant: 4,
+                                what: format!("{}: {META} names another version", rec.path),
+                            });
                         }
                     }
-                    Err(e) => bad(5, format!("{}: {META}: {e}", rec.path)),
-                },
-            }
-        }
-        // 5: every file of every version has its blob, of its size.
-        for n in 1..=rec.version {
-            let Some(ver) = store.get_version(rec.account(), rec.id, n)? else {
-                continue; // a version redacted away keeps its row; none missing is I2's
-            };
-            for f in &ver.files {
-                max_blob = max_blob.max(f.blob);
-                if let Err(e) = store.read_blob(rec.account(), f.blob, f.size) {
-                    bad(5, format!("{} v{n} {}: {e}", rec.path, f.name));
+                    Ok(_) => {}
                 }
             }
         }

@@ -297,6 +297,25 @@ pub trait Store: Send + Sync {
     fn list_dirs(&self, parent: &str) -> Result<Vec<String>>;
     /// Blob `id` of `account`, which must hold `size` bytes.
     fn read_blob(&self, account: &str, id: u64, size: u64) -> Result<Vec<u8>>;
+    /// `get_node` of many paths, in the order asked: one round trip on a
+    /// store across the network (`fsck`).
+    fn get_nodes(&self, paths: &[&str]) -> Result<Vec<Option<NodeRec>>> {
+        paths.iter().map(|p| self.get_node(p)).collect()
+    }
+    /// `get_version` of many (account, node id, version), in the order asked.
+    fn get_versions(&self, asks: &[(&str, u64, u32)]) -> Result<Vec<Option<NodeRec>>> {
+        asks.iter()
+            .map(|(a, id, v)| self.get_version(a, *id, *v))
+            .collect()
+    }
+    /// `read_blob` of many (account, id, size), in the order asked, each
+    /// with its own outcome (a missing or damaged blob fails alone).
+    fn read_blobs(&self, asks: &[(&str, u64, u64)]) -> Result<Vec<Result<Vec<u8>>>> {
+        Ok(asks
+            .iter()
+            .map(|(a, id, size)| self.read_blob(a, *id, *size))
+            .collect())
+    }
     /// The bytes of file `name` of the node version `rec`; `None` when the
     /// version has no such file.
     fn read_file(&self, rec: &NodeRec, name: &str) -> Result<Option<Vec<u8>>> {

@@ -81,6 +81,30 @@ fn account_of(path: &str) -> &str {
     path.split('/').next().unwrap_or("")
 }
 
+/// A blob whose stored length is not the one its record says (absent: 0).
+fn blob_size_error(account: &str, id: u64, len: usize, size: u64) -> Error {
+    Error::store(format!(
+        "blob {id} of {account} has {len} bytes, its record says {size}"
+    ))
+}
+
+/// The answers of a query over `UNNEST(…) WITH ORDINALITY`, whose rows are
+/// (ordinal, bytes): each in the place it was asked, `None` where no row.
+fn by_ordinal<T>(
+    n: usize,
+    rows: Vec<tokio_postgres::Row>,
+    mut f: impl FnMut(Vec<u8>) -> Result<T>,
+) -> Result<Vec<Option<T>>> {
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for r in rows {
+        let at = r.get::<_, i64>(0) as usize;
+        if let Some(slot) = at.checked_sub(1).and_then(|k| out.get_mut(k)) {
+            *slot = Some(f(r.get(1))?);
+        }
+    }
+    Ok(out)
+}
+
 fn i(v: u64) -> i64 {
     v as i64
 }
@@ -417,12 +441,62 @@ impl Store for PgStore {
             )?
             .unwrap_or_default();
         if b.len() as u64 != size {
-            return Err(Error::store(format!(
-                "blob {id} of {account} has {} bytes, its record says {size}",
-                b.len()
-            )));
+            return Err(blob_size_error(account, id, b.len(), size));
         }
         Ok(b)
+    }
+
+    fn get_nodes(&self, paths: &[&str]) -> Result<Vec<Option<NodeRec>>> {
+        let (mut accounts, mut parents, mut names) = (Vec::new(), Vec::new(), Vec::new());
+        for p in paths {
+            let (parent, name) = split(p);
+            accounts.push(account_of(p));
+            parents.push(parent);
+            names.push(name);
+        }
+        let rows = self.query(
+            "SELECT k.i, n.rec FROM UNNEST($1::text[], $2::text[], $3::text[]) WITH ORDINALITY \
+             AS k(account, parent, name, i) JOIN nodes n ON n.account = k.account \
+             AND n.parent = k.parent COLLATE \"C\" AND n.name = k.name COLLATE \"C\"",
+            &[&accounts, &parents, &names],
+        )?;
+        by_ordinal(paths.len(), rows, |b| decode(&b))
+    }
+
+    fn get_versions(&self, asks: &[(&str, u64, u32)]) -> Result<Vec<Option<NodeRec>>> {
+        let accounts: Vec<&str> = asks.iter().map(|a| a.0).collect();
+        let ids: Vec<i64> = asks.iter().map(|a| i(a.1)).collect();
+        let versions: Vec<i32> = asks.iter().map(|a| a.2 as i32).collect();
+        let rows = self.query(
+            "SELECT k.i, v.rec FROM UNNEST($1::text[], $2::bigint[], $3::int[]) WITH ORDINALITY \
+             AS k(account, node_id, version, i) JOIN versions v ON v.account = k.account \
+             AND v.node_id = k.node_id AND v.version = k.version",
+            &[&accounts, &ids, &versions],
+        )?;
+        by_ordinal(asks.len(), rows, |b| decode(&b))
+    }
+
+    fn read_blobs(&self, asks: &[(&str, u64, u64)]) -> Result<Vec<Result<Vec<u8>>>> {
+        let accounts: Vec<&str> = asks.iter().map(|a| a.0).collect();
+        let ids: Vec<i64> = asks.iter().map(|a| i(a.1)).collect();
+        let rows = self.query(
+            "SELECT k.i, b.data FROM UNNEST($1::text[], $2::bigint[]) WITH ORDINALITY \
+             AS k(account, id, i) JOIN blobs b ON b.account = k.account AND b.id = k.id",
+            &[&accounts, &ids],
+        )?;
+        let found = by_ordinal(asks.len(), rows, Ok)?;
+        Ok(found
+            .into_iter()
+            .zip(asks)
+            .map(|(b, (account, id, size))| {
+                let b = b.unwrap_or_default();
+                if b.len() as u64 == *size {
+                    Ok(b)
+                } else {
+                    Err(blob_size_error(account, *id, b.len(), *size))
+                }
+            })
+            .collect())
     }
 
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {

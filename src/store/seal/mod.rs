@@ -170,6 +170,17 @@ impl Sealed {
     /// Both read back as written: a record is taken as one only when it
     /// encodes back to the same bytes, and a value sealed whole starts with
     /// the seal's magic, which no record does (its first byte is a bool).
+    /// The text of blob `id` of `account` from its sealed bytes.
+    fn open_blob(&self, account: &str, id: u64, sealed: &[u8]) -> Result<Vec<u8>> {
+        match self.unseal(Kind::Blob, sealed)? {
+            Opened::Plain(p) => Ok(p),
+            Opened::Gone => Err(Error::store(format!(
+                "blob {id} of {account} was sealed with a key since destroyed (its user or \
+                 account was deleted)"
+            ))),
+        }
+    }
+
     fn seal_scratch(&self, path: &str, bytes: &[u8]) -> Result<Vec<u8>> {
         let scope = scope_of(path);
         match ScratchRec::decode(bytes) {
@@ -488,13 +499,26 @@ impl Store for Sealed {
     }
     fn read_blob(&self, account: &str, id: u64, size: u64) -> Result<Vec<u8>> {
         let sealed = self.inner.read_blob(account, id, size + OVERHEAD as u64)?;
-        match self.unseal(Kind::Blob, &sealed)? {
-            Opened::Plain(p) => Ok(p),
-            Opened::Gone => Err(Error::store(format!(
-                "blob {id} of {account} was sealed with a key since destroyed (its user or \
-                 account was deleted)"
-            ))),
-        }
+        self.open_blob(account, id, &sealed)
+    }
+    fn get_nodes(&self, paths: &[&str]) -> Result<Vec<Option<NodeRec>>> {
+        self.inner.get_nodes(paths)
+    }
+    fn get_versions(&self, asks: &[(&str, u64, u32)]) -> Result<Vec<Option<NodeRec>>> {
+        self.inner.get_versions(asks)
+    }
+    fn read_blobs(&self, asks: &[(&str, u64, u64)]) -> Result<Vec<Result<Vec<u8>>>> {
+        let sealed: Vec<(&str, u64, u64)> = asks
+            .iter()
+            .map(|(a, id, size)| (*a, *id, size + OVERHEAD as u64))
+            .collect();
+        Ok(self
+            .inner
+            .read_blobs(&sealed)?
+            .into_iter()
+            .zip(asks)
+            .map(|(b, (a, id, _))| self.open_blob(a, *id, &b?))
+            .collect())
     }
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
         self.open_events(self.inner.node_events(node_path)?)
