@@ -446,6 +446,26 @@ fn relations_expand_hits_and_a_model_change_reindexes() {
     assert_eq!(j["results"][0]["path"], format!("accounts/{a}"), "{j}");
     assert_eq!(j["model"], "all-MiniLM-L6-v2");
     m.umount();
+    // A start with the same model finds nothing stale and marks the store
+    // (the next start skips the check); a start with another model must
+    // not trust that mark: it re-embeds again.
+    m.mount();
+    sync(&m);
+    m.umount();
+    std::fs::write(m.config.as_ref().unwrap(), &hash_cfg).unwrap();
+    m.mount();
+    sync(&m);
+    let s: serde_json::Value = serde_json::from_str(&m.ok(0, "cat $M/.ctxfs/status")).unwrap();
+    let model = s["indexer"]["embedder"]["model"].clone();
+    assert_ne!(model, "all-MiniLM-L6-v2", "{s}");
+    let j: serde_json::Value = serde_json::from_str(&m.ok(
+        READER,
+        "cat \"$M/accounts/acme/.search/Apollo launch project?mode=vector&format=json\"",
+    ))
+    .unwrap();
+    assert_eq!(j["model"], model, "{j}");
+    assert_eq!(j["results"][0]["path"], format!("accounts/{a}"), "{j}");
+    m.umount();
     m.fsck();
 }
 

@@ -6,7 +6,8 @@ fresh data dir with the hashing embedder (`--model-dir DIR`: MiniLM), or a
 fresh PostgreSQL database (`--postgres`; "on disk" is then the database's
 size):
   - load: the nodes written through `.ctxfs/batch` (batches of 5,000),
-    then `.ctxfs/sync`;
+    then `.ctxfs/sync` (on PostgreSQL, then `VACUUM ANALYZE` untimed, so
+    the server's autovacuum of the fresh tables does not run meanwhile);
   - mount-ready time (a remount: `ctxfs mount` returns when the mount
     answers) and time to the first search answer after it;
   - the daemon's RSS after that first answer, and after the timed rows;
@@ -60,6 +61,7 @@ MODEL_DIR = None  # --model-dir: MiniLM instead of the hashing embedder
 PG_SETUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pg-setup.sh")
 STORES = {}  # --postgres: the database URL of each data dir
 POSTGRES = False
+KEEP = False  # --keep: leave the data dirs (and databases) for a look
 
 
 def pg(*args):
@@ -114,6 +116,11 @@ def run_shape(bin_path, base, accounts, per, rng):
     wait_sync(mnt)
     r["load_s"] = time.time() - t
     subprocess.run([bin_path, "umount", mnt], check=True)
+    if data in STORES:
+        # The server's autovacuum would work through the freshly loaded
+        # tables during the timed rows below: settle them first, as a
+        # database is when a daemon restarts on it.
+        pg("sql", db, "VACUUM ANALYZE")
     # Remount: ready, then the first answer.
     t = time.time()
     pid = mount(bin_path, mnt, data, cfg)
@@ -154,7 +161,8 @@ def run_shape(bin_path, base, accounts, per, rng):
     if data in STORES:
         # The database's size (its tables and indexes, not the server's WAL).
         r["disk_mb"] = int(pg("sql", db, "SELECT pg_database_size(current_database())")) / 1e6
-        pg("dropdb", db)
+        if not KEEP:
+            pg("dropdb", db)
     else:
         r["disk_mb"] = int(subprocess.run(["du", "-sk", data], capture_output=True, text=True)
                            .stdout.split()[0]) / 1024
@@ -171,7 +179,8 @@ def main():
     ap.add_argument("--postgres", action="store_true",
                     help="each shape in a fresh database on scripts/pg-setup.sh's PostgreSQL")
     args = ap.parse_args()
-    global MODEL_DIR, POSTGRES
+    global MODEL_DIR, POSTGRES, KEEP
+    KEEP = args.keep
     MODEL_DIR = os.path.abspath(args.model_dir) if args.model_dir else None
     POSTGRES = args.postgres
     if POSTGRES:

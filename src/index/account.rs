@@ -16,7 +16,7 @@ impl Index {
             return Ok(a.clone());
         }
         let mut err = None;
-        let a = cell.get_or_init(|| match self.load_account(account) {
+        let a = cell.get_or_init(|| match self.load_account_and_graph(account) {
             Ok(a) => Arc::new(a),
             Err(e) => {
                 err = Some(e);
@@ -95,6 +95,26 @@ impl Index {
         lock(&self.used).clear();
     }
 
+    /// Phase one of a load; on a shared store, whose first answer waits for
+    /// the graph (see `account`), the graph's dump is read at the same time
+    /// on a thread of its own: the documents come from the database, the
+    /// dump from the local disk.
+    fn load_account_and_graph(&self, account: &str) -> Result<AccountIndex> {
+        if !(self.store.shared() && self.cfg.dumps) {
+            return self.load_account(account);
+        }
+        let dir = self.graph_dir(account);
+        let dim = self.embedder.dim();
+        let (ai, dump) = std::thread::scope(|s| {
+            let dump = s.spawn(|| ann::load(&dir, dim));
+            let ai = self.load_account(account);
+            (ai, dump.join().ok().flatten())
+        });
+        let ai = ai?;
+        *lock(&ai.preloaded) = dump;
+        Ok(ai)
+    }
+
     pub(super) fn empty_account(&self, account: &str) -> AccountIndex {
         AccountIndex {
             name: account.to_string(),
@@ -102,6 +122,7 @@ impl Index {
             st: RwLock::new(State::default()),
             ready: AtomicBool::new(true),
             loading: Mutex::new(()),
+            preloaded: Mutex::new(None),
             summaries: Mutex::new(None),
         }
     }
@@ -183,6 +204,7 @@ impl Index {
             st: RwLock::new(st),
             ready: AtomicBool::new(false),
             loading: Mutex::new(()),
+            preloaded: Mutex::new(None),
             summaries: Mutex::new(None),
         })
     }
@@ -197,10 +219,11 @@ impl Index {
         // and searches keep their read access meanwhile.
         let st = rlock(&ai.st);
         let slots = &st.slots;
-        let dump = if self.cfg.dumps {
-            ann::load(&self.graph_dir(account), dim)
-        } else {
-            None
+        let preloaded = lock(&ai.preloaded).take();
+        let dump = match preloaded {
+            Some(d) => Some(d),
+            None if self.cfg.dumps => ann::load(&self.graph_dir(account), dim),
+            None => None,
         };
         let (graph, mut vecs) = match dump {
             Some(x) => x,

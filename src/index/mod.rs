@@ -274,6 +274,10 @@ pub struct AccountIndex {
     ready: AtomicBool,
     /// Held by the one thread that loads the vectors.
     loading: Mutex<()>,
+    /// The graph dump, read beside the documents when the account was
+    /// loaded (a shared store answers only once its graph is in): phase two
+    /// takes it instead of reading the dump again.
+    preloaded: Mutex<Option<(Graph, ann::Vectors)>>,
     /// The directory summary vectors of `Mode::Tree`, and the state they
     /// were computed from: (generation, live vectors).
     summaries: Mutex<Summaries>,

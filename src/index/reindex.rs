@@ -3,6 +3,7 @@
 
 use super::batch::work_of;
 use super::*;
+use crate::store::MODEL_MARK;
 
 /// The L0/L1/L2 texts of a committed node (for reindexing from the store).
 pub fn node_texts(store: &dyn Store, rec: &NodeRec) -> Result<(Texts, Vec<Edge>)> {
@@ -84,10 +85,25 @@ impl Index {
         Ok(crate::extract::message_changes(&c, r.as_ref()))
     }
 
-    /// Re-embed the documents of accounts whose vectors came from another
-    /// model (or of `only`, all of them).
-    pub fn reindex_stale_models(&self, only: Option<&str>) -> Result<usize> {
+    /// Re-embed the documents whose vectors came from another model. The
+    /// check reads every document of the store, so the store keeps a mark
+    /// (`MODEL_MARK`) once a check finds every document of this model: the
+    /// next start with the model skips it. An indexer of another model
+    /// clears the mark before it writes a document; the mark is set again
+    /// only by a check that finds nothing to do (after a model change, the
+    /// start after the reindex).
+    pub fn reindex_stale_models(&self) -> Result<usize> {
         let model = self.embedder.id().to_string();
+        let mark = self
+            .store
+            .get_scratch(MODEL_MARK)?
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        if mark.as_deref() == Some(model.as_str()) {
+            return Ok(0);
+        }
+        if mark.is_some() {
+            self.set_model_mark(None)?;
+        }
         let mut stale: Vec<String> = Vec::new();
         self.store.scan_ix("", &mut |path, b| {
             let d = IxDoc::decode(b)?;
@@ -96,10 +112,8 @@ impl Index {
             }
             Ok(())
         })?;
-        if let Some(a) = only {
-            stale.retain(|p| p.split('/').next() == Some(a));
-        }
         if stale.is_empty() {
+            self.set_model_mark(Some(&model))?;
             return Ok(0);
         }
         tracing::info!(
@@ -112,27 +126,37 @@ impl Index {
         Ok(n)
     }
 
+    /// Record (or clear) the model every index document was made with.
+    pub(super) fn set_model_mark(&self, model: Option<&str>) -> Result<()> {
+        let op = match model {
+            Some(m) => Op::PutScratch {
+                path: MODEL_MARK.to_string(),
+                data: m.as_bytes().to_vec(),
+            },
+            None => Op::DelScratch {
+                path: MODEL_MARK.to_string(),
+            },
+        };
+        self.store.apply(vec![op], true)
+    }
+
     /// ACTIVE nodes with no index document (an interrupted `ctxfs reindex`,
     /// an index dir deleted by hand): index them from the store. Cheap when
-    /// the counts agree: one counter per account.
+    /// the counts agree: a counter per account against its count of node
+    /// documents, both read at once, and no account loaded.
     pub fn index_unindexed(&self) -> Result<usize> {
         let mut short = HashSet::new();
         // Account directories (a commit creates its account's).
-        for a in self.store.list_dirs("")? {
-            let active = self
-                .store
-                .counter(&crate::schema::counters::nodes_key(
-                    &a,
-                    crate::schema::Status::Active,
-                ))?
-                .max(0) as usize;
-            // Node documents only: conversation messages are documents too.
-            let docs = rlock(&self.account(&a)?.st)
-                .docs
-                .keys()
-                .filter(|p| !p.contains('#'))
-                .count();
-            if docs < active {
+        let accounts = self.store.list_dirs("")?;
+        let keys: Vec<String> = accounts
+            .iter()
+            .map(|a| crate::schema::counters::nodes_key(a, crate::schema::Status::Active))
+            .collect();
+        let active = self.store.counters(&keys)?;
+        // Node documents only: conversation messages are documents too.
+        let docs = self.store.ix_node_counts()?;
+        for (a, active) in accounts.into_iter().zip(active) {
+            if docs.get(&a).copied().unwrap_or(0) < active.max(0) as usize {
                 short.insert(a);
             }
         }
@@ -233,7 +257,8 @@ impl Index {
     /// Rebuild every index from the store: documents, vectors (from the
     /// cache when the model already embedded a text) and graphs.
     pub fn reindex_all(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<usize> {
-        // Forget what is indexed.
+        // Forget what is indexed (and that it was checked).
+        self.set_model_mark(None)?;
         let mut ops = Vec::new();
         self.store.scan_ix("", &mut |path, _| {
             ops.push(Op::DelIx {

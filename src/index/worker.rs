@@ -148,7 +148,7 @@ impl Index {
     /// What the indexer does when it starts to lead: models changed, nodes
     /// the index lacks.
     fn catch_up_as_leader(&self) {
-        if let Err(e) = self.reindex_stale_models(None) {
+        if let Err(e) = self.reindex_stale_models() {
             tracing::error!("reindex after a model change failed: {e}");
         }
         if let Err(e) = self.index_unindexed() {

@@ -61,6 +61,12 @@ impl NodeRec {
 /// takes in the commit's transaction (`Store::shared`).
 pub const EVENT_PLACEHOLDER: u64 = 1 << 62;
 
+/// The scratch entry where a store records the embedding model every index
+/// document was made with, once an indexer has checked them all: a later
+/// start with that model skips the check (`crate::index`). A model's name,
+/// no text: kept plain on an encrypted store, like its keyring.
+pub const MODEL_MARK: &str = ".index/model";
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Op {
     PutNode {
@@ -327,6 +333,10 @@ pub trait Store: Send + Sync {
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>>;
     fn drafts(&self) -> Result<Vec<(String, Vec<u8>)>>;
     fn counter(&self, key: &str) -> Result<i64>;
+    /// `counter` of many keys, in the order asked.
+    fn counters(&self, keys: &[String]) -> Result<Vec<i64>> {
+        keys.iter().map(|k| self.counter(k)).collect()
+    }
     fn high_water(&self, key: &str) -> Result<u64>;
     /// The first `limit` pending outbox events, in sequence order.
     fn outbox_head(&self, limit: usize) -> Result<Vec<StoredEvent>>;
@@ -336,6 +346,19 @@ pub trait Store: Send + Sync {
     fn get_ix(&self, path: &str) -> Result<Option<Vec<u8>>>;
     /// Every index document whose path starts with `prefix`, in path order.
     fn scan_ix(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8]) -> Result<()>) -> Result<()>;
+    /// How many index documents of nodes (not of conversation messages,
+    /// whose paths hold a `#`) each account has.
+    fn ix_node_counts(&self) -> Result<std::collections::HashMap<String, usize>> {
+        let mut out = std::collections::HashMap::new();
+        self.scan_ix("", &mut |path, _| {
+            if !path.contains('#') {
+                let account = path.split('/').next().unwrap_or("");
+                *out.entry(account.to_string()).or_default() += 1;
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
     fn get_vec(&self, model: &str, hash: u128) -> Result<Option<Vec<u8>>>;
     /// The embedding of a text of the node at `owner` (see `Op::PutVecOf`).
     fn get_vec_of(&self, owner: &str, model: &str, hash: u128) -> Result<Option<Vec<u8>>> {

@@ -521,6 +521,34 @@ impl Store for PgStore {
             .unwrap_or(0))
     }
 
+    fn counters(&self, keys: &[String]) -> Result<Vec<i64>> {
+        let found: std::collections::HashMap<String, i64> = self
+            .query(
+                "SELECT key, SUM(value)::bigint FROM counters WHERE key = ANY($1) GROUP BY key",
+                &[&keys],
+            )?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        Ok(keys
+            .iter()
+            .map(|k| found.get(k).copied().unwrap_or(0))
+            .collect())
+    }
+
+    fn ix_node_counts(&self) -> Result<std::collections::HashMap<String, usize>> {
+        // Counted in the server: no document crosses the network.
+        Ok(self
+            .query(
+                "SELECT account, COUNT(*) FROM ix_docs /* daemon-wide */ \
+                 WHERE strpos(path, '#') = 0 GROUP BY account",
+                &[],
+            )?
+            .into_iter()
+            .map(|r| (r.get(0), r.get::<_, i64>(1) as usize))
+            .collect())
+    }
+
     fn high_water(&self, key: &str) -> Result<u64> {
         if key == crate::schema::counters::EVENT_ID {
             // The last id handed out (`alloc_events`).

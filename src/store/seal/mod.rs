@@ -195,7 +195,7 @@ impl Sealed {
     }
 
     fn open_scratch(&self, path: &str, bytes: Vec<u8>) -> Result<Option<Vec<u8>>> {
-        if path.starts_with(KEYRING) {
+        if path.starts_with(KEYRING) || path == super::MODEL_MARK {
             return Ok(Some(bytes));
         }
         if is_sealed(&bytes) {
@@ -357,7 +357,9 @@ impl Sealed {
                         data: key.seal(Kind::Vector, data)?,
                     };
                 }
-                Op::PutScratch { path, data } if !path.starts_with(KEYRING) => {
+                Op::PutScratch { path, data }
+                    if !path.starts_with(KEYRING) && path != super::MODEL_MARK =>
+                {
                     *data = self.seal_scratch(path, data)?
                 }
                 Op::AppendLog { path, data, .. } => {
@@ -534,6 +536,13 @@ impl Store for Sealed {
     }
     fn counter(&self, key: &str) -> Result<i64> {
         self.inner.counter(key)
+    }
+    fn counters(&self, keys: &[String]) -> Result<Vec<i64>> {
+        self.inner.counters(keys)
+    }
+    fn ix_node_counts(&self) -> Result<std::collections::HashMap<String, usize>> {
+        // Paths are not sealed: the inner store counts them.
+        self.inner.ix_node_counts()
     }
     fn high_water(&self, key: &str) -> Result<u64> {
         self.inner.high_water(key)
