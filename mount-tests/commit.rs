@@ -769,3 +769,94 @@ fn the_audit_trail_records_who_did_what() {
     );
     m.umount_and_fsck();
 }
+
+/// A never-committed node is in no listing, so `rm -r` of its category
+/// cannot reach it: removing the directory discards its draft (before, the
+/// directory stayed, `ENOTEMPTY`). Readers cannot do it; a committed node
+/// in the directory still makes a bare `rmdir` fail, and keeps the draft; a
+/// draft file held open goes on taking writes into nothing; no discarded
+/// node comes back, not after a remount either.
+#[test]
+fn rm_r_of_a_category_discards_drafts_of_never_committed_nodes() {
+    let mut m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let mem = "$M/accounts/acme/users/alice/memories";
+    let cat = format!("{mem}/scratch");
+    m.ok(
+        WRITER,
+        &format!(
+            "mkdir -p {cat}/n1 {cat}/n2 && echo one > {cat}/n1/content.md && echo two > {cat}/n2/content.md"
+        ),
+    );
+    m.fails(READER, &format!("rmdir {cat}"), "Read-only file system");
+    m.ok(WRITER, &format!("mkdir {mem}/empty"));
+    m.fails(
+        READER,
+        &format!("rmdir {mem}/empty"),
+        "Read-only file system",
+    );
+    m.ok(WRITER, &format!("rmdir {mem}/empty"));
+    assert_eq!(m.ok(WRITER, &format!("cat {cat}/n1/content.md")), "one\n");
+    // One shell holds n2's draft file open across the removal, then writes.
+    m.ok(
+        WRITER,
+        &format!(
+            "exec 3>> {cat}/n2/content.md; rm -r {cat}; echo more >&3; exec 3>&-; \
+             test ! -e {cat}; test ! -e {cat}/n1/content.md"
+        ),
+    );
+    assert_eq!(m.ok(READER, &format!("ls {mem}")), "");
+
+    // A committed node beside a draft: rmdir refuses and keeps the draft;
+    // rm -r removes the node, then the directory with the draft.
+    m.ok(
+        WRITER,
+        &four_steps("acme/users/alice/memories/scratch/kept", "kept", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &format!("mkdir {cat}/n3 && echo three > {cat}/n3/content.md"),
+    );
+    m.fails(WRITER, &format!("rmdir {cat}"), "Directory not empty");
+    assert_eq!(m.ok(WRITER, &format!("cat {cat}/n3/content.md")), "three\n");
+    m.ok(WRITER, &format!("rm -r {cat}"));
+    m.ok(WRITER, &format!("test ! -e {cat}/n3 && test ! -e {cat}"));
+    m.umount();
+    m.mount();
+    for n in ["n1", "n2", "n3", "kept"] {
+        m.ok(WRITER, &format!("test ! -e {cat}/{n}"));
+    }
+    assert_eq!(m.ok(WRITER, &format!("ls {mem}")), "");
+    m.umount_and_fsck();
+}
+
+/// A directory removed while processes still have it (or a directory
+/// inside it) as their working directory, then made again at the same
+/// path, is a new directory: the kernel marks the removed one's inode dead,
+/// and the new one must not get its number. Before, `mkdir` inside the new
+/// category failed `ENOENT` and a node committed again at the same path
+/// could not be written.
+#[test]
+fn a_directory_made_again_where_a_held_one_was_removed_works() {
+    let m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let cat = "$M/accounts/acme/users/alice/memories/pinned";
+    let node = "acme/users/alice/memories/pinned/n";
+    m.ok(WRITER, &four_steps(node, "first", ACTIVE));
+    let mut held = [
+        m.spawn_as(READER, &format!("cd $M/accounts/{node} && sleep 20")),
+        m.spawn_as(WRITER, &format!("cd {cat} && sleep 20")),
+    ];
+    std::thread::sleep(Duration::from_millis(500));
+    m.ok(WRITER, &format!("rm -r {cat} && test ! -e {cat}"));
+    m.ok(WRITER, &four_steps(node, "second", ACTIVE));
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/accounts/{node}/content.md")),
+        "second"
+    );
+    // A new node's draft directory in it (listed once committed).
+    m.ok(WRITER, &format!("mkdir {cat}/other && test -d {cat}/other"));
+    assert_eq!(m.ok(WRITER, &format!("ls {cat}")), "n\n");
+    for p in held.iter_mut() {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+}

@@ -375,9 +375,13 @@ impl Drafts {
         }
     }
 
-    /// Is there a draft under directory `prefix` (ending in `/`)?
-    pub(crate) fn any_under(&self, prefix: &str) -> bool {
-        self.map().keys().any(|k| k.starts_with(prefix))
+    /// The nodes with a draft under directory `prefix` (ending in `/`).
+    pub(crate) fn nodes_under(&self, prefix: &str) -> Vec<String> {
+        self.map()
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect()
     }
 
     /// Every draft, outside the map's lock.

@@ -219,6 +219,16 @@ impl Inodes {
         }
     }
 
+    /// The thing `key` named was removed. Its inode keeps meaning it for
+    /// the references the kernel still holds (a process's working
+    /// directory, an open file), but a new thing at the same place gets a
+    /// new inode: the kernel marks a removed directory's inode dead, and a
+    /// reused number would hand that dead inode out again (`mkdir` inside
+    /// the new directory failing `ENOENT`, its listing empty).
+    pub fn detach(&mut self, key: &Key) {
+        self.by_key.remove(key);
+    }
+
     /// The kernel moved the dentry of directory `from` to `to` (a rename
     /// it was told succeeded), and with it every dentry below: each inode
     /// that meant `from` or a path under it now means the same thing under
@@ -274,6 +284,22 @@ mod tests {
         assert_ne!(a, b, "inode numbers are never reused");
         t.forget(ROOT, 100);
         assert_eq!(t.key(ROOT), Some(Key::Root));
+    }
+
+    #[test]
+    fn a_removed_key_held_by_the_kernel_gets_a_new_inode_at_its_next_lookup() {
+        let mut t = Inodes::new();
+        let k = Key::Dir("acme/c".into());
+        let old = t.lookup(k.clone());
+        t.detach(&k);
+        let new = t.lookup(k.clone());
+        assert_ne!(old, new);
+        // The old inode still means its key for the kernel, and its forget
+        // leaves the new owner alone.
+        assert_eq!(t.key(old), Some(k.clone()));
+        t.forget(old, 1);
+        assert_eq!(t.key(old), None);
+        assert_eq!(t.peek(&k), Some(new));
     }
 
     #[test]

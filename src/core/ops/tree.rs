@@ -55,6 +55,34 @@ impl Fs {
     }
 
     pub fn rmdir(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
+        self.rmdir_at(c, parent, name)?;
+        self.detach_removed(parent, name);
+        Ok(())
+    }
+
+    /// After a removal of `name` under `parent`: the inodes the kernel may
+    /// still hold for it no longer own its place (`Inodes::detach`).
+    fn detach_removed(&self, parent: u64, name: &str) {
+        let Ok(pkey) = self.key_of(parent) else {
+            return;
+        };
+        let mut inodes = lock(&self.inodes);
+        match pkey {
+            Key::Dir(p) => {
+                let path: Arc<str> = Arc::from(join(&p, name));
+                inodes.detach(&Key::Dir(path.clone()));
+                inodes.detach(&Key::Scratch(path));
+                inodes.detach(&Key::Draft {
+                    node: p,
+                    name: Arc::from(name),
+                });
+            }
+            Key::Scratch(p) => inodes.detach(&Key::Scratch(Arc::from(join(&p, name)))),
+            _ => {}
+        }
+    }
+
+    fn rmdir_at(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         match self.key_of(parent)? {
             Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
             // Like an empty scratchpad, an empty inbox is "removed" and
@@ -103,11 +131,12 @@ impl Fs {
                 if placed == DirPlace::Account && self.tenancy.is_configured(&path) {
                     return Err(Error::NotPermitted("the account is defined by the config"));
                 }
-                if self.subtree_busy(&path)?
+                if self.subtree_holds(&path)?
                     || (scratch::is_project(&path) && self.project_busy(&path)?)
                 {
                     return Err(Error::NotEmpty);
                 }
+                self.discard_pending_under(c, &path)?;
                 match placed {
                     // Structural directories are implicit: an empty one is
                     // "removed" and shows again, so `rm -r` of an owner works.
@@ -127,8 +156,9 @@ impl Fs {
         }
     }
 
-    /// Has the subtree at `path` any node, container or draft?
-    pub(in crate::core) fn subtree_busy(&self, path: &str) -> Result<bool> {
+    /// Has the subtree at `path` any committed node or container? (Drafts
+    /// of never-committed nodes go with it: `discard_pending_under`.)
+    fn subtree_holds(&self, path: &str) -> Result<bool> {
         if self.store.has_children(path)? {
             return Ok(true);
         }
@@ -136,13 +166,36 @@ impl Fs {
         let comps = place::split(path);
         if let Ok(placed) = place::classify_dir(&comps) {
             for f in place::fixed_children(&comps, &placed) {
-                if self.subtree_busy(&join(path, f.name()))? {
+                if self.subtree_holds(&join(path, f.name()))? {
                     return Ok(true);
                 }
             }
         }
-        let prefix = format!("{path}/");
-        Ok(self.drafts.any_under(&prefix))
+        Ok(false)
+    }
+
+    /// Removing a directory that holds no committed node or container
+    /// discards the drafts of the never-committed nodes under it: a PENDING
+    /// node is in no listing, so `rm -r` cannot reach it to remove it by
+    /// its path (as its writer could). Only a writer of the account.
+    fn discard_pending_under(&self, c: Caller, path: &str) -> Result<()> {
+        let pending = self.drafts.nodes_under(&format!("{path}/"));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        self.gate(c, Self::account_of(path), true)?;
+        for node in pending {
+            let _g = self.stripe(&node);
+            // Committed meanwhile: a node the directory now holds.
+            if self.store.get_node(&node)?.is_some() {
+                return Err(Error::NotEmpty);
+            }
+            self.store
+                .apply(vec![Op::DelDraft { path: node.clone() }], true)?;
+            self.drafts.remove(&node);
+            tracing::info!(node = %node, "draft of a never-committed node discarded with its directory");
+        }
+        Ok(())
     }
 
     pub(in crate::core) fn delete_node(&self, c: Caller, node: &str) -> Result<()> {
@@ -241,6 +294,12 @@ impl Fs {
     }
 
     pub fn unlink(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
+        self.unlink_at(c, parent, name)?;
+        self.detach_removed(parent, name);
+        Ok(())
+    }
+
+    fn unlink_at(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         let pkey = self.key_of(parent)?;
         if let Key::OutboxDlq(node) = &pkey {
             return self.drop_dead(c, node, name);
