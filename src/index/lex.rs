@@ -131,19 +131,50 @@ impl Lex {
         let mut q: Vec<&String> = query.iter().collect();
         q.sort();
         q.dedup();
-        let mut acc: HashMap<u32, f32> = HashMap::new();
-        for t in q {
-            let Some(p) = self.post.get(t) else { continue };
+        let lists: Vec<&Vec<(u32, u32)>> = q.iter().filter_map(|t| self.post.get(*t)).collect();
+        let postings: usize = lists.iter().map(|p| p.len()).sum();
+        let score = |p: &Vec<(u32, u32)>| {
             let df = p.len() as f32;
             let idf = (1.0 + (self.n as f32 - df + 0.5) / (df + 0.5)).ln();
-            for &(d, tf) in p {
+            move |&(d, tf): &(u32, u32)| {
                 let tf = tf as f32;
                 let dl = self.len[d as usize] as f32;
-                let s = idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * dl / avg));
-                *acc.entry(d).or_default() += s;
+                (
+                    d,
+                    idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * dl / avg)),
+                )
             }
-        }
-        let mut v: Vec<(u32, f32)> = acc.into_iter().filter(|(d, _)| keep(*d)).collect();
+        };
+        // Scores add up term by term, in the same order either way. Long
+        // postings (common words) go into an array by document id: a hash
+        // map of every matching document cost more than the scoring.
+        let mut v: Vec<(u32, f32)> = if postings * 16 >= self.len.len() {
+            let mut acc = vec![0f32; self.len.len()];
+            let mut touched: Vec<u32> = Vec::with_capacity(postings.min(self.len.len()));
+            for p in &lists {
+                for (d, s) in p.iter().map(score(p)) {
+                    let a = &mut acc[d as usize];
+                    // Every score is positive (idf > 0, tf > 0).
+                    if *a == 0.0 {
+                        touched.push(d);
+                    }
+                    *a += s;
+                }
+            }
+            touched
+                .into_iter()
+                .filter(|d| keep(*d))
+                .map(|d| (d, acc[d as usize]))
+                .collect()
+        } else {
+            let mut acc: HashMap<u32, f32> = HashMap::with_capacity(postings);
+            for p in &lists {
+                for (d, s) in p.iter().map(score(p)) {
+                    *acc.entry(d).or_default() += s;
+                }
+            }
+            acc.into_iter().filter(|(d, _)| keep(*d)).collect()
+        };
         let k = k.min(v.len());
         if k == 0 {
             return Vec::new();
@@ -217,5 +248,75 @@ mod tests {
         assert_eq!(l.nearest("tokio"), None);
         assert_eq!(l.nearest("zzzzzzzz"), None);
         assert_eq!(edit_distance(b"kitten", b"sitting", 5), 3);
+    }
+
+    /// Common words (postings over a sixteenth of the documents: scored
+    /// into an array) and rare ones (a hash map) rank exactly as BM25 by
+    /// hand, with removed documents and a filter.
+    #[test]
+    fn dense_and_sparse_scoring_agree_with_bm25_by_hand() {
+        let words = ["common", "usual", "rare", "odd", "plain"];
+        let mut l = Lex::default();
+        let mut docs: Vec<Vec<(String, u32)>> = Vec::new();
+        for i in 0..400u32 {
+            let mut t = vec!["common".to_string(); 1 + (i % 3) as usize];
+            if i % 2 == 0 {
+                t.push("usual".into());
+            }
+            if i % 97 == 0 {
+                t.push("rare".into());
+            }
+            t.extend((0..i % 5).map(|j| words[(j as usize + 3) % 5].to_string()));
+            let c = counts(&t);
+            assert_eq!(l.add(&c), i);
+            docs.push(c);
+        }
+        for i in (0..400u32).step_by(7) {
+            l.remove(i, &docs[i as usize]);
+        }
+        let live = |d: u32| !d.is_multiple_of(7);
+        let by_hand = |q: &[&str], keep: &dyn Fn(u32) -> bool| {
+            let n = (0..400u32).filter(|d| live(*d)).count() as f32;
+            let len = |d: u32| docs[d as usize].iter().map(|t| t.1).sum::<u32>() as f32;
+            let avg = (0..400u32).filter(|d| live(*d)).map(len).sum::<f32>() / n;
+            let mut out: Vec<(u32, f32)> = Vec::new();
+            for d in (0..400u32).filter(|d| live(*d) && keep(*d)) {
+                let mut s = 0.0;
+                for w in q {
+                    let df = (0..400u32)
+                        .filter(|e| live(*e) && docs[*e as usize].iter().any(|t| t.0 == *w))
+                        .count() as f32;
+                    if let Some(t) = docs[d as usize].iter().find(|t| t.0 == *w) {
+                        let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+                        let tf = t.1 as f32;
+                        s += idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * len(d) / avg));
+                    }
+                }
+                if s > 0.0 {
+                    out.push((d, s));
+                }
+            }
+            out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            out.truncate(10);
+            out
+        };
+        for (q, keep) in [
+            (vec!["common", "usual"], &(|_| true) as &dyn Fn(u32) -> bool),
+            (vec!["common"], &|d: u32| d % 2 == 1),
+            (vec!["rare"], &|_| true),
+            (vec!["rare", "odd"], &|d: u32| d > 50),
+        ] {
+            let got = l.search(
+                &q.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+                10,
+                keep,
+            );
+            let want = by_hand(&q, keep);
+            assert_eq!(got.len(), want.len(), "{q:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.0, w.0, "{q:?}: {got:?} against {want:?}");
+                assert!((g.1 - w.1).abs() < 1e-4, "{q:?}: {got:?} against {want:?}");
+            }
+        }
     }
 }
