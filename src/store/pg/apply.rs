@@ -548,16 +548,22 @@ struct Rows {
     vecs: std::collections::BTreeMap<(String, Vec<u8>), Vec<u8>>,
 }
 
+/// Rows keyed by two columns, as the three arrays an `UNNEST` takes.
+fn columns<A, B, C>(rows: std::collections::BTreeMap<(A, B), C>) -> (Vec<A>, Vec<B>, Vec<C>) {
+    let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    for ((x, y), z) in rows {
+        a.push(x);
+        b.push(y);
+        c.push(z);
+    }
+    (a, b, c)
+}
+
 impl Rows {
     fn queue(&mut self, pl: &mut Pipeline, shard: i16, origin: &str) {
         let blobs = std::mem::take(&mut self.blobs);
         if !blobs.is_empty() {
-            let (mut accts, mut ids, mut data) = (Vec::new(), Vec::new(), Vec::new());
-            for ((a, id), d) in blobs {
-                accts.push(a);
-                ids.push(id);
-                data.push(d);
-            }
+            let (accts, ids, data) = columns(blobs);
             pl.push(
                 "INSERT INTO blobs (account, id, data) \
                  SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[]) \
@@ -603,12 +609,7 @@ impl Rows {
         }
         let vecs = std::mem::take(&mut self.vecs);
         if !vecs.is_empty() {
-            let (mut models, mut hashes, mut data) = (Vec::new(), Vec::new(), Vec::new());
-            for ((m, h), d) in vecs {
-                models.push(m);
-                hashes.push(h);
-                data.push(d);
-            }
+            let (models, hashes, data) = columns(vecs);
             pl.push(
                 "INSERT INTO vecs (model, hash, data) \
                  SELECT * FROM UNNEST($1::text[], $2::bytea[], $3::bytea[]) ON CONFLICT DO NOTHING",

@@ -164,12 +164,6 @@ impl Sealed {
         }
     }
 
-    /// A small entry sealed: a scratchpad file or log (a `ScratchRec`, whose
-    /// data becomes one sealed frame, so that appends can add frames) or
-    /// any other value (an inbox job, a content hash's name), sealed whole.
-    /// Both read back as written: a record is taken as one only when it
-    /// encodes back to the same bytes, and a value sealed whole starts with
-    /// the seal's magic, which no record does (its first byte is a bool).
     /// The text of blob `id` of `account` from its sealed bytes.
     fn open_blob(&self, account: &str, id: u64, sealed: &[u8]) -> Result<Vec<u8>> {
         match self.unseal(Kind::Blob, sealed)? {
@@ -181,6 +175,12 @@ impl Sealed {
         }
     }
 
+    /// A small entry sealed: a scratchpad file or log (a `ScratchRec`, whose
+    /// data becomes one sealed frame, so that appends can add frames) or
+    /// any other value (an inbox job, a content hash's name), sealed whole.
+    /// Both read back as written: a record is taken as one only when it
+    /// encodes back to the same bytes, and a value sealed whole starts with
+    /// the seal's magic, which no record does (its first byte is a bool).
     fn seal_scratch(&self, path: &str, bytes: &[u8]) -> Result<Vec<u8>> {
         let scope = scope_of(path);
         match ScratchRec::decode(bytes) {
