@@ -5,10 +5,12 @@
 #   make torture crash torture at a large size (a small one runs in make test)
 #   make conformance  pjdfstest (scratchpad) and fsx (a node file) on a real mount
 #   make bench  benchmarks (figures go to docs/BENCHMARKS.md by hand, with the command)
-#   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount, then eval-conv and eval-inbox
+#   make eval   retrieval quality (nDCG@10, recall@100) on BEIR SciFact through the mount, then eval-conv and eval-qa
 #   make eval-conv  conversational memory: evidence recall of every chat turn as a node, against BM25
-#   make eval-inbox  memory from conversations: evidence recall, duplicates, tokens, time (real model)
-#   make eval-qa  answers end to end: token F1 of the local model's answers from each memory front
+#   make eval-inbox  memory from real conversations (LoCoMo dev split, LOCOMO_DIR): evidence recall, tokens, time
+#   make eval-qa  answers end to end on the LoCoMo dev split: token F1 by question category, against BM25
+#                 (SESSIONS=N for the first N sessions of each conversation; the generated sets:
+#                 eval-inbox-generated, eval-qa-generated)
 #   make model  fetch the embedding model into models/
 #   make llm    build llama.cpp's server and fetch a small instruct model (memory extraction tests)
 #   make install  the binary, the mount helper (mount -t fuse.ctxfs, fstab), completions, man page, systemd unit
@@ -23,7 +25,11 @@ MCP_PY ?= /var/tmp/ctxfs-py
 MCP_PY_VERSION := 2.3.0
 DESTDIR ?=
 
-.PHONY: deps model llm build run stop test lint unit mount-test torture bench bench-scale eval eval-conv eval-inbox eval-qa tokens agents-doc conformance clean install
+LOCOMO_DIR ?= datasets/locomo-dev
+SESSIONS ?=
+LOCOMO_ARGS = --data $(LOCOMO_DIR) $(if $(SESSIONS),--sessions $(SESSIONS))
+
+.PHONY: deps model llm build run stop test lint unit mount-test torture bench bench-scale eval eval-conv eval-inbox eval-qa eval-inbox-generated eval-qa-generated tokens agents-doc conformance clean install
 
 deps:
 	@command -v fusermount3 >/dev/null && command -v vim >/dev/null && command -v setpriv >/dev/null \
@@ -96,24 +102,36 @@ bench: deps model build
 eval: deps model llm build
 	python3 scripts/eval.py --bin $(BIN) --model-dir $(MODEL)
 	python3 scripts/eval_conv.py --bin $(BIN) --model-dir $(MODEL)
-	python3 scripts/eval_inbox.py --bin $(BIN) --model-dir $(MODEL)
-	python3 scripts/eval_qa.py --bin $(BIN) --model-dir $(MODEL)
+	python3 scripts/eval_locomo.py --bin $(BIN) --model-dir $(MODEL) $(LOCOMO_ARGS)
 
 # Conversational memory: generated multi-session chats, every turn a node,
 # questions answered by their evidence turns; ctxfs search against BM25.
 eval-conv: deps model build
 	python3 scripts/eval_conv.py --bin $(BIN) --model-dir $(MODEL)
 
-# Memory from conversations: extraction by a real model through the inbox,
-# answered by search, against one node per raw message.
+# Memory from real conversations: every session of the LoCoMo dev split
+# (LOCOMO_DIR, not shipped: CC BY-NC) through each speaker's inbox with its
+# date, then evidence recall@10 by question category against every turn as
+# a node, the messages alone and BM25, and extraction tokens and time per
+# session. About 100 s a session and speaker on 2 cores: SESSIONS=2 for a
+# quick run.
 eval-inbox: deps model llm build
+	python3 scripts/eval_locomo.py --bin $(BIN) --model-dir $(MODEL) $(LOCOMO_ARGS) --no-answers
+
+# Answers end to end on the same data: token F1 of the local model's answers
+# from each memory front (none, BM25 over the raw turns, every turn a node,
+# the messages alone, memories + conversations, the whole history where it
+# fits), by category, and category 5's "unknown" rate (answers cached by
+# prompt in /var/tmp/ctxfs-llm/qa-answers.json).
+eval-qa: deps model llm build
+	python3 scripts/eval_locomo.py --bin $(BIN) --model-dir $(MODEL) $(LOCOMO_ARGS)
+
+# The generated sets (a second, independent check; the method is in each
+# script's header).
+eval-inbox-generated: deps model llm build
 	python3 scripts/eval_inbox.py --bin $(BIN) --model-dir $(MODEL)
 
-# Answers end to end: questions answered by the local model from each memory
-# front (none, BM25, every turn, memories, memories + conversations, the
-# whole history), token F1 and evidence recall (about 30 min on 2 cores;
-# answers cached by prompt in /var/tmp/ctxfs-llm/qa-answers.json).
-eval-qa: deps model llm build
+eval-qa-generated: deps model llm build
 	python3 scripts/eval_qa.py --bin $(BIN) --model-dir $(MODEL)
 
 # Bytes an agent reads per SciFact query: summary-first through ctxfs against grep -rl.

@@ -187,6 +187,23 @@ fn an_encrypted_data_dir_holds_no_text_and_a_deleted_user_is_forgotten() {
     assert!(holders("Quillberry", &[&out_dir]).contains("cat/content.md"));
     assert_eq!(holders("Zorblefish", &[&out_dir]), "");
 
+    // Rekeying to the key in use is refused: its advice to destroy "the
+    // old key" would destroy the only one.
+    let out = ctxfs_with_key(
+        &key,
+        &[
+            "rekey",
+            "--data",
+            data,
+            "--new-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("the one in use"),
+        "{said}{out:?}"
+    );
     // The master key rotates; the backup from before the delete opens with
     // the old key only: destroying it forgets alice there too.
     let new = key_file(keys.path(), "new.key");

@@ -53,6 +53,10 @@ pub struct LlmSection {
     pub retry_backoff_ms: Option<u64>,
     /// Completion tokens one request may produce (default 1024).
     pub max_tokens: Option<u32>,
+    /// The model's context in tokens (default 8192): a conversation whose
+    /// extraction request would not fit is extracted a window of whole
+    /// messages at a time.
+    pub context_tokens: Option<u32>,
     /// User, agent and category directories get summaries written by the
     /// LLM (default true).
     pub summaries: Option<bool>,

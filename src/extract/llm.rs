@@ -67,6 +67,11 @@ fn one_line(s: &str, n: usize) -> String {
 }
 
 impl Client {
+    /// Completion tokens one request may produce.
+    pub fn max_tokens(&self) -> u32 {
+        self.s.max_tokens
+    }
+
     pub fn new(s: LlmSettings) -> Client {
         let url = crate::schema::openai_endpoint(&s.url, "chat/completions");
         let agent = ureq::Agent::config_builder()
@@ -178,6 +183,13 @@ impl Client {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
+        if let Some(v) = salvage_list(&content) {
+            // Cut at max_tokens in the middle of its list: the items it
+            // finished are as good as in a whole answer (a repair request
+            // would be cut at the same place).
+            tracing::warn!(error = %err, "LLM answer cut short; keeping its complete items");
+            return Ok(v);
+        }
         tracing::warn!(error = %err, "LLM answer is not valid JSON; asking for a repair");
         let mut again = messages;
         again.push(json!({"role": "assistant", "content": content}));
@@ -214,6 +226,52 @@ pub fn probe(url: &str) -> Result<(), String> {
         .map_err(|e| format!("{models}: {e}"))
 }
 
+/// The complete items of an answer `{"KEY": [item, item, ...` that was cut
+/// short (by `max_tokens`) inside its list, as `{"KEY": [items...],
+/// "truncated": true}`; `None` when it is not of that form or no item is
+/// complete.
+pub fn salvage_list(content: &str) -> Option<Value> {
+    let t = content.trim_start();
+    let t = t
+        .strip_prefix("```json")
+        .or_else(|| t.strip_prefix("```"))
+        .unwrap_or(t)
+        .trim_start();
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    let mut cut = None;
+    for (i, ch) in t.char_indices() {
+        if in_str {
+            match (esc, ch) {
+                (true, _) => esc = false,
+                (false, '\\') => esc = true,
+                (false, '"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match ch {
+            '"' => in_str = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 2 && ch == '}' {
+                    // An item of the top-level object's list closed.
+                    cut = Some(i + 1);
+                }
+                if depth < 2 {
+                    // The list closed: the answer was not cut inside it.
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut v: Value = serde_json::from_str(&format!("{}]}}", &t[..cut?])).ok()?;
+    v.as_object_mut()?
+        .insert("truncated".into(), Value::Bool(true));
+    Some(v)
+}
+
 /// A JSON object from a model's answer (a fenced block is unwrapped).
 pub fn parse_object(content: &str) -> Result<Value, String> {
     let t = content.trim();
@@ -232,6 +290,19 @@ pub fn parse_object(content: &str) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_cut_in_its_list_keeps_its_complete_items() {
+        let cut = r#"{"memories": [{"kind": "event", "text": "a \"quoted\" {brace}", "messages": [1]}, {"kind": "entity", "text": "b", "messages": [2, 3]}, {"kind": "ev"#;
+        let v = salvage_list(cut).unwrap();
+        assert_eq!(v["memories"].as_array().unwrap().len(), 2);
+        assert_eq!(v["memories"][0]["text"], "a \"quoted\" {brace}");
+        assert_eq!(v["truncated"], true);
+        // Nothing complete, not a list, or not cut: nothing to salvage.
+        assert!(salvage_list(r#"{"memories": [{"kind": "ev"#).is_none());
+        assert!(salvage_list(r#"{"text": "abc"#).is_none());
+        assert!(salvage_list(r#"{"memories": [{"a": 1}]} trailing"#).is_none());
+    }
 
     #[test]
     fn parses_answers() {

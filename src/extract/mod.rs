@@ -254,6 +254,13 @@ pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<S
         .ok_or("the model's answer has no \"memories\" array")?;
     let mut out = Vec::new();
     let mut dropped = Vec::new();
+    if v.get("truncated") == Some(&Value::Bool(true)) {
+        dropped.push(format!(
+            "the model's answer was cut at [llm] max_tokens: its {} complete memories are kept, \
+             the one it was writing is lost",
+            list.len()
+        ));
+    }
     if list.len() > prompt::MAX_CANDIDATES {
         dropped.push(format!(
             "memories {}..{}: at most {} are taken from one conversation",
@@ -458,6 +465,78 @@ pub fn sources(c: &Candidate, conv: &Conversation, known: Option<&str>) -> suppo
     s
 }
 
+/// Why `sentence` gives one speaker what the other said of themselves,
+/// if it does. Its subject is the user ("The user ran a charity race") or
+/// the other speaker, by a name the user greets ("Audrey is a financial
+/// analyst"); it is misattributed when a message of the *other* side
+/// holds more of its subject words (the speakers' names aside) than any
+/// message of its subject's side, and at least half of them: the other
+/// said it of themselves ("I ran a charity race for ...", "I started a new
+/// job as a Financial Analyst") and the subject only answered. A sentence
+/// about the user that also names the one the user talks to is about both
+/// and is not judged here.
+pub fn misattributed(sentence: &str, conv: &Conversation) -> Option<String> {
+    let low = sentence.trim_start().to_lowercase();
+    let words = words_of([low.as_str()]);
+    let greeted = names_called(conv, true);
+    let greeting = names_called(conv, false);
+    let first = low
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("");
+    let subject_is_user = if low.starts_with("the user") || first == "user" {
+        if greeted.iter().any(|n| words.contains(n)) {
+            return None;
+        }
+        true
+    } else if greeted.contains(first) && !greeting.contains(first) {
+        false
+    } else {
+        return None;
+    };
+    let names: HashSet<String> = greeted
+        .iter()
+        .chain(greeting.iter())
+        .flat_map(|n| crate::schema::words::terms(n))
+        .collect();
+    let terms: HashSet<String> = crate::schema::words::terms(sentence)
+        .into_iter()
+        .filter(|t| t.len() > 1 && t != "user" && !names.contains(t))
+        .collect();
+    if terms.is_empty() {
+        return None;
+    }
+    let held = |m: &Message| {
+        crate::schema::words::terms(&m.content)
+            .into_iter()
+            .collect::<HashSet<_>>()
+            .intersection(&terms)
+            .count()
+    };
+    // The best message of the user's side (`user`) or the other's.
+    let best = |user: bool| {
+        conv.messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| (m.role == "user") == user)
+            .map(|(i, m)| (held(m), i))
+            .max()
+            .unwrap_or((0, 0))
+    };
+    let ((theirs, i), (own, _)) = (best(!subject_is_user), best(subject_is_user));
+    let (who, whom) = if subject_is_user {
+        ("the other speaker", "the user's")
+    } else {
+        ("the user", "the other speaker's")
+    };
+    (theirs > own && theirs * 2 >= terms.len()).then(|| {
+        format!(
+            "{who} says it of themselves (message {i} holds {theirs} of its {} subject words, {whom} messages at most {own})",
+            terms.len()
+        )
+    })
+}
+
 /// The candidate with only the sentences its sources support
 /// (`support`): its cited messages (`source_texts`) and `known`, the
 /// version of the node it would merge into (the user's name a profile
@@ -469,7 +548,16 @@ pub fn faithful(
     known: Option<&str>,
     dropped: &mut Vec<String>,
 ) -> Option<Candidate> {
-    let (yes, no) = sources(&c, conv, known).split(&c.text);
+    let (mut yes, mut no) = sources(&c, conv, known).split(&c.text);
+    yes.retain(
+        |s| match support::no_fact(s, &c.topic).or_else(|| misattributed(s, conv)) {
+            Some(why) => {
+                no.push((s.clone(), why));
+                false
+            }
+            None => true,
+        },
+    );
     for (s, why) in &no {
         dropped.push(format!(
             "{} sentence {} is not supported by messages {:?}: {why}",
@@ -669,6 +757,41 @@ mod tests {
             &mut why
         )
         .is_some());
+    }
+
+    #[test]
+    fn the_other_speakers_own_facts_are_not_the_users() {
+        let conv = parse(
+            "c.json",
+            br#"[{"role":"assistant","content":"Hey Caroline! I ran a charity race for mental health last Saturday."},
+                 {"role":"user","content":"Hey Mel, a charity race! I started a pottery class myself."},
+                 {"role":"assistant","content":"A pottery class, how fun!"}]"#,
+        )
+        .unwrap();
+        let why = misattributed("The user ran a charity race for mental health.", &conv)
+            .unwrap_or_default();
+        assert!(why.contains("message 0"), "{why}");
+        // The user's own fact, echoed by the other: the user's.
+        assert_eq!(
+            misattributed("The user started a pottery class.", &conv),
+            None
+        );
+        // The other speaker's own fact given to them: theirs; the user's
+        // given to the other: not.
+        assert_eq!(
+            misattributed("Mel ran a charity race for mental health.", &conv),
+            None
+        );
+        let why = misattributed("Mel started a pottery class.", &conv).unwrap_or_default();
+        assert!(why.contains("the user says it"), "{why}");
+        // About both: not judged here.
+        assert_eq!(
+            misattributed(
+                "The user cheered Mel's charity race for mental health.",
+                &conv
+            ),
+            None
+        );
     }
 
     #[test]

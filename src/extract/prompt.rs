@@ -66,8 +66,20 @@ fn example_answer() -> Value {
 
 /// The conversation as numbered lines (`[i] role: content`).
 pub fn transcript(conv: &Conversation) -> String {
+    transcript_of(conv, 0..conv.messages.len())
+}
+
+/// Messages `range` of the conversation as numbered lines, numbered as in
+/// the whole conversation.
+pub fn transcript_of(conv: &Conversation, range: std::ops::Range<usize>) -> String {
     let mut out = String::new();
-    for (i, m) in conv.messages.iter().enumerate() {
+    for (i, m) in conv
+        .messages
+        .iter()
+        .enumerate()
+        .take(range.end)
+        .skip(range.start)
+    {
         let ts = match &m.ts {
             Some(Value::String(s)) => format!(" ({s})"),
             _ => String::new(),
@@ -83,12 +95,67 @@ pub fn transcript(conv: &Conversation) -> String {
 
 /// The chat messages of an extraction request.
 pub fn extract_messages(conv: &Conversation) -> Vec<Value> {
+    extract_window(conv, 0..conv.messages.len())
+}
+
+/// The chat messages of an extraction request for messages `range`.
+pub fn extract_window(conv: &Conversation, range: std::ops::Range<usize>) -> Vec<Value> {
     vec![
         json!({"role": "system", "content": EXTRACT_SYSTEM}),
         json!({"role": "user", "content": EXAMPLE_USER}),
         json!({"role": "assistant", "content": example_answer().to_string()}),
-        json!({"role": "user", "content": transcript(conv)}),
+        json!({"role": "user", "content": transcript_of(conv, range)}),
     ]
+}
+
+/// Tokens `text` may take, estimated high: a byte of UTF-8 at most a
+/// third of a token is about right for English and over for most else
+/// (tokenizers of the models in use average 3.5-4.5 bytes a token).
+pub fn estimate_tokens(text: &str) -> usize {
+    text.len().div_ceil(3)
+}
+
+/// Tokens of an extraction request before its transcript: the system
+/// prompt, the worked example and the chat template's framing.
+pub fn extract_overhead() -> usize {
+    estimate_tokens(EXTRACT_SYSTEM)
+        + estimate_tokens(EXAMPLE_USER)
+        + estimate_tokens(&example_answer().to_string())
+        + 64
+}
+
+/// The conversation cut into windows of whole consecutive messages, each
+/// of whose extraction request fits `context` tokens with `answer` tokens
+/// left for the reply: one window when it all fits. A message that cannot
+/// fit even alone is an error naming it: nothing is ever cut silently.
+pub fn windows(
+    conv: &Conversation,
+    context: usize,
+    answer: usize,
+) -> Result<Vec<std::ops::Range<usize>>, String> {
+    let room = context.saturating_sub(answer + extract_overhead());
+    let mut out = Vec::new();
+    let (mut start, mut used) = (0, 0);
+    for i in 0..conv.messages.len() {
+        let t = estimate_tokens(&transcript_of(conv, i..i + 1));
+        if t > room {
+            return Err(format!(
+                "message {i} alone is about {t} tokens, more than the {room} an extraction request \
+                 has room for in the model's context of {context} tokens ([llm] context_tokens, \
+                 with max_tokens {answer} for the answer): split the message"
+            ));
+        }
+        if used + t > room {
+            out.push(start..i);
+            start = i;
+            used = 0;
+        }
+        used += t;
+    }
+    if start < conv.messages.len() {
+        out.push(start..conv.messages.len());
+    }
+    Ok(out)
 }
 
 pub fn extract_schema(n_messages: usize) -> Value {
@@ -212,6 +279,44 @@ pub fn same_text(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use crate::extract::Message;
+
+    #[test]
+    fn a_long_conversation_is_cut_into_windows_of_whole_messages() {
+        let msg = |i: usize| Message {
+            role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+            content: format!("message {i} ") + &"word ".repeat(60),
+            ts: None,
+        };
+        let conv = Conversation {
+            messages: (0..40).map(msg).collect(),
+            ..Default::default()
+        };
+        // All of it fits a large context: one window.
+        assert_eq!(windows(&conv, 100_000, 1024).unwrap(), vec![0..40]);
+        // A small one: consecutive windows covering every message once,
+        // each request within the context.
+        let w = windows(&conv, 4096, 1024).unwrap();
+        assert!(w.len() > 1, "{w:?}");
+        assert_eq!(w.first().unwrap().start, 0);
+        assert_eq!(w.last().unwrap().end, 40);
+        for pair in w.windows(2) {
+            assert_eq!(pair[0].end, pair[1].start);
+        }
+        for r in &w {
+            let request: usize = extract_window(&conv, r.clone())
+                .iter()
+                .map(|m| estimate_tokens(m["content"].as_str().unwrap()))
+                .sum();
+            assert!(request + 1024 <= 4096, "{r:?}: {request}");
+            // Numbered as in the whole conversation.
+            assert!(transcript_of(&conv, r.clone()).starts_with(&format!("[{}] ", r.start)));
+        }
+        // A message that cannot fit alone is named, not cut.
+        let mut huge = conv.clone();
+        huge.messages[7].content = "x".repeat(20_000);
+        let e = windows(&huge, 4096, 1024).unwrap_err();
+        assert!(e.contains("message 7"), "{e}");
+    }
 
     #[test]
     fn transcript_numbers_messages() {

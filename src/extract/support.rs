@@ -84,6 +84,38 @@ pub fn vocatives(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Why `sentence`, a sentence of a memory about `topic`, states no fact,
+/// or `None` when it does: none of its subject words is other than the
+/// topic's and the memory's frame ("The user's family is the user's
+/// family." under "family"), or it says one thing is itself ("The user's
+/// friends are the user's friends.").
+pub fn no_fact(sentence: &str, topic: &str) -> Option<String> {
+    const ALSO_FRAME: &[&str] = &["speaker", "other", "person", "someon", "someth", "thing"];
+    let content = |t: &str| -> HashSet<String> {
+        crate::schema::words::terms(t)
+            .into_iter()
+            .filter(|t| !FRAME.contains(&t.as_str()) && !ALSO_FRAME.contains(&t.as_str()))
+            .collect()
+    };
+    let topic_terms = content(topic);
+    let own = content(sentence);
+    if own.iter().all(|t| topic_terms.contains(t)) {
+        return Some(format!(
+            "it says nothing beyond its subject {topic:?}: no fact"
+        ));
+    }
+    let low = sentence.to_lowercase();
+    for copula in [" is ", " are ", " was ", " were "] {
+        if let Some((a, b)) = low.split_once(copula) {
+            let (a, b) = (content(a), content(b));
+            if !a.is_empty() && a == b {
+                return Some("it says a thing is itself: no fact".into());
+            }
+        }
+    }
+    None
+}
+
 /// What the sources of a memory say, ready to check sentences against.
 pub struct Sources {
     /// Lower-case alphanumeric words, and every digit run on its own.
@@ -101,6 +133,58 @@ const KIN: &[&str] = &[
     "son", "daughter", "child", "kid", "boy", "girl", "baby", "brother", "sister", "mother",
     "father", "mom", "dad", "parent", "grand", "great", "nephew", "niece", "cousin", "uncle",
     "aunt", "wife", "husband", "partner", "family",
+];
+
+/// Words that say how two people are related (kin, partners, work and
+/// household): a sentence may hold one only where its sources say it
+/// (stemmed), so "Melanie is the user's husband and a mentor" needs a
+/// message saying husband and mentor. "friend" is not among them: two
+/// people chatting about their lives are friends unless said otherwise.
+const RELATION_WORDS: &[&str] = &[
+    "son",
+    "daughter",
+    "child",
+    "children",
+    "kid",
+    "kids",
+    "boy",
+    "girl",
+    "baby",
+    "brother",
+    "sister",
+    "sibling",
+    "mother",
+    "father",
+    "mom",
+    "dad",
+    "parent",
+    "grandmother",
+    "grandfather",
+    "grandparent",
+    "grandchild",
+    "nephew",
+    "niece",
+    "cousin",
+    "uncle",
+    "aunt",
+    "wife",
+    "husband",
+    "spouse",
+    "partner",
+    "boyfriend",
+    "girlfriend",
+    "fiance",
+    "fiancee",
+    "mentor",
+    "mentee",
+    "colleague",
+    "coworker",
+    "boss",
+    "roommate",
+    "neighbor",
+    "neighbour",
+    "classmate",
+    "ex",
 ];
 
 /// "my son Maya", "my wife, Ana": (relation, name), lower case.
@@ -124,7 +208,11 @@ fn tokens(text: &str) -> impl Iterator<Item = &str> {
 fn digits(w: &str) -> Vec<String> {
     w.split(|c: char| !c.is_ascii_digit())
         .filter(|d| !d.is_empty())
-        .map(|d| d.trim_start_matches('0').to_string())
+        .map(|d| match d.trim_start_matches('0') {
+            // "0" and "00" are the number 0, not an empty word.
+            "" => "0".to_string(),
+            n => n.to_string(),
+        })
         .collect()
 }
 
@@ -172,6 +260,16 @@ impl Sources {
         }
     }
 
+    /// Whether the sources hold `word` (lower case), as itself, its
+    /// stem or its plural.
+    fn holds_word(&self, word: &str) -> bool {
+        self.words.contains(word)
+            || self.words.contains(&format!("{word}s"))
+            || crate::schema::words::terms(word)
+                .first()
+                .is_some_and(|t| self.terms.contains(t))
+    }
+
     /// Why `sentence` is not supported, or `None` when it is.
     pub fn unsupported(&self, sentence: &str) -> Option<String> {
         self.unsupported_at(sentence, MIN_TERM_SHARE)
@@ -198,6 +296,14 @@ impl Sources {
                         "{name} is the other speaker's {rel}, not the user's"
                     ));
                 }
+            }
+        }
+        for w in tokens(sentence) {
+            let lower = w.to_lowercase();
+            if RELATION_WORDS.contains(&lower.as_str()) && !self.holds_word(&lower) {
+                return Some(format!(
+                    "the relation {lower:?} is in no source: a relation is stored only as said"
+                ));
             }
         }
         for (i, w) in tokens(sentence).enumerate() {
@@ -310,6 +416,50 @@ mod tests {
             s.unsupported("The user's son Maya started kindergarten."),
             None
         );
+    }
+
+    #[test]
+    fn a_sentence_must_state_a_fact() {
+        for (s, topic) in [
+            ("The user's family is the user's family.", "family"),
+            ("The user's friends are the user's friends.", "social life"),
+            ("Family.", "family"),
+            ("Melanie is the other speaker.", "Melanie"),
+        ] {
+            assert!(no_fact(s, topic).is_some(), "{s} under {topic}");
+        }
+        for (s, topic) in [
+            ("The user likes coffee.", "coffee"),
+            ("Melanie is a friend of the user.", "Melanie"),
+            ("The user's family lives in Ohio.", "family"),
+            ("The user is 35.", "profile"),
+        ] {
+            assert_eq!(no_fact(s, topic), None, "{s} under {topic}");
+        }
+    }
+
+    #[test]
+    fn the_number_zero_is_named_in_the_reason() {
+        let s = Sources::new(["I have 3 cats"]);
+        let why = s.unsupported("The user has 0 cats.").unwrap_or_default();
+        assert_eq!(why, "0 is in no source");
+        assert_eq!(
+            Sources::new(["it ended 0-0"]).unsupported("It ended 0 to 0."),
+            None
+        );
+    }
+
+    #[test]
+    fn a_relation_is_kept_only_as_said() {
+        let s = Sources::new(["Melanie and I went hiking, she is such a good friend"]);
+        let why = s
+            .unsupported("Melanie is the user's husband and a mentor.")
+            .unwrap_or_default();
+        assert!(why.contains("husband"), "{why}");
+        assert_eq!(s.unsupported("Melanie went hiking with the user."), None);
+        let s = Sources::new(["my husband Tim and my kids love the beach"]);
+        assert_eq!(s.unsupported("Tim is the user's husband."), None);
+        assert_eq!(s.unsupported("The user's kid loves the beach."), None);
     }
 
     #[test]

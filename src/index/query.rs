@@ -288,7 +288,10 @@ impl Index {
                 };
                 if p.contains('#') {
                     // A conversation's message: below a memory saying the same.
-                    h.score *= MESSAGE_WEIGHT;
+                    h.score *= std::env::var("CTXFS_EXP_MW")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(MESSAGE_WEIGHT);
                     h.level = MESSAGE_LEVEL;
                 }
                 if let Some(by) = st.superseder(&p) {
@@ -311,6 +314,27 @@ impl Index {
             })
             .collect();
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
+        if std::env::var("CTXFS_EXP_INTERLEAVE").is_ok() {
+            let (msgs, mems): (Vec<Hit>, Vec<Hit>) =
+                hits.into_iter().partition(|h| h.level == MESSAGE_LEVEL);
+            let first_msg = msgs.first().map(|h| h.score).unwrap_or(0.0)
+                > mems.first().map(|h| h.score).unwrap_or(0.0);
+            let (mut a, mut b) = if first_msg {
+                (msgs.into_iter(), mems.into_iter())
+            } else {
+                (mems.into_iter(), msgs.into_iter())
+            };
+            hits = Vec::new();
+            loop {
+                let x = a.next();
+                let y = b.next();
+                if x.is_none() && y.is_none() {
+                    break;
+                }
+                hits.extend(x);
+                hits.extend(y);
+            }
+        }
 
         // Only what is ACTIVE now, and messages of conversations still
         // stored (the index may lag a delete by a moment).

@@ -336,20 +336,31 @@ fn extract_job(
     // `{a}/users/{u}/inbox`
     let user = place::split(inbox)[2].to_string();
     let schema = prompt::extract_schema(conv.messages.len());
-    let answer = match ib
-        .client
-        .chat_json(prompt::extract_messages(conv), &schema, spent)
-    {
-        Ok(v) => v,
-        Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
-        Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+    // A conversation longer than the model's context is extracted a window
+    // of whole messages at a time, never cut.
+    let windows = match prompt::windows(conv, ib.context_tokens, ib.client.max_tokens() as usize) {
+        Ok(w) => w,
+        Err(e) => return Outcome::Fail(e),
     };
-    let (cands, dropped) = match extract::candidates(&answer, conv.messages.len()) {
-        Ok(x) => x,
-        Err(e) => return Outcome::Retry(e),
-    };
-    job.dropped = dropped;
-    let mut cands = cands;
+    job.windows = windows.len();
+    let mut cands = Vec::new();
+    job.dropped.clear();
+    for w in windows {
+        let answer = match ib
+            .client
+            .chat_json(prompt::extract_window(conv, w), &schema, spent)
+        {
+            Ok(v) => v,
+            Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+            Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+        };
+        let (found, dropped) = match extract::candidates(&answer, conv.messages.len()) {
+            Ok(x) => x,
+            Err(e) => return Outcome::Retry(e),
+        };
+        cands.extend(found);
+        job.dropped.extend(dropped);
+    }
     for c in &mut cands {
         extract::ground(c, conv);
     }

@@ -157,6 +157,10 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate_of: Option<String>,
     pub messages: usize,
+    /// Extraction requests the conversation took: more than one when it
+    /// does not fit the model's context at once.
+    #[serde(default, skip_serializing_if = "is_one_or_less")]
+    pub windows: usize,
     pub tokens: Tokens,
     pub changes: Vec<ChangeRec>,
     /// Candidates the checks dropped, with why.
@@ -173,6 +177,10 @@ pub struct Job {
     pub proposal: Vec<String>,
 }
 
+fn is_one_or_less(n: &usize) -> bool {
+    *n <= 1
+}
+
 impl Job {
     fn new(file: &str, c: Caller, sha256: String, messages: usize, now: i128, state: State) -> Job {
         Job {
@@ -184,6 +192,7 @@ impl Job {
             finished_at: None,
             duplicate_of: None,
             messages,
+            windows: 0,
             tokens: Tokens::default(),
             changes: Vec::new(),
             dropped: Vec::new(),
@@ -223,6 +232,8 @@ pub(crate) struct InboxHandle {
 /// The extraction service of a daemon: its settings, its queue, its threads.
 pub struct Inbox {
     client: llm::Client,
+    /// The model's context in tokens (`[llm] context_tokens`).
+    context_tokens: usize,
     concurrency: usize,
     max_attempts: u32,
     backoff_ms: u64,
@@ -278,6 +289,7 @@ impl Inbox {
                 timeout: Duration::from_secs(s.timeout_s.unwrap_or(120).max(1)),
                 max_tokens: s.max_tokens.unwrap_or(1024).max(64),
             }),
+            context_tokens: s.context_tokens.unwrap_or(8192).max(512) as usize,
             concurrency: s.concurrency.unwrap_or(1).clamp(1, 16),
             max_attempts: s.max_attempts.unwrap_or(4).clamp(1, 100),
             backoff_ms: s.retry_backoff_ms.unwrap_or(2000),

@@ -404,6 +404,14 @@ impl Keyring {
     /// Re-wrap every data key row under `new` in one transaction; no sealed
     /// value is rewritten. The number of keys re-wrapped.
     pub(super) fn rewrap(&self, store: &dyn Store, new: &MasterKey) -> Result<usize> {
+        if new.fingerprint == self.master.fingerprint {
+            // Destroying "the old one" would then destroy the only key.
+            return Err(Error::Invalid(format!(
+                "the new master key is the one in use (fingerprint {}): nothing to rekey; \
+                 give a new key",
+                new.fingerprint
+            )));
+        }
         let mut ops = Vec::new();
         for (name, bytes) in store.list_scratch(KEYRING)? {
             if name == MASTER_ROW {

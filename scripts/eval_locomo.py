@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""Memory from real conversations: the LoCoMo development split through the
+inbox, then answers and evidence recall, by question category.
+
+LoCoMo (Maharana et al., ACL 2024) holds long two-person chats over many
+dated sessions with questions labelled by their evidence turns and a
+category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop,
+5 adversarial: the conversation does not answer it). The data is not
+shipped with the project (CC BY-NC): point --data (or LOCOMO_DIR) at the
+directory holding `locomo-dev.json`.
+
+Each conversation is fed as a platform would: every session, with its
+date, through `users/U/inbox/sN.json` of each speaker's own copy (that
+speaker's turns are role `user`, the other's `assistant`), in order, each
+extraction finished and indexed before the next. A question is asked in
+the copy of the speaker it names (speaker A's when it names both or
+neither).
+
+Rows, the same questions and the same answer prompt:
+  none       no memory
+  bm25       BM25 over the raw turns (computed here), top 10
+  turns      ctxfs search over every turn as a plain node, top 10
+  messages   ctxfs search over the stored conversations alone (the inbox), top 10
+  mem+conv   ctxfs search over the user's directory: memories and messages, top 10
+  whole      the whole history in the prompt, only where it fits the model
+             (the row is scored over the questions where it fits)
+
+Evidence recall@10: one of the top 10 holds an evidence turn (a memory by
+its provenance). Category 5 is scored 1 for "unknown" (its gold answer is
+adversarial). Answers are cached by prompt (--cache).
+
+    python3 scripts/eval_locomo.py --data DIR --sessions 3      # a quick run
+    python3 scripts/eval_locomo.py --data DIR                   # all sessions
+    python3 scripts/eval_locomo.py --data DIR --no-answers      # extraction and recall only
+"""
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from eval_inbox import bm25_rank, provenance, wait_status  # noqa: E402
+from eval_qa import Model, f1, node_body, search  # noqa: E402
+from mountutil import mount_with_llm, wait_sync  # noqa: E402
+
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+ROWS = ["none", "bm25", "turns", "messages", "mem+conv", "whole"]
+MSG = re.compile(r"/inbox/s(\d+)\.json#(\d+)$")
+# The whole history is offered only below this many estimated tokens
+# (characters / 4): the model's context is 8,192 with the prompt and answer.
+WHOLE_MAX_TOKENS = 7000
+# Results read to find a user's top 10 messages among their memories.
+MESSAGES_K = 300
+MONTHS = {m: i for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july", "august",
+                                      "september", "october", "november", "december"], 1)}
+
+
+def session_time(s):
+    """'1:10 pm on 27 March, 2023' -> datetime (UTC)."""
+    m = re.match(r"\s*(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+(\w+),?\s+(\d{4})", s, re.I)
+    if not m:
+        raise ValueError(f"unreadable session date {s!r}")
+    h = int(m[1]) % 12 + (12 if m[3].lower() == "pm" else 0)
+    return dt.datetime(int(m[6]), MONTHS[m[5].lower()], int(m[4]), h, int(m[2]), tzinfo=dt.timezone.utc)
+
+
+def sessions_of(conv, limit):
+    """[(n, datetime, [(speaker, text), ...])] in session order."""
+    out = []
+    n = 1
+    while f"session_{n}" in conv and (limit is None or n <= limit):
+        turns = []
+        for t in conv[f"session_{n}"]:
+            text = t["text"]
+            if t.get("blip_caption"):
+                # A shared photo, as the dataset describes it in words.
+                text = f"{text} [shares a photo: {t['blip_caption']}]"
+            turns.append((t["speaker"], text))
+        out.append((n, session_time(conv[f"session_{n}_date_time"]), turns))
+        n += 1
+    return out
+
+
+def evidence(q):
+    """{(session, turn index from 0)} of a question's evidence."""
+    out = set()
+    for e in q.get("evidence", []):
+        for s, t in re.findall(r"D(\d+):(\d+)", e):
+            out.add((int(s), int(t) - 1))
+    return out
+
+
+def turn_line(day, who, text):
+    return f"[{day.date().isoformat()}] {who}: {text}"
+
+
+def copy_for(question, a, b):
+    """The speaker whose copy answers: the one the question names."""
+    words = set(re.findall(r"[A-Za-z]+", question))
+    return b if b in words and a not in words else a
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--bin", default=os.environ.get("CTXFS_BIN", "target/release/ctxfs"))
+    ap.add_argument("--model-dir", default="models/all-MiniLM-L6-v2")
+    ap.add_argument("--data", default=os.environ.get("LOCOMO_DIR", os.path.join(here, "..", "datasets", "locomo-dev")))
+    ap.add_argument("--sessions", type=int, default=None, help="the first N sessions of each conversation")
+    ap.add_argument("--conversations", type=int, default=None, help="the first N conversations")
+    ap.add_argument("--llm-url", default=None)
+    ap.add_argument("--cache", default="/var/tmp/ctxfs-llm/qa-answers.json")
+    ap.add_argument("--rows", default=",".join(ROWS), help="answer rows to run (comma-separated)")
+    ap.add_argument("--no-answers", action="store_true", help="extraction and evidence recall only")
+    ap.add_argument("--audit", help="write every memory with its cited messages here (JSON lines)")
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the data dir (its path is printed)")
+    ap.add_argument("--reuse", help="a directory kept by --keep: search and answer again without extracting")
+    args = ap.parse_args()
+    path = os.path.join(args.data, "locomo-dev.json")
+    if not os.path.exists(path):
+        sys.exit(f"LoCoMo not found: {path} (set LOCOMO_DIR or --data)")
+    with open(path) as f:
+        data = json.load(f)[: args.conversations]
+    rows = [r for r in args.rows.split(",") if r]
+    for r in rows:
+        if r not in ROWS:
+            sys.exit(f"unknown row {r!r} (rows: {', '.join(ROWS)})")
+    url = args.llm_url or subprocess.run([os.path.join(here, "llm-setup.sh"), "start"], check=True,
+                                         capture_output=True, text=True).stdout.strip()
+    model = Model(url, args.cache)
+
+    convs = []
+    for c in data:
+        cv = c["conversation"]
+        a, b = cv["speaker_a"], cv["speaker_b"]
+        ss = sessions_of(cv, args.sessions)
+        have = {n for n, _, _ in ss}
+        qs = [q for q in c["qa"] if evidence(q) and {s for s, _ in evidence(q)} <= have]
+        convs.append({"id": c["sample_id"], "a": a, "b": b, "sessions": ss, "qa": qs})
+    users = [x.lower() for c in convs for x in (c["a"], c["b"])]
+    if len(set(users)) != len(users):
+        sys.exit("two speakers share a first name: the copies would collide")
+
+    if args.reuse:
+        tmp = args.reuse
+        mnt = os.path.join(tmp, "mnt")
+        subprocess.run([args.bin, "mount", mnt, "--data", os.path.join(tmp, "data"), "--config",
+                        os.path.join(tmp, "config.toml"), "--model-dir", os.path.abspath(args.model_dir)],
+                       check=True)
+    else:
+        tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-locomo-", ["eval", "turns"], url)
+    ext = {"jobs": 0, "tokens": 0, "prompt": [], "secs": [], "failed": 0, "memories": 0, "dropped": 0,
+           "messages": 0}
+    t0 = time.time()
+    try:
+        for c in ([] if args.reuse else convs):
+            for n, when, turns in c["sessions"]:
+                for me in (c["a"], c["b"]):
+                    u = me.lower()
+                    inbox = os.path.join(mnt, "accounts", "eval", "users", u, "inbox")
+                    os.makedirs(inbox, exist_ok=True)
+                    doc = {"session": f"{c['id']}-s{n}", "messages": [
+                        {"role": "user" if who == me else "assistant", "content": text,
+                         "ts": (when + dt.timedelta(minutes=i)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                        for i, (who, text) in enumerate(turns)]}
+                    t = time.time()
+                    with open(os.path.join(inbox, f"s{n}.json"), "w") as f:
+                        f.write(json.dumps(doc))
+                    s = wait_status(mnt, inbox, f"s{n}", limit=3600)
+                    secs = time.time() - t
+                    ext["jobs"] += 1
+                    ext["messages"] += len(turns)
+                    ext["secs"].append(secs)
+                    ext["tokens"] += s.get("tokens", {}).get("total", 0)
+                    ext["prompt"].append(s.get("tokens", {}).get("prompt", 0))
+                    ext["failed"] += s["state"] != "done"
+                    ext["dropped"] += len(s.get("dropped", []))
+                    made = sum(1 for ch in s.get("changes", []) if ch["action"] in ("created", "appended"))
+                    ext["memories"] += made
+                    print(f"  {c['id']} {u} s{n}: {s['state']}, {len(turns)} messages, {made} new memories, "
+                          f"{s.get('tokens', {}).get('total', 0)} tokens, {secs:.1f} s"
+                          + (f" ({s.get('error') or s.get('reason')})" if s["state"] == "failed" else ""),
+                          file=sys.stderr)
+                    wait_sync(mnt)
+            lines = [json.dumps({"node": f"users/{c['id']}/memories/turns/s{n}-m{i}",
+                                 "content": turn_line(when, who, text) + "\n",
+                                 "meta": {"status": "ACTIVE"}})
+                     for n, when, turns in c["sessions"] for i, (who, text) in enumerate(turns)]
+            with open(os.path.join(mnt, "accounts", "turns", ".ctxfs", "batch"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+        wait_sync(mnt)
+        extract_secs = time.time() - t0
+
+        if args.audit:
+            audit(mnt, convs, args.audit)
+
+        score = defaultdict(list)  # (row, category) -> [F1]
+        unknown = defaultdict(list)  # row -> [answered unknown] over category 5
+        recall = defaultdict(list)  # (row, category) -> [0/1]
+        ctx_tokens = defaultdict(list)
+        t1 = time.time()
+        nq = 0
+        for c in convs:
+            turns = [((n, i), turn_line(when, who, text)) for n, when, ts in c["sessions"]
+                     for i, (who, text) in enumerate(ts)]
+            whole = "\n".join(t for _, t in turns)
+            fits = len(whole) / 4 <= WHOLE_MAX_TOKENS
+            for q in c["qa"]:
+                nq += 1
+                cat = q["category"]
+                want = evidence(q)
+                me = copy_for(q["question"], c["a"], c["b"])
+                other = c["b"] if me == c["a"] else c["a"]
+                root = f"accounts/eval/users/{me.lower()}"
+                got = {"none": ([], set())}
+                ranked = bm25_rank([t for _, t in turns], q["question"])[:10]
+                got["bm25"] = ([turns[i][1] for i in ranked], {turns[i][0] for i in ranked})
+                texts, ids = [], set()
+                for p, _ in search(mnt, f"accounts/turns/users/{c['id']}/memories", q["question"]):
+                    m = re.search(r"/s(\d+)-m(\d+)$", p)
+                    ids.add((int(m[1]), int(m[2])))
+                    texts.append(node_body(mnt, p))
+                got["turns"] = (texts, ids)
+                for row in ("messages", "mem+conv"):
+                    texts, ids = [], set()
+                    if row == "messages":
+                        # The stored conversations alone: the same search,
+                        # its message results in their order.
+                        hits = [h for h in search(mnt, root, q["question"], k=MESSAGES_K) if MSG.search(h[0])][:10]
+                    else:
+                        hits = search(mnt, root, q["question"])
+                    for p, _ in hits:
+                        m = MSG.search(p)
+                        if m:
+                            # The message whole, as `cat` of the path before
+                            # `#` gives it (the result line's abstract is cut
+                            # at 160 characters).
+                            texts.append(message_line(mnt, p, me, other))
+                            ids.add((int(m[1]), int(m[2])))
+                        else:
+                            texts.append(node_body(mnt, p))
+                            ids |= {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, p)
+                                    if re.fullmatch(r"s\d+\.json", f)}
+                    got[row] = (texts, ids)
+                if fits:
+                    got["whole"] = ([whole], {t for t, _ in turns})
+                for row in ROWS:
+                    if row not in got:
+                        continue
+                    texts, ids = got[row]
+                    if row not in ("none", "whole"):
+                        hit = 1 if ids & want else 0
+                        recall[(row, cat)].append(hit)
+                        recall[(row, "all")].append(hit)
+                        if args.verbose and row == "mem+conv" and not hit:
+                            print(f"  [{row}] evidence missed: {q['question']} (evidence {sorted(want)})",
+                                  file=sys.stderr)
+                    if args.no_answers or row not in rows:
+                        continue
+                    context = whole if row == "whole" else "\n".join(f"- {t}" for t in texts)
+                    ans = model.answer(me, other, context, q["question"])
+                    gold = "unknown" if cat == 5 else str(q.get("answer", ""))
+                    s = f1(ans, gold)
+                    score[(row, cat)].append(s)
+                    score[(row, "all")].append(s)
+                    ctx_tokens[row].append(len(context) / 4)
+                    if cat == 5:
+                        unknown[row].append(1 if "unknown" in ans.lower() else 0)
+                    if args.verbose and row in ("mem+conv", "bm25"):
+                        print(f"  [{row}] {q['question']} -> {ans!r} (gold {gold!r}, F1 {s:.2f})", file=sys.stderr)
+        model.save()
+        answer_secs = time.time() - t1
+        cats = [1, 2, 3, 4, 5]
+        print(f"\n{len(convs)} conversations, sessions {'all' if args.sessions is None else f'1-{args.sessions}'}, "
+              f"{nq} questions; {ext['jobs']} extractions, extraction and indexing {extract_secs:.0f} s, "
+              f"search and answers {answer_secs:.0f} s ({model.calls} model calls, the rest cached)")
+        print("\nEvidence recall@10:\n")
+        print("| searched | " + " | ".join(CATEGORIES[k] for k in cats) + " | **all** |")
+        print("|---|" + "---|" * (len(cats) + 1))
+        for row in ("bm25", "turns", "messages", "mem+conv"):
+            cells = []
+            for k in cats + ["all"]:
+                v = recall[(row, k)]
+                cells.append(f"{sum(v) / len(v):.3f}" if v else "-")
+            print(f"| {row} | " + " | ".join(cells) + " |")
+        if not args.no_answers:
+            print("\nAnswer token F1 (category 5: 1 for \"unknown\"):\n")
+            print("| memory front | " + " | ".join(CATEGORIES[k] for k in cats)
+                  + " | **all** | cat. 5 \"unknown\" | questions | context tokens |")
+            print("|---|" + "---|" * (len(cats) + 4))
+            for row in rows:
+                cells = []
+                for k in cats + ["all"]:
+                    v = score[(row, k)]
+                    cells.append(f"{sum(v) / len(v):.3f}" if v else "-")
+                u = unknown[row]
+                toks = ctx_tokens[row]
+                print(f"| {row} | " + " | ".join(cells) + f" | {sum(u) / len(u) if u else 0:.3f} | "
+                      f"{len(score[(row, 'all')])} | {sum(toks) / max(1, len(toks)):.0f} |")
+            base = score[("bm25", "all")]
+            mine = score[("mem+conv", "all")]
+            if base and mine and sum(base):
+                print(f"\nmem+conv / bm25 F1: {(sum(mine) / len(mine)) / (sum(base) / len(base)):.2f}x")
+                for k in (1, 2):
+                    b, m = score[("bm25", k)], score[("mem+conv", k)]
+                    if b and m and sum(b):
+                        print(f"  {CATEGORIES[k]}: {(sum(m) / len(m)) / (sum(b) / len(b)):.2f}x")
+        if ext["jobs"]:
+            secs = sorted(ext["secs"])
+            prompt = sorted(ext["prompt"])
+            j = ext["jobs"]
+            print(f"\nper session and copy ({j} extractions, {ext['failed']} not done): "
+                  f"{ext['messages'] / j:.1f} messages, {ext['memories'] / j:.1f} memories created or appended, "
+                  f"{ext['tokens'] / j:.0f} tokens (prompt p50 {prompt[len(prompt) // 2]}, max {prompt[-1]}), "
+                  f"{sum(secs) / j:.1f} s mean, p50 {secs[len(secs) // 2]:.1f} s, max {secs[-1]:.1f} s; "
+                  f"{ext['dropped'] / j:.1f} sentences or memories dropped by the checks")
+    finally:
+        model.save()
+        subprocess.run([args.bin, "umount", mnt])
+        if args.keep or args.reuse:
+            print(f"data kept in {tmp} (--reuse {tmp})", file=sys.stderr)
+        else:
+            subprocess.run(["rm", "-rf", tmp])
+
+
+CONVERSATIONS = {}
+
+
+def message_line(mnt, path, me, other):
+    """`[date] Speaker: text` of the message at search path `…/NAME.json#N`."""
+    conv, n = path.rsplit("#", 1)
+    if conv not in CONVERSATIONS:
+        with open(os.path.join(mnt, conv)) as f:
+            CONVERSATIONS[conv] = json.load(f)["messages"]
+    m = CONVERSATIONS[conv][int(n)]
+    return f"[{m['ts'][:10]}] {me if m['role'] == 'user' else other}: {m['content']}"
+
+
+def audit(mnt, convs, out_path):
+    """Every memory of every copy with its sentences and cited messages, for
+    the faithfulness audit (one JSON object a line)."""
+    n = 0
+    with open(out_path, "w") as out:
+        for c in convs:
+            by_session = {n: turns for n, _, turns in c["sessions"]}
+            for me in (c["a"], c["b"]):
+                root = os.path.join(mnt, "accounts", "eval", "users", me.lower(), "memories")
+                for dirpath, _, files in os.walk(root):
+                    if "content.md" not in files:
+                        continue
+                    rel = os.path.relpath(dirpath, mnt)
+                    cited = []
+                    for f, i in sorted(provenance(mnt, rel)):
+                        m = re.fullmatch(r"s(\d+)\.json", f)
+                        if m and int(m[1]) in by_session and i < len(by_session[int(m[1])]):
+                            who, text = by_session[int(m[1])][i]
+                            cited.append(f"D{m[1]}:{i + 1} {who}: {text}")
+                    out.write(json.dumps({"user": me, "other": c["b"] if me == c["a"] else c["a"],
+                                          "node": rel, "text": node_body(mnt, rel), "cited": cited}) + "\n")
+                    n += 1
+    print(f"audit: {n} memories written to {out_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
