@@ -153,6 +153,15 @@ def main():
         subprocess.run([args.bin, "mount", mnt, "--data", os.path.join(tmp, "data"), "--config",
                         os.path.join(tmp, "config.toml"), "--model-dir", os.path.abspath(args.model_dir)],
                        check=True)
+        # Searched before its vectors load, an account answers from the
+        # lexical channel alone: load both first.
+        for scope in ("accounts/eval", "accounts/turns"):
+            search(mnt, scope, "warm up", k=1)
+        for _ in range(600):
+            with open(os.path.join(mnt, ".ctxfs", "status")) as f:
+                if json.load(f)["indexer"].get("accounts_loading_vectors", 0) == 0:
+                    break
+            time.sleep(0.1)
     else:
         tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-locomo-", ["eval", "turns"], url)
     ext = {"jobs": 0, "tokens": 0, "prompt": [], "secs": [], "failed": 0, "memories": 0, "dropped": 0,

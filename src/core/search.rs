@@ -249,8 +249,11 @@ impl Fs {
             }
             judged = kept;
         }
-        let more = judged.len() > qn.k;
-        judged.truncate(qn.k);
+        // k counts sources: a memory shown with its message (`with`) is
+        // kept or cut with it.
+        let cut = crate::index::cut_after_sources(&judged, qn.k, |j| j.hit.with.is_some());
+        let more = judged.len() > cut;
+        judged.truncate(cut);
         let tried: Vec<Value> = tried
             .iter()
             .map(|t| json!({"query": t.query, "results": t.results, "best": t.best.map(|b| b.as_str())}))

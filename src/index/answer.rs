@@ -301,6 +301,7 @@ mod tests {
             line: 1,
             via: via.then(|| "related<-x".into()),
             superseded_by: None,
+            with: None,
         }
     }
 

@@ -175,6 +175,11 @@ pub struct Hit {
     /// of it names this node): `accounts/...` path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
+    /// A memory extracted from messages of the searched scope is shown
+    /// with the best-ranked of them (the `accounts/...#N` path of the
+    /// result right below it) and takes no place of its own among the k.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub with: Option<String>,
 }
 
 /// Recent query vectors, oldest first in the queue.
@@ -523,3 +528,40 @@ impl Index {
 
 #[cfg(test)]
 mod tests;
+
+/// How many of `items` (in result order) make the first `k` sources: an
+/// item `attached` is shown with the source right after it (a memory above
+/// its message) and is kept or cut with that source.
+pub fn cut_after_sources<T>(items: &[T], k: usize, attached: impl Fn(&T) -> bool) -> usize {
+    let mut sources = 0;
+    let mut group = 0;
+    for (i, it) in items.iter().enumerate() {
+        if attached(it) {
+            continue;
+        }
+        sources += 1;
+        if sources > k {
+            return group;
+        }
+        group = i + 1;
+    }
+    items.len()
+}
+
+#[cfg(test)]
+mod cut_tests {
+    use super::cut_after_sources;
+
+    #[test]
+    fn memories_shown_with_a_message_go_with_it() {
+        // m = a memory shown with the message after it, s = a source.
+        let r = ['m', 'm', 's', 's', 'm', 's', 's'];
+        let at = |k| cut_after_sources(&r, k, |c| *c == 'm');
+        assert_eq!(at(1), 3);
+        assert_eq!(at(2), 4);
+        assert_eq!(at(3), 6, "the third source comes with its memory");
+        assert_eq!(at(4), 7);
+        assert_eq!(at(9), 7);
+        assert_eq!(at(0), 0);
+    }
+}

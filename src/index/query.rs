@@ -88,6 +88,8 @@ impl Index {
         for (sim, d) in dirs.into_iter().take(TREE_DIRS) {
             for mut h in self.search_in(d, &flat, true)? {
                 h.score *= (sim / best).max(0.0);
+                // Ranked by score across directories: no grouping here.
+                h.with = None;
                 out.push(h);
             }
         }
@@ -246,6 +248,7 @@ impl Index {
             line: 0,
             via: None,
             superseded_by: None,
+            with: None,
         };
         for (r, (p, s, i)) in vec_hits.iter().enumerate() {
             let h = by.entry(p.clone()).or_insert_with(|| blank(p));
@@ -288,10 +291,7 @@ impl Index {
                 };
                 if p.contains('#') {
                     // A conversation's message: below a memory saying the same.
-                    h.score *= std::env::var("CTXFS_EXP_MW")
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(MESSAGE_WEIGHT);
+                    h.score *= MESSAGE_WEIGHT;
                     h.level = MESSAGE_LEVEL;
                 }
                 if let Some(by) = st.superseder(&p) {
@@ -314,55 +314,81 @@ impl Index {
             })
             .collect();
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
-        if std::env::var("CTXFS_EXP_INTERLEAVE").is_ok() {
-            let (msgs, mems): (Vec<Hit>, Vec<Hit>) =
-                hits.into_iter().partition(|h| h.level == MESSAGE_LEVEL);
-            let first_msg = msgs.first().map(|h| h.score).unwrap_or(0.0)
-                > mems.first().map(|h| h.score).unwrap_or(0.0);
-            let (mut a, mut b) = if first_msg {
-                (msgs.into_iter(), mems.into_iter())
-            } else {
-                (mems.into_iter(), msgs.into_iter())
-            };
-            hits = Vec::new();
-            loop {
-                let x = a.next();
-                let y = b.next();
-                if x.is_none() && y.is_none() {
-                    break;
-                }
-                hits.extend(x);
-                hits.extend(y);
-            }
-        }
-
         // Only what is ACTIVE now, and messages of conversations still
-        // stored (the index may lag a delete by a moment).
+        // stored (the index may lag a delete by a moment). One result per
+        // source: where messages are among the results, a memory extracted
+        // from messages of this scope takes no place of its own; it is
+        // shown right above the best-ranked of its messages that made the
+        // top k (and not at all when none did), so a memory never pushes a
+        // message out (BENCHMARKS: on real conversations, every place given
+        // to extracted memories cost evidence recall).
         let mut out: Vec<Hit> = Vec::new();
         // Conversations looked up so far (several messages of one are common).
         let mut stored: HashMap<String, bool> = HashMap::new();
+        // Extracted memories waiting for one of their messages: (hit, the
+        // message paths it cites).
+        let mut drawn: Vec<(Hit, HashSet<String>)> = Vec::new();
+        let mut sources = 0;
+        let any_message = hits.iter().any(|h| h.level == MESSAGE_LEVEL);
         for h in hits {
-            if out.len() >= k {
+            if sources >= k {
                 break;
             }
             let node = &h.path["accounts/".len()..];
-            let live = match event::message_of(node) {
-                Some((conv, _)) => match stored.get(conv) {
-                    Some(&s) => s,
-                    None => {
-                        let s = self.store.get_scratch(conv)?.is_some();
-                        stored.insert(conv.to_string(), s);
-                        s
+            match event::message_of(node) {
+                Some((conv, _)) => {
+                    let live = match stored.get(conv) {
+                        Some(&s) => s,
+                        None => {
+                            let s = self.store.get_scratch(conv)?.is_some();
+                            stored.insert(conv.to_string(), s);
+                            s
+                        }
+                    };
+                    if live {
+                        sources += 1;
+                        out.push(h);
                     }
-                },
-                None => self
-                    .store
-                    .get_node(node)?
-                    .is_some_and(|r| r.status == Status::Active),
-            };
-            if live {
-                out.push(h);
+                }
+                None => {
+                    let Some(rec) = self.store.get_node(node)? else {
+                        continue;
+                    };
+                    if rec.status != Status::Active {
+                        continue;
+                    }
+                    let cited = if any_message {
+                        self.cited_messages(account, &rec)
+                    } else {
+                        HashSet::new()
+                    };
+                    if cited.is_empty() {
+                        sources += 1;
+                        out.push(h);
+                    } else {
+                        drawn.push((h, cited));
+                    }
+                }
             }
+        }
+        if !drawn.is_empty() {
+            let mut placed = Vec::with_capacity(out.len() + drawn.len());
+            for h in out {
+                if h.level == MESSAGE_LEVEL {
+                    let mut i = 0;
+                    while i < drawn.len() {
+                        if drawn[i].1.contains(&h.path) {
+                            let mut m = drawn.remove(i).0;
+                            m.with = Some(h.path.clone());
+                            placed.push(m);
+                        } else {
+                            i += 1;
+                        }
+                    }
+                }
+                placed.push(h);
+            }
+            out = placed;
         }
         if q.expand {
             let mut extra = Vec::new();
@@ -401,6 +427,38 @@ impl Index {
             out.extend(extra);
         }
         Ok(out)
+    }
+
+    /// The search paths (`accounts/A/users/U/inbox/NAME.json#N`) of the
+    /// messages the current version of an extracted memory cites (its
+    /// `.meta.json` `provenance` and `sources`); empty for a memory not
+    /// extracted from a conversation, or whose metadata cannot be read.
+    fn cited_messages(&self, account: &str, rec: &crate::store::NodeRec) -> HashSet<String> {
+        let mut out = HashSet::new();
+        let Some(f) = rec.file(".meta.json") else {
+            return out;
+        };
+        let Ok(bytes) = self.store.read_blob(account, f.blob, f.size) else {
+            return out;
+        };
+        let Ok(meta) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+            return out;
+        };
+        let mut add = |p: &serde_json::Value| {
+            let Some(inbox) = p["inbox"].as_str() else {
+                return;
+            };
+            for m in p["messages"].as_array().into_iter().flatten() {
+                if let Some(n) = m.as_u64() {
+                    out.insert(format!("accounts/{account}/{inbox}#{n}"));
+                }
+            }
+        };
+        add(&meta["provenance"]);
+        for p in meta["sources"].as_array().into_iter().flatten() {
+            add(p);
+        }
+        out
     }
 
     /// The weight of each of `terms` in `account` (BM25 idf).
