@@ -466,9 +466,10 @@ pub fn sources(c: &Candidate, conv: &Conversation, known: Option<&str>) -> suppo
 }
 
 /// Why `sentence` gives one speaker what the other said of themselves,
-/// if it does. Its subject is the user ("The user ran a charity race") or
-/// the other speaker, by a name the user greets ("Audrey is a financial
-/// analyst"); it is misattributed when a message of the *other* side
+/// if it does. It is about the other speaker when it opens with a name the
+/// user greets ("Audrey is a financial analyst"), else about the user when
+/// it names the user ("The user ran a charity race", "Pepper and Panda are
+/// the user's dogs"); it is misattributed when a message of the *other* side
 /// holds more of its subject words (the speakers' names aside) than any
 /// message of its subject's side, and at least half of them: the other
 /// said it of themselves ("I ran a charity race for ...", "I started a new
@@ -484,13 +485,14 @@ pub fn misattributed(sentence: &str, conv: &Conversation) -> Option<String> {
         .split(|c: char| !c.is_alphanumeric())
         .next()
         .unwrap_or("");
-    let subject_is_user = if low.starts_with("the user") || first == "user" {
+    let subject_is_user = if greeted.contains(first) && !greeting.contains(first) {
+        false
+    } else if words.contains("user") {
+        // "The user ran …", and "Pepper and Panda are the user's dogs".
         if greeted.iter().any(|n| words.contains(n)) {
             return None;
         }
         true
-    } else if greeted.contains(first) && !greeting.contains(first) {
-        false
     } else {
         return None;
     };
@@ -784,6 +786,10 @@ mod tests {
         );
         let why = misattributed("Mel started a pottery class.", &conv).unwrap_or_default();
         assert!(why.contains("the user says it"), "{why}");
+        // Given to the user by a possessive: the same.
+        let why =
+            misattributed("Mental health races are the user's thing.", &conv).unwrap_or_default();
+        assert!(why.contains("message 0"), "{why}");
         // About both: not judged here.
         assert_eq!(
             misattributed(

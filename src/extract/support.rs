@@ -105,6 +105,19 @@ pub fn no_fact(sentence: &str, topic: &str) -> Option<String> {
         ));
     }
     let low = sentence.to_lowercase();
+    if low.starts_with("the user is")
+        && (low.contains("friend of the user") || low.contains("the user's friend"))
+    {
+        return Some("it makes the user a friend of themselves: no fact".into());
+    }
+    const PERSONS: &[&str] = &[
+        "i", "me", "my", "mine", "you", "your", "yours", "we", "our", "ours", "us",
+    ];
+    if let Some(w) = tokens(&low).find(|w| PERSONS.contains(w)) {
+        return Some(format!(
+            "it speaks in the first or second person ({w:?}): chat, not a fact in the third person"
+        ));
+    }
     for copula in [" is ", " are ", " was ", " were "] {
         if let Some((a, b)) = low.split_once(copula) {
             let (a, b) = (content(a), content(b));
@@ -126,6 +139,9 @@ pub struct Sources {
     forbidden: std::collections::HashMap<String, &'static str>,
     /// The other speaker's relations (relation, name), lower case.
     theirs: Vec<(String, String)>,
+    /// Each source's own lower-case words: a relation and the name it is
+    /// given to must be said together.
+    each: Vec<HashSet<String>>,
 }
 
 /// Words of family and household a sentence may give the user.
@@ -220,11 +236,15 @@ impl Sources {
     pub fn new<'a>(texts: impl IntoIterator<Item = &'a str>) -> Sources {
         let mut words = HashSet::new();
         let mut terms = HashSet::new();
+        let mut each = Vec::new();
         for t in texts {
+            let mut own = HashSet::new();
             for w in tokens(t) {
+                own.insert(w.to_lowercase());
                 words.insert(w.to_lowercase());
                 words.extend(digits(w));
             }
+            each.push(own);
             terms.extend(crate::schema::words::terms(t));
         }
         Sources {
@@ -232,6 +252,7 @@ impl Sources {
             terms,
             forbidden: Default::default(),
             theirs: Vec::new(),
+            each,
         }
     }
 
@@ -298,11 +319,39 @@ impl Sources {
                 }
             }
         }
+        // The names of the sentence: capitalised words but its first.
+        let names: Vec<String> = tokens(sentence)
+            .enumerate()
+            .filter(|(i, w)| {
+                let lower = w.to_lowercase();
+                w.chars().next().is_some_and(char::is_uppercase)
+                    && (*i > 0
+                        || !(crate::schema::words::is_stopword(&lower)
+                            || FRAME.contains(&lower.as_str())
+                            || SENTENCE_STARTS.contains(&lower.as_str())))
+            })
+            .map(|(_, w)| w.to_lowercase())
+            .collect();
         for w in tokens(sentence) {
             let lower = w.to_lowercase();
-            if RELATION_WORDS.contains(&lower.as_str()) && !self.holds_word(&lower) {
+            if !RELATION_WORDS.contains(&lower.as_str()) {
+                continue;
+            }
+            if !self.holds_word(&lower) {
                 return Some(format!(
                     "the relation {lower:?} is in no source: a relation is stored only as said"
+                ));
+            }
+            // "The user's husband is Jolene" from "my husband and I" and
+            // "Hey Jolene": the relation and the name, never said together.
+            let together = |own: &HashSet<String>| {
+                (own.contains(&lower) || own.contains(&format!("{lower}s")))
+                    && names.iter().any(|n| own.contains(n))
+            };
+            if !names.is_empty() && !self.each.iter().any(together) {
+                return Some(format!(
+                    "the relation {lower:?} and the name {} are said in no one source together",
+                    names.join(", ")
                 ));
             }
         }
@@ -425,6 +474,12 @@ mod tests {
             ("The user's friends are the user's friends.", "social life"),
             ("Family.", "family"),
             ("Melanie is the other speaker.", "Melanie"),
+            (
+                "The user is Dave, a friend of the user and a musician.",
+                "profile",
+            ),
+            ("The user and Sam will keep you posted.", "keep in touch"),
+            ("See you soon!", "keep in touch"),
         ] {
             assert!(no_fact(s, topic).is_some(), "{s} under {topic}");
         }
@@ -460,6 +515,16 @@ mod tests {
         let s = Sources::new(["my husband Tim and my kids love the beach"]);
         assert_eq!(s.unsupported("Tim is the user's husband."), None);
         assert_eq!(s.unsupported("The user's kid loves the beach."), None);
+        // Relation and name from two messages: not said together.
+        let s = Sources::new(["My husband and I are fine", "Hey Jolene!"]);
+        let why = s
+            .unsupported("The user's husband is Jolene.")
+            .unwrap_or_default();
+        assert!(why.contains("together"), "{why}");
+        let s = Sources::new(["Tim, my husband, loves the beach"]);
+        assert_eq!(s.unsupported("Tim is the user's husband."), None);
+        let s = Sources::new(["my husband loves the beach", "Tim says hi"]);
+        assert!(s.unsupported("Tim is the user's husband.").is_some());
     }
 
     #[test]
