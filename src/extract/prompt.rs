@@ -283,7 +283,12 @@ mod tests {
     #[test]
     fn a_long_conversation_is_cut_into_windows_of_whole_messages() {
         let msg = |i: usize| Message {
-            role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+            role: if i.is_multiple_of(2) {
+                "user"
+            } else {
+                "assistant"
+            }
+            .into(),
             content: format!("message {i} ") + &"word ".repeat(60),
             ts: None,
         };
