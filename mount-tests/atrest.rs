@@ -189,16 +189,19 @@ fn an_encrypted_data_dir_holds_no_text_and_a_deleted_user_is_forgotten() {
 
     // Rekeying to the key in use is refused: its advice to destroy "the
     // old key" would destroy the only one.
-    let out = ctxfs_with_key(
-        &key,
-        &[
-            "rekey",
-            "--data",
-            data,
-            "--new-key-file",
-            key.to_str().unwrap(),
-        ],
-    );
+    let rekey_to = |to: &Path| {
+        ctxfs_with_key(
+            &key,
+            &[
+                "rekey",
+                "--data",
+                data,
+                "--new-key-file",
+                to.to_str().unwrap(),
+            ],
+        )
+    };
+    let out = rekey_to(&key);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && said.contains("the one in use"),
@@ -207,16 +210,7 @@ fn an_encrypted_data_dir_holds_no_text_and_a_deleted_user_is_forgotten() {
     // The master key rotates; the backup from before the delete opens with
     // the old key only: destroying it forgets alice there too.
     let new = key_file(keys.path(), "new.key");
-    let out = ctxfs_with_key(
-        &key,
-        &[
-            "rekey",
-            "--data",
-            data,
-            "--new-key-file",
-            new.to_str().unwrap(),
-        ],
-    );
+    let out = rekey_to(&new);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && said.contains("2 data key(s)"),

@@ -435,28 +435,26 @@ impl Index {
     /// extracted from a conversation, or whose metadata cannot be read.
     fn cited_messages(&self, account: &str, rec: &crate::store::NodeRec) -> HashSet<String> {
         let mut out = HashSet::new();
-        let Some(f) = rec.file(".meta.json") else {
-            return out;
-        };
-        let Ok(bytes) = self.store.read_blob(account, f.blob, f.size) else {
+        let Ok(Some(bytes)) = self.store.read_file(rec, place::META) else {
             return out;
         };
         let Ok(meta) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
             return out;
         };
-        let mut add = |p: &serde_json::Value| {
+        // `sources` holds the version's own provenance first.
+        let sources = match &meta["sources"] {
+            serde_json::Value::Array(a) => a.iter().collect(),
+            _ => vec![&meta["provenance"]],
+        };
+        for p in sources {
             let Some(inbox) = p["inbox"].as_str() else {
-                return;
+                continue;
             };
-            for m in p["messages"].as_array().into_iter().flatten() {
-                if let Some(n) = m.as_u64() {
+            for n in p["messages"].as_array().into_iter().flatten() {
+                if let Some(n) = n.as_u64() {
                     out.insert(format!("accounts/{account}/{inbox}#{n}"));
                 }
             }
-        };
-        add(&meta["provenance"]);
-        for p in meta["sources"].as_array().into_iter().flatten() {
-            add(p);
         }
         out
     }
