@@ -789,6 +789,74 @@ fn every_message_is_searchable_beside_the_memories() {
     assert!(!after.contains("inbox"), "{after}");
 }
 
+/// A conversation removed and written again under its name while the
+/// indexer is behind: no search shows a message of the removed one, even
+/// before its delete events are indexed (a message hit is checked against
+/// the conversation it was indexed from, not the name), and the new one's
+/// messages once they are indexed.
+#[test]
+fn a_removed_conversation_stays_out_of_search_while_the_index_is_behind() {
+    let minilm = format!(
+        "[index]\nembedder = \"minilm\"\nmodel_dir = \"{}\"\n",
+        model_dir().display()
+    );
+    let (_server, m) = canned_mount(
+        serde_json::json!([{"content": r#"{"memories":[]}"#}]),
+        |c| format!("{c}\n{minilm}"),
+    );
+    let old = r#"[{"role":"user","content":"My cat Zanzibar sleeps on the grand piano every afternoon."}]"#;
+    let s = ingest(&m, "c1", old, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    assert!(search(&m, READER, "users/priya", "Zanzibar piano").contains("c1.json#0"));
+    // A backlog: 300 messages of another conversation for MiniLM to embed
+    // (about 10 s in a debug build).
+    for b in 0..1 {
+        let bulk: Vec<Value> = (0..300)
+            .map(|i| {
+                serde_json::json!({"role": "user",
+                    "content": format!("Entry {b}.{i}: the weather report for district {} says rain then sun", i * 7)})
+            })
+            .collect();
+        put(
+            &m,
+            WRITER,
+            &format!("{INBOX}/bulk{b}.json"),
+            &serde_json::to_string(&bulk).unwrap(),
+        );
+    }
+    // c1 removed and a new c1 written, behind the backlog.
+    m.ok(WRITER, &format!("rm \"$M/{INBOX}/c1.json\""));
+    let new = r#"[{"role":"user","content":"Nothing about animals, only spreadsheets today."}]"#;
+    put(&m, WRITER, &format!("{INBOX}/c1.json"), new);
+    let backlog = |m: &Mount| -> i64 {
+        m.json(0, "cat $M/.ctxfs/status")["outbox_depth"]
+            .as_i64()
+            .unwrap()
+    };
+    assert!(backlog(&m) > 100, "no backlog to test: {}", backlog(&m));
+    for uid in [READER, WRITER] {
+        let found = search(&m, uid, "users/priya", "Zanzibar piano");
+        assert!(!found.contains("c1.json"), "a removed message: {found}");
+        let json = m.ok(
+            uid,
+            "cat \"$M/accounts/acme/.search/cat Zanzibar?format=json\"",
+        );
+        assert!(!json.contains("c1.json"), "{json}");
+    }
+    // The searches above ran while the old messages were still indexed.
+    assert!(backlog(&m) > 0, "the backlog drained before the searches");
+    let t = std::time::Instant::now();
+    let synced = within(Duration::from_secs(300), || {
+        m.sh(WRITER, "cat $M/.ctxfs/sync").status.success()
+    });
+    assert!(synced.is_some(), "the backlog was not indexed in 300 s");
+    eprintln!("backlog indexed in {:?}", t.elapsed());
+    assert!(search(&m, READER, "users/priya", "spreadsheets animals").contains("c1.json#0"));
+    let found = search(&m, READER, "users/priya", "Zanzibar piano");
+    assert!(!found.contains("Zanzibar"), "{found}");
+}
+
 fn search(m: &Mount, uid: u32, dir: &str, q: &str) -> String {
     m.ok(uid, &format!("cat \"$M/accounts/acme/{dir}/.search/{q}\""))
 }

@@ -103,7 +103,7 @@ impl Fs {
             // A stored conversation's messages leave the index with it.
             if super::inbox::is_conversation_path(&path) {
                 if let Some(conv) = self.stored_conversation(&path)? {
-                    ops.extend(self.message_event_ops(&path, &conv, true)?);
+                    ops.extend(self.message_event_ops(&path, &conv, None)?);
                 }
                 ops.extend(self.conversation_bytes_op(&path)?);
             }

@@ -99,10 +99,12 @@ fn name_field(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<
 /// The search index's events for a conversation's messages, one per
 /// non-empty message: (message number, change); none for a conversation
 /// marked `"searchable": false`. `redactor` is the account's, so no secret
-/// it catches reaches the index or an embedder.
+/// it catches reaches the index or an embedder; `stored_ns` is the stored
+/// conversation's time, its identity in the index.
 pub fn message_changes(
     conv: &Conversation,
     redactor: Option<&crate::schema::redact::Redactor>,
+    stored_ns: u64,
 ) -> Vec<(usize, crate::schema::event::Change)> {
     if conv.unsearchable {
         return Vec::new();
@@ -129,6 +131,7 @@ pub fn message_changes(
                     Some(r) => r.redact_text(&text).0,
                     None => text,
                 },
+                stored_ns: Some(stored_ns),
             };
             (i, change)
         })
@@ -590,7 +593,7 @@ mod tests {
                  {"role":"assistant","content":"ok","ts":1700000000}]"#,
         )
         .unwrap();
-        let ch = message_changes(&c, Some(&crate::schema::redact::Redactor::default()));
+        let ch = message_changes(&c, Some(&crate::schema::redact::Redactor::default()), 7);
         assert_eq!(ch.len(), 2, "the blank message is left out");
         assert_eq!(ch[1].0, 2, "numbers are the conversation's");
         let crate::schema::event::Change::UpsertMessage { text, ts, .. } = &ch[0].1 else {

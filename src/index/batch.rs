@@ -13,6 +13,8 @@ pub(super) enum Work {
         /// The document's abstract when it is not its L0 (a conversation's
         /// message: number, role, time and text); not embedded.
         label: Option<String>,
+        /// A message's: when its conversation was stored (`IxDoc::source`).
+        source: Option<u64>,
     },
     Relations {
         path: String,
@@ -65,16 +67,19 @@ pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
             path: path.clone(),
             texts: records.iter().map(|r| (r.level, r.text.clone())).collect(),
             label: None,
+            source: None,
         },
         event::Change::UpsertMessage {
             message,
             role,
             ts,
             text,
+            stored_ns,
         } => Work::Upsert {
             path: path.clone(),
             texts: vec![(2, text.clone())],
             label: Some(event::message_label(*message, role, ts.as_deref(), text)),
+            source: *stored_ns,
         },
         event::Change::UpsertRelation { edges } => Work::Relations {
             path: path.clone(),
@@ -540,7 +545,12 @@ impl Index {
             }
         };
         Ok(match &p.work {
-            Work::Upsert { path, texts, label } => {
+            Work::Upsert {
+                path,
+                texts,
+                label,
+                source,
+            } => {
                 let old = cur_doc(path);
                 let next = label_hw
                     .entry(ai.name.clone())
@@ -548,6 +558,7 @@ impl Index {
                 let mut doc = IxDoc {
                     model: model.to_string(),
                     edges: old.as_ref().map(|d| d.edges.clone()).unwrap_or_default(),
+                    source: *source,
                     ..Default::default()
                 };
                 let mut all = String::new();

@@ -90,6 +90,22 @@ pub struct IxDoc {
     pub recs: Vec<IxRec>,
     pub terms: Vec<(String, u32)>,
     pub edges: Vec<Edge>,
+    /// A conversation's message: when the conversation it was indexed from
+    /// was stored (ns since the epoch). Search shows the message only while
+    /// the conversation stored under its name is that one. `None` for nodes,
+    /// and for messages indexed before the field existed.
+    pub source: Option<u64>,
+}
+
+/// An index document as stored before `source` (postcard has no optional
+/// trailing fields): read, never written.
+#[derive(Deserialize)]
+struct IxDocV1 {
+    abstract_: String,
+    model: String,
+    recs: Vec<IxRec>,
+    terms: Vec<(String, u32)>,
+    edges: Vec<Edge>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,7 +142,19 @@ pub fn referenced_vectors(store: &dyn Store) -> Result<HashSet<(String, u128)>> 
 
 impl IxDoc {
     fn decode(b: &[u8]) -> Result<Self> {
-        postcard::from_bytes(b).map_err(|e| Error::store_from("corrupt index document", e))
+        if let Ok(d) = postcard::from_bytes::<IxDoc>(b) {
+            return Ok(d);
+        }
+        let d: IxDocV1 =
+            postcard::from_bytes(b).map_err(|e| Error::store_from("corrupt index document", e))?;
+        Ok(IxDoc {
+            abstract_: d.abstract_,
+            model: d.model,
+            recs: d.recs,
+            terms: d.terms,
+            edges: d.edges,
+            source: None,
+        })
     }
     fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).unwrap_or_default()

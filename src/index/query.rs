@@ -323,8 +323,9 @@ impl Index {
         // message out (BENCHMARKS: on real conversations, every place given
         // to extracted memories cost evidence recall).
         let mut out: Vec<Hit> = Vec::new();
-        // Conversations looked up so far (several messages of one are common).
-        let mut stored: HashMap<String, bool> = HashMap::new();
+        // Conversations looked up so far (several messages of one are
+        // common): when the one stored under the name was stored.
+        let mut stored: HashMap<String, Option<u64>> = HashMap::new();
         // Extracted memories waiting for one of their messages: (hit, the
         // message paths it cites).
         let mut drawn: Vec<(Hit, HashSet<String>)> = Vec::new();
@@ -337,13 +338,29 @@ impl Index {
             let node = &h.path["accounts/".len()..];
             match event::message_of(node) {
                 Some((conv, _)) => {
-                    let live = match stored.get(conv) {
+                    let now = match stored.get(conv) {
                         Some(&s) => s,
                         None => {
-                            let s = self.store.get_scratch(conv)?.is_some();
+                            let s = match self.store.get_scratch(conv)? {
+                                Some(b) => Some(
+                                    crate::store::ScratchRec::decode(&b)
+                                        .map(|r| u64::try_from(r.mtime_ns).unwrap_or(0))?,
+                                ),
+                                None => None,
+                            };
                             stored.insert(conv.to_string(), s);
                             s
                         }
+                    };
+                    // The message was indexed from the conversation stored
+                    // under this name now, not one deleted before it (a
+                    // message indexed before the index kept `source` is
+                    // judged by the name alone).
+                    let from = st.docs.get(node).and_then(|d| d.ix.source);
+                    let live = match (now, from) {
+                        (None, _) => false,
+                        (Some(_), None) => true,
+                        (Some(n), Some(f)) => n == f,
                     };
                     if live {
                         sources += 1;

@@ -82,7 +82,8 @@ impl Index {
         }
         let account = conv.split('/').next().unwrap_or("");
         let r = self.cfg.redaction.for_account(account);
-        Ok(crate::extract::message_changes(&c, r.as_ref()))
+        let stored_ns = u64::try_from(rec.mtime_ns).unwrap_or(0);
+        Ok(crate::extract::message_changes(&c, r.as_ref(), stored_ns))
     }
 
     /// Re-embed the documents whose vectors came from another model. The
@@ -236,6 +237,7 @@ impl Index {
                             path: path.clone(),
                             texts,
                             label: None,
+                            source: None,
                         }));
                         batch.push(direct(Work::Relations {
                             path: path.clone(),

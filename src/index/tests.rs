@@ -25,6 +25,45 @@ fn derived_overview_of_one_chunk_has_no_record() {
     assert!(l[0] == 1 && l.len() > 2, "{l:?}");
 }
 
+#[test]
+fn index_documents_stored_before_source_still_read() {
+    // The layout before `source`, as postcard wrote it.
+    #[derive(Serialize)]
+    struct Old {
+        abstract_: String,
+        model: String,
+        recs: Vec<IxRec>,
+        terms: Vec<(String, u32)>,
+        edges: Vec<Edge>,
+    }
+    let old = Old {
+        abstract_: "#0 user: hello".into(),
+        model: "m".into(),
+        recs: vec![IxRec {
+            label: 3,
+            level: 2,
+            line: 0,
+            hash: 9,
+        }],
+        terms: vec![("hello".into(), 1)],
+        edges: Vec::new(),
+    };
+    let d = IxDoc::decode(&postcard::to_stdvec(&old).unwrap()).unwrap();
+    assert_eq!(d.abstract_, "#0 user: hello");
+    assert_eq!(d.recs[0].label, 3);
+    assert_eq!(d.terms, old.terms);
+    assert_eq!(d.source, None);
+    // And the new layout round-trips with it.
+    let new = IxDoc {
+        source: Some(1_790_000_000_000_000_000),
+        ..d
+    };
+    let back = IxDoc::decode(&new.encode()).unwrap();
+    assert_eq!(back.source, new.source);
+    assert_eq!(back.abstract_, new.abstract_);
+    assert!(IxDoc::decode(b"\xff\xff").is_err());
+}
+
 struct T {
     _dir: tempfile::TempDir,
     store: Arc<RedbStore>,

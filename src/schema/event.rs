@@ -64,6 +64,12 @@ pub enum Change {
         ts: Option<String>,
         /// The message's text, after the account's redaction.
         text: String,
+        /// When the conversation was stored (ns since the epoch): which
+        /// conversation of its name the message was indexed from. A search
+        /// shows the message only while that conversation is the one stored
+        /// (a name deleted and written again names another).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stored_ns: Option<u64>,
     },
 }
 

@@ -365,7 +365,7 @@ impl Fs {
                     path: hash_path,
                     data: name.as_bytes().to_vec(),
                 });
-                ops.extend(self.message_event_ops(&h.path, &conv, false)?);
+                ops.extend(self.message_event_ops(&h.path, &conv, Some(now as u64))?);
             }
         }
         ops.push(Self::job_op(inbox, &job));
@@ -393,7 +393,7 @@ impl Fs {
             return Err(Error::NotFound);
         }
         let mut ops = match self.stored_conversation(&path)? {
-            Some(conv) => self.message_event_ops(&path, &conv, true)?,
+            Some(conv) => self.message_event_ops(&path, &conv, None)?,
             None => Vec::new(),
         };
         ops.extend(self.conversation_bytes_op(&path)?);

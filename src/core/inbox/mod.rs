@@ -387,27 +387,28 @@ impl Fs {
     }
 
     /// The outbox events that index the messages of the conversation
-    /// stored at `path` (`remove`: that forget them), in the transaction
-    /// that stores (or removes) it, so search finds what was said even where
-    /// no memory holds it (SEMANTICS "Conversations in search").
+    /// stored at `path` at time `stored_ns` (`None`: that forget them), in
+    /// the transaction that stores (or removes) it, so search finds what
+    /// was said even where no memory holds it (SEMANTICS "Conversations in
+    /// search").
     pub(in crate::core) fn message_event_ops(
         &self,
         path: &str,
         conv: &Conversation,
-        remove: bool,
+        stored_ns: Option<u64>,
     ) -> Result<Vec<Op>> {
         use crate::schema::event::{message_path, Change};
         let account = Self::account_of(path).to_string();
-        let changes: Vec<(usize, Change)> = if remove {
-            (0..conv.messages.len())
+        let changes: Vec<(usize, Change)> = match stored_ns {
+            None => (0..conv.messages.len())
                 .map(|i| (i, Change::DeleteContext {}))
-                .collect()
-        } else if self.is_unindexed(path) {
+                .collect(),
             // Under a prefix the account keeps out of the index.
-            Vec::new()
-        } else {
-            let r = self.redaction().for_account(&account);
-            extract::message_changes(conv, r.as_ref())
+            Some(_) if self.is_unindexed(path) => Vec::new(),
+            Some(ns) => {
+                let r = self.redaction().for_account(&account);
+                extract::message_changes(conv, r.as_ref(), ns)
+            }
         };
         let mut ops = Vec::with_capacity(changes.len() + 1);
         let mut max_seq = 0;
