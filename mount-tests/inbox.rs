@@ -476,13 +476,18 @@ fn server_errors_and_invalid_json_are_retried_then_dead_lettered() {
     );
     let n = m2.ok(WRITER, "find \"$M/accounts/acme\" -name content.md | wc -l");
     assert_eq!(n.trim(), "0");
-    // A finished conversation may be removed; its status goes with it.
+    // A finished conversation may be removed; its status stays, saying
+    // so, until it is removed too.
     m2.ok(WRITER, &format!("rm \"$M/{INBOX}/slow.json\""));
+    let st = m2.json(WRITER, &format!("cat \"$M/{INBOX}/slow.status\""));
+    assert!(st["removed_at"].is_string(), "{st:#}");
+    m2.ok(WRITER, &format!("rm \"$M/{INBOX}/slow.status\""));
     m2.fails(
         WRITER,
         &format!("cat \"$M/{INBOX}/slow.status\""),
         "No such file",
     );
+    assert_eq!(m2.ok(WRITER, &format!("ls \"$M/{INBOX}\"")), "");
     drop(slow);
 }
 
@@ -855,6 +860,81 @@ fn a_removed_conversation_stays_out_of_search_while_the_index_is_behind() {
     assert!(search(&m, READER, "users/priya", "spreadsheets animals").contains("c1.json#0"));
     let found = search(&m, READER, "users/priya", "Zanzibar piano");
     assert!(!found.contains("Zanzibar"), "{found}");
+}
+
+/// `rm -r` of a user goes through in one run whatever its inbox holds: a
+/// conversation refused at close (only its `NAME.status`, one for
+/// `NAME.json` and `NAME.jsonl`), one accepted, one waiting in review; on
+/// an encrypted store the user's keys go with it.
+#[test]
+fn rm_r_of_a_user_removes_its_whole_inbox_in_one_go() {
+    use crate::atrest::{key_file, keys_dir};
+    let keys = keys_dir();
+    let key = key_file(keys.path(), "master.key");
+    for sealed in [false, true] {
+        let (_server, m) = canned_mount(serde_json::json!([{"content": ONE_MEMORY}]), |c| {
+            let c = c.replace("readers = [1002]\n", "readers = [1002]\nreview = true\n");
+            if sealed {
+                format!("{c}\n[encryption]\nkey_file = \"{}\"\n", key.display())
+            } else {
+                c
+            }
+        });
+        let bad = m.shared_file("bad");
+        std::fs::write(&bad, "not json").unwrap();
+        for ext in ["json", "jsonl"] {
+            m.fails(
+                WRITER,
+                &format!("cp {} \"$M/{INBOX}/bad.{ext}\"", bad.display()),
+                "Invalid argument",
+            );
+        }
+        let ls = m.ok(WRITER, &format!("ls \"$M/{INBOX}\""));
+        assert_eq!(ls.matches("bad.status").count(), 1, "{ls}");
+        // The status says why the last of them was refused.
+        let st = m.ok(WRITER, &format!("cat \"$M/{INBOX}/bad.status\""));
+        assert!(st.contains("bad.jsonl is not a conversation"), "{st}");
+        for c in ["c1", "c2"] {
+            let text = TEA.replace("green tea.", &format!("green tea ({c})."));
+            put(&m, WRITER, &format!("{INBOX}/{c}.json"), &text);
+            let s = wait_state(
+                &m,
+                &format!("{INBOX}/{c}.status"),
+                &["review", "failed"],
+                Duration::from_secs(30),
+            );
+            assert_eq!(s["state"], "review", "{s:#}");
+        }
+        m.ok(WRITER, &format!("echo accept > \"$M/{INBOX}/c2.review\""));
+        m.ok(WRITER, "cat $M/.ctxfs/sync");
+        // A removal takes the file it names: the record of c2 stays.
+        m.ok(WRITER, &format!("rm \"$M/{INBOX}/c2.json\""));
+        let st = m.json(WRITER, &format!("cat \"$M/{INBOX}/c2.status\""));
+        assert!(
+            st["state"] == "done" && st["removed_at"].is_string(),
+            "{st:#}"
+        );
+        let keys_before = m.json(0, "cat $M/.ctxfs/status")["data_keys"].clone();
+        let out = m.sh(WRITER, "rm -r \"$M/accounts/acme/users/priya\"");
+        assert!(
+            out.status.success(),
+            "rm -r: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let users = m.ok(WRITER, "ls \"$M/accounts/acme/users\"");
+        assert!(!users.contains("priya"), "{users}");
+        m.ok(WRITER, "cat $M/.ctxfs/sync");
+        assert!(!search(&m, WRITER, "", "green tea").contains("priya"));
+        if sealed {
+            // Only the account's own key is left (its audit trail).
+            let status = m.json(0, "cat $M/.ctxfs/status");
+            assert_eq!(status["data_keys"], 1, "{status} (before: {keys_before})");
+        }
+        // The name is free again, with nothing of before.
+        m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
+        assert_eq!(m.ok(WRITER, &format!("ls \"$M/{INBOX}\"")), "");
+        m.umount_and_fsck();
+    }
 }
 
 fn search(m: &Mount, uid: u32, dir: &str, q: &str) -> String {

@@ -42,7 +42,7 @@ impl Fs {
                 None => Err(Error::NotFound),
             },
             Entry::Status => {
-                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                let j = self.status_job(inbox, &stem)?.ok_or(Error::NotFound)?;
                 let redactor = self.redaction().for_account(Self::account_of(inbox));
                 let n = status_text(&j, redactor.as_ref()).len() as u64;
                 Ok(self.file_attr(ino, n, 0o444, SystemTime::now(), false))
@@ -65,16 +65,25 @@ impl Fs {
     ) -> Result<Vec<(String, Kind)>> {
         self.inbox_there(c, inbox, false)?;
         let mut out = Vec::new();
+        let mut stems = std::collections::HashSet::new();
+        for (file, b) in self.store.list_scratch(&format!("{inbox}/{JOBS}"))? {
+            let stem = extract::stem(&file).to_string();
+            if !stems.insert(stem.clone()) {
+                // A job of each extension (stores before one name's jobs
+                // replaced each other): one status, the first's.
+                continue;
+            }
+            let job = serde_json::from_slice::<Job>(&b).ok();
+            if job.as_ref().is_some_and(|j| j.state == State::Review) {
+                out.push((format!("{stem}{REVIEW_EXT}"), Kind::File));
+            }
+            if !job.is_some_and(|j| j.status_removed) {
+                out.push((format!("{stem}{STATUS_EXT}"), Kind::File));
+            }
+        }
         for (name, _) in self.store.list_scratch(inbox)? {
             if extract::is_conversation_name(&name) {
                 out.push((name, Kind::File));
-            }
-        }
-        for (file, b) in self.store.list_scratch(&format!("{inbox}/{JOBS}"))? {
-            let stem = extract::stem(&file).to_string();
-            out.push((format!("{stem}{STATUS_EXT}"), Kind::File));
-            if serde_json::from_slice::<Job>(&b).is_ok_and(|j| j.state == State::Review) {
-                out.push((format!("{stem}{REVIEW_EXT}"), Kind::File));
             }
         }
         Ok(out)
@@ -184,7 +193,7 @@ impl Fs {
                 if write {
                     return Err(Error::NotPermitted("read-only virtual file"));
                 }
-                let j = self.job_of_stem(inbox, &stem)?.ok_or(Error::NotFound)?;
+                let j = self.status_job(inbox, &stem)?.ok_or(Error::NotFound)?;
                 let redactor = self.redaction().for_account(Self::account_of(inbox));
                 Ok(data(status_text(&j, redactor.as_ref())))
             }
@@ -280,7 +289,7 @@ impl Fs {
                     finished_at: Some(rfc3339_ms(now)),
                     ..job
                 };
-                self.save_job(inbox, &job)?;
+                self.save_stem_job(inbox, &job)?;
                 return Err(Error::Invalid(why));
             }
         };
@@ -333,7 +342,7 @@ impl Fs {
                 finished_at: Some(rfc3339_ms(now)),
                 ..Job::new(name, h.caller, String::new(), 0, now, State::Failed)
             };
-            self.save_job(inbox, &job)?;
+            self.save_stem_job(inbox, &job)?;
             return Err(e);
         }
         let mut ops = vec![
@@ -368,7 +377,7 @@ impl Fs {
                 ops.extend(self.message_event_ops(&h.path, &conv, Some(now as u64))?);
             }
         }
-        ops.push(Self::job_op(inbox, &job));
+        ops.extend(Self::stem_job_ops(inbox, &job));
         self.store.apply(ops, true)?;
         self.notify_index();
         drop(_g);
@@ -381,34 +390,79 @@ impl Fs {
         Ok(())
     }
 
-    /// `unlink` in an inbox: a finished conversation and its status go.
+    /// `unlink` in an inbox. Each removal takes the file it names and no
+    /// other, so `rm -r` of a user goes through in one run whatever order
+    /// it removes in:
+    /// - `NAME.json` / `NAME.jsonl`: the stored conversation and its
+    ///   messages in search; the job's record stays (`removed_at`), and a
+    ///   job not extracted yet is dropped;
+    /// - `NAME.review`: the proposal is dropped, as `echo drop` does;
+    /// - `NAME.status`: the job's record (a queued or waiting job is
+    ///   dropped with it; while `NAME.review` waits, the record goes with
+    ///   its decision).
+    ///
+    /// A job being extracted right now holds both (`EBUSY`).
     pub(in crate::core) fn inbox_unlink(&self, c: Caller, inbox: &str, name: &str) -> Result<()> {
         self.inbox_there(c, inbox, true)?;
-        conversation_only(name, || Error::NotFound)?;
-        let _g = lock(&self.scratch_lock);
-        let path = format!("{inbox}/{name}");
-        let stored = self.store.get_scratch(&path)?.is_some();
-        let job = self.get_job(inbox, name)?;
-        if !stored && job.is_none() {
-            return Err(Error::NotFound);
+        let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;
+        if entry == Entry::Review {
+            return self.decide(c, inbox, &stem, "drop");
         }
-        let mut ops = match self.stored_conversation(&path)? {
-            Some(conv) => self.message_event_ops(&path, &conv, None)?,
-            None => Vec::new(),
+        let busy = || {
+            Error::Busy(
+                "the conversation is being extracted; remove it when its NAME.status says done",
+            )
         };
-        ops.extend(self.conversation_bytes_op(&path)?);
-        ops.push(Op::DelScratch { path });
-        if let Some(j) = job {
-            if !j.state.finished() {
-                return Err(Error::Busy(
-                    "the conversation is queued, being extracted or in review",
-                ));
+        let _g = lock(&self.scratch_lock);
+        let mut ops = Vec::new();
+        let file = match entry {
+            Entry::Status => {
+                let job = self.status_job(inbox, &stem)?.ok_or(Error::NotFound)?;
+                match job.state {
+                    State::Running => return Err(busy()),
+                    State::Review => ops.push(Self::job_op(
+                        inbox,
+                        &Job {
+                            status_removed: true,
+                            ..job.clone()
+                        },
+                    )),
+                    _ => ops.push(Op::DelScratch {
+                        path: Self::job_path(inbox, &job.file),
+                    }),
+                }
+                job.file
             }
-            ops.push(Op::DelScratch {
-                path: Self::job_path(inbox, name),
-            });
-        }
+            _ => {
+                let path = format!("{inbox}/{name}");
+                if self.store.get_scratch(&path)?.is_none() {
+                    return Err(Error::NotFound);
+                }
+                if let Some(mut job) = self.get_job(inbox, name)? {
+                    if job.state == State::Running {
+                        return Err(busy());
+                    }
+                    let now = rfc3339_ms(now_ns());
+                    if matches!(job.state, State::Queued | State::Waiting) {
+                        job.state = State::Dropped;
+                        job.error = Some("the conversation was removed before extraction".into());
+                        job.finished_at = Some(now.clone());
+                    }
+                    job.removed_at = Some(now);
+                    ops.push(Self::job_op(inbox, &job));
+                }
+                if let Some(conv) = self.stored_conversation(&path)? {
+                    ops.extend(self.message_event_ops(&path, &conv, None)?);
+                }
+                ops.extend(self.conversation_bytes_op(&path)?);
+                ops.push(Op::DelScratch { path });
+                name.to_string()
+            }
+        };
         self.store.apply(ops, true)?;
+        if let Some(ib) = self.inbox.get() {
+            lock(&ib.pending).remove(&(inbox.to_string(), file));
+        }
         self.notify_index();
         Ok(())
     }
@@ -419,18 +473,23 @@ impl Fs {
         self.inbox_there(h.caller, inbox, true)?;
         let stem = name.strip_suffix(REVIEW_EXT).unwrap_or(name);
         let word = String::from_utf8_lossy(bytes).trim().to_string();
+        self.decide(h.caller, inbox, stem, &word)
+    }
+
+    /// Apply `word` (`accept` or `drop`) to the job of `stem` in review.
+    fn decide(&self, caller: Caller, inbox: &str, stem: &str, word: &str) -> Result<()> {
+        let name = format!("{stem}{REVIEW_EXT}");
         let _g = lock(&self.scratch_lock);
         let mut job = self.job_of_stem(inbox, stem)?.ok_or(Error::NotFound)?;
         if job.state != State::Review {
             return Err(Error::NotFound);
         }
         let now = now_ns();
-        match word.as_str() {
+        match word {
             "accept" => {
                 let lines = job.proposal.join("\n");
                 let account = Self::account_of(inbox);
-                let (result, _) =
-                    self.commit_batch(h.caller, account, lines.as_bytes(), "inbox")?;
+                let (result, _) = self.commit_batch(caller, account, lines.as_bytes(), "inbox")?;
                 record_results(&mut job, &result);
                 job.state = State::Done;
             }
@@ -454,27 +513,37 @@ impl Fs {
             _ => {
                 return Err(Error::Invalid(format!(
                     "write accept or drop to {name}, not {}",
-                    crate::schema::excerpt(&word)
+                    crate::schema::excerpt(word)
                 )))
             }
         }
         job.proposal.clear();
         job.finished_at = Some(rfc3339_ms(now));
+        let removed = job.status_removed;
         self.audit(
             Self::account_of(inbox),
-            h.caller.by(Some("inbox")),
+            caller.by(Some("inbox")),
             json!({
                 "op": "review",
                 "conversation": format!("{}/{stem}", Self::in_account(inbox)),
                 "decision": word,
             }),
         )?;
+        if removed {
+            // Its status was removed while it waited: the record goes now.
+            return self.store.apply(
+                vec![Op::DelScratch {
+                    path: Self::job_path(inbox, &job.file),
+                }],
+                true,
+            );
+        }
         self.save_job(inbox, &job)
     }
 }
 
-/// Writers create and remove only conversations: status and review files
-/// are the daemon's (`EPERM`); `unknown` is the error for any other name.
+/// Writers create only conversations: status and review files are the
+/// daemon's (`EPERM`); `unknown` is the error for any other name.
 fn conversation_only(name: &str, unknown: impl FnOnce() -> Error) -> Result<()> {
     match entry_of(name) {
         Some((Entry::Conversation, _)) => Ok(()),

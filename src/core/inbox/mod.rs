@@ -113,12 +113,6 @@ pub enum State {
     Dropped,
 }
 
-impl State {
-    fn finished(self) -> bool {
-        matches!(self, State::Done | State::Failed | State::Dropped)
-    }
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Tokens {
     pub prompt: u64,
@@ -166,7 +160,15 @@ pub struct Job {
     /// Candidates the checks dropped, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<String>,
+    /// When a writer removed the conversation file (the record stays until
+    /// `NAME.status` is removed too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_at: Option<String>,
     // internal
+    /// `NAME.status` was removed while `NAME.review` still waited: the
+    /// record goes with the review's decision.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub status_removed: bool,
     pub uid: u32,
     pub gid: u32,
     pub sha256: String,
@@ -196,6 +198,8 @@ impl Job {
             tokens: Tokens::default(),
             changes: Vec::new(),
             dropped: Vec::new(),
+            removed_at: None,
+            status_removed: false,
             uid: c.uid,
             gid: c.gid,
             sha256,
@@ -207,7 +211,7 @@ impl Job {
     fn status_json(&self) -> Vec<u8> {
         let mut v = serde_json::to_value(self).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
-            for k in ["uid", "gid", "next_try_ms", "proposal"] {
+            for k in ["uid", "gid", "next_try_ms", "proposal", "status_removed"] {
                 o.remove(k);
             }
         }
@@ -466,6 +470,29 @@ impl Fs {
         self.store.apply(vec![Self::job_op(inbox, job)], true)
     }
 
+    /// The ops that save a new job of a written file: one name has one
+    /// job, so the record of the other extension (`NAME.jsonl` for
+    /// `NAME.json`: a refused one, as nothing of it is stored) goes.
+    fn stem_job_ops(inbox: &str, job: &Job) -> [Op; 2] {
+        let stem = extract::stem(&job.file);
+        let other = if job.file.ends_with(".jsonl") {
+            format!("{stem}.json")
+        } else {
+            format!("{stem}.jsonl")
+        };
+        [
+            Self::job_op(inbox, job),
+            Op::DelScratch {
+                path: Self::job_path(inbox, &other),
+            },
+        ]
+    }
+
+    fn save_stem_job(&self, inbox: &str, job: &Job) -> Result<()> {
+        self.store
+            .apply(Self::stem_job_ops(inbox, job).into(), true)
+    }
+
     /// The job of stem `stem`, whichever extension its file has.
     fn job_of_stem(&self, inbox: &str, stem: &str) -> Result<Option<Job>> {
         for ext in [".json", ".jsonl"] {
@@ -474,6 +501,11 @@ impl Fs {
             }
         }
         Ok(None)
+    }
+
+    /// The job `NAME.status` shows (none once a writer removed it).
+    fn status_job(&self, inbox: &str, stem: &str) -> Result<Option<Job>> {
+        Ok(self.job_of_stem(inbox, stem)?.filter(|j| !j.status_removed))
     }
 
     /// The stored conversation file at `path`.
