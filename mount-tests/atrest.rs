@@ -271,6 +271,8 @@ fn encryption_is_a_property_of_the_store() {
     let out = e.try_mount();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("chmod 600"), "{err}");
+    // Refused before anything of the data dir is made.
+    assert!(!e.data.exists(), "a refused key made the data dir");
     chmod(&key, 0o600);
     e.mount();
     e.ok(WRITER, &four_steps(BOB, "sealed words", ACTIVE));

@@ -93,7 +93,15 @@ fn mcp_sessions_of_writer_reader_and_stranger_match_the_mount() {
             tool("remember", json!({"category": "prefs", "slug": "gone", "content": "Temporary.\n"})),
             tool("forget", json!({"path": "memories/prefs/gone"})),
             tool("read", json!({"path": "memories/prefs/gone"})),
+            tool("search", json!({"query": format!("alice morning drink {}", "and other words ".repeat(30))})),
         ]),
+    );
+    // A query longer than a file name is searched by its first words.
+    let cut = w[17]["structured"]["query_cut_to"].as_str().unwrap_or("");
+    assert!(
+        w[17]["error"] == false && cut.starts_with("alice morning drink") && cut.len() < 255,
+        "{}",
+        w[17]
     );
     let names: Vec<&str> = w[0]["structured"]
         .as_array()

@@ -169,6 +169,29 @@ fn search_finds_paraphrases_and_never_stale_or_foreign_nodes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().count(), 2, "{text}");
     assert!(text.lines().next().unwrap().contains(&tea), "{text}");
+    // A '?' in the query is the query's; a query longer than a file name
+    // is searched by its first words, and says so.
+    let cli = |q: &str| {
+        std::process::Command::new(BIN)
+            .args(["search", "--dir", m.p("accounts/acme").to_str().unwrap(), q])
+            .output()
+            .unwrap()
+    };
+    let out = cli("tea?k=0");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&tea));
+    let long = format!("green tea {}", "and more words ".repeat(40));
+    let out = cli(&long);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("longer than a file name"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&tea));
 
     // Update: the old words leave, the new ones come.
     m.ok(WRITER, &format!("printf 'Alice now drinks espresso.' > $M/accounts/{tea}/content.md && printf 'Alice likes espresso' > $M/accounts/{tea}/.abstract.md && /bin/echo '{ACTIVE}' > $M/accounts/{tea}/.meta.json"));

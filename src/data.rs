@@ -3,7 +3,7 @@
 //! (config file and command-line overrides) and the search index over it.
 
 use crate::config::{IndexSection, Settings, Tenancy};
-use crate::store::seal::{KeySource, Sealed};
+use crate::store::seal::{KeySource, MasterKey, Sealed};
 use crate::store::{RedbStore, Store};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions};
@@ -88,11 +88,31 @@ pub fn seal(store: Arc<dyn Store>, source: Option<&KeySource>) -> Result<Arc<dyn
     })
 }
 
+/// The master key of `source`, read (and checked: a key file must be
+/// this uid's and private) before anything of the data dir is touched, so
+/// a bad key leaves no trace (`None`: no encryption).
+pub fn read_key(source: Option<&KeySource>) -> Result<Option<MasterKey>> {
+    source
+        .map(|src| src.read().map_err(|e| anyhow!("{}", e.report())))
+        .transpose()
+}
+
+/// [`seal`] with a master key already read.
+pub fn seal_with(store: Arc<dyn Store>, master: Option<MasterKey>) -> Result<Arc<dyn Store>> {
+    Ok(match sealed_by(store.clone(), master)? {
+        Some(s) => s,
+        None => store,
+    })
+}
+
 /// Like [`seal`], with the sealed store itself (`None`: not encrypted).
 pub fn sealed(store: Arc<dyn Store>, source: Option<&KeySource>) -> Result<Option<Arc<Sealed>>> {
-    match source {
-        Some(src) => {
-            let master = src.read().map_err(|e| anyhow!("{}", e.report()))?;
+    sealed_by(store, read_key(source)?)
+}
+
+fn sealed_by(store: Arc<dyn Store>, master: Option<MasterKey>) -> Result<Option<Arc<Sealed>>> {
+    match master {
+        Some(master) => {
             let s = Sealed::open(store, master).map_err(|e| anyhow!("{}", e.report()))?;
             Ok(Some(s))
         }

@@ -198,9 +198,9 @@ pub fn delete(data: &Path, account: &str, user: Option<&str>, agent: Option<&str
     store.close();
     println!(
         "deleted accounts/{prefix}: {} node(s) with their versions, {} draft(s), {} container(s), \
-         {} scratchpad entr(ies); the next mount's indexer forgets them, then `ctxfs compact` \
-         removes every trace from the data dir",
-        d.nodes, d.drafts, d.containers, d.scratch_entries
+         {} conversation(s), {} other record(s) (scratchpad files, inbox jobs); the next mount's \
+         indexer forgets them, then `ctxfs compact` removes every trace from the data dir",
+        d.nodes, d.drafts, d.containers, d.conversations, d.scratch_entries
     );
     Ok(0)
 }
@@ -399,18 +399,39 @@ pub fn search(
     if let Some(m) = mode {
         opts.push(format!("mode={m}"));
     }
-    let mut name = query.to_string();
-    if !opts.is_empty() {
-        name.push('?');
-        name.push_str(&opts.join("&"));
+    // The options start at the file name's last '?': a query holding one
+    // ("what?k=0") always gets the options written after it.
+    if opts.is_empty() && query.contains('?') {
+        opts.push(format!("k={}", crate::core::search::DEFAULT_K));
     }
+    let opts = if opts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", opts.join("&"))
+    };
+    // A query is a file name: a longer one is searched by its first words.
+    let (q, cut) = crate::schema::fit_name(query, 255usize.saturating_sub(opts.len()));
+    if cut {
+        eprintln!(
+            "ctxfs: the query is longer than a file name allows; searched for its first {} bytes: {}",
+            q.len(),
+            crate::schema::excerpt(q)
+        );
+    }
+    let name = format!("{q}{opts}");
     let path = dir.join(crate::schema::names::SEARCH_DIR).join(&name);
     let bytes = std::fs::read(&path).map_err(|e| {
-        anyhow!(
-            "{}: {e} (is {} a directory inside a ctxfs account?)",
-            path.display(),
-            dir.display()
-        )
+        let hint = match e.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR) => format!(
+                " (is {} a directory inside a ctxfs account?)",
+                dir.display()
+            ),
+            Some(libc::EINVAL) => " (the daemon refused the query or an option: \
+                 see `cat MOUNT/.ctxfs/help`)"
+                .to_string(),
+            _ => String::new(),
+        };
+        anyhow!("{}: {e}{hint}", path.display())
     })?;
     std::io::stdout().write_all(&bytes)?;
     Ok(0)

@@ -15,6 +15,10 @@ pub struct Deleted {
     pub nodes: usize,
     pub drafts: usize,
     pub containers: usize,
+    /// Conversations stored in the users' inboxes.
+    pub conversations: usize,
+    /// Every other file kept beside the tree: scratchpad entries, the
+    /// inboxes' job records and hashes.
     pub scratch_entries: usize,
 }
 
@@ -106,9 +110,11 @@ impl Fs {
                     ops.extend(self.message_event_ops(&path, &conv, None)?);
                 }
                 ops.extend(self.conversation_bytes_op(&path)?);
+                done.conversations += 1;
+            } else {
+                done.scratch_entries += 1;
             }
             ops.push(Op::DelScratch { path });
-            done.scratch_entries += 1;
         }
         dirs.sort_by_key(|d| std::cmp::Reverse(d.len()));
         for path in dirs {

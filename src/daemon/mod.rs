@@ -49,7 +49,10 @@ pub fn owner_only_umask() {
 }
 
 /// Checks that need no daemon: fail early with a one-line reason.
-fn precheck(o: &MountOpts) -> Result<Settings> {
+/// What a mount needs before it touches the data dir: the settings, and
+/// the master key read and checked (`[encryption]`), so a bad config or key
+/// leaves no data dir behind.
+fn precheck(o: &MountOpts) -> Result<(Settings, Option<crate::store::seal::MasterKey>)> {
     let md = match std::fs::metadata(&o.mountpoint) {
         // A FUSE mount whose daemon died (e.g. kill -9): detach it first.
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
@@ -72,14 +75,16 @@ fn precheck(o: &MountOpts) -> Result<Settings> {
         o.embedder.as_ref(),
         o.model_dir.as_ref(),
     )?;
+    let master = crate::data::read_key(crate::data::key_source(Some(&s))?.as_ref())?;
     crate::data::private_dir(&o.data)?;
-    Ok(s)
+    Ok((s, master))
 }
 
 /// `ctxfs mount` without `--foreground`: run the daemon as a child and return
 /// once it says the mount is ready (or why it is not).
 pub fn start_background(o: MountOpts) -> Result<i32> {
-    let settings = precheck(&o)?;
+    // The daemon reads the key again (a key command runs twice).
+    let (settings, _) = precheck(&o)?;
     let mut fds = [0; 2];
     // SAFETY: `fds` is a writable array of two ints, as pipe(2) requires.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -223,9 +228,9 @@ pub fn run_foreground(o: MountOpts) -> Result<i32> {
 }
 
 fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
-    let settings = precheck(o)?;
+    let (settings, master) = precheck(o)?;
     let _lock = lock_data_dir(&o.data)?;
-    let (store, close_store) = open_store(o, &settings)?;
+    let (store, close_store) = open_store(o, &settings, master)?;
     let fs = Fs::new(store.clone(), settings.tenancy.clone())?;
     if store.shared() {
         // Other daemons' commits: drop what this one and its kernel cache hold.
@@ -329,8 +334,11 @@ type Closer = Box<dyn Fn()>;
 
 /// The store the options name: PostgreSQL for `--store URL` (or `[store]
 /// url`), else the embedded redb file of the data dir; and how to close it.
-fn open_store(o: &MountOpts, s: &Settings) -> Result<(Arc<dyn Store>, Closer)> {
-    let key = crate::data::key_source(Some(s))?;
+fn open_store(
+    o: &MountOpts,
+    s: &Settings,
+    master: Option<crate::store::seal::MasterKey>,
+) -> Result<(Arc<dyn Store>, Closer)> {
     match o.store.clone().or_else(|| s.store_url.clone()) {
         Some(url) => {
             let pg = crate::store::PgStore::open(&url, &o.data)
@@ -339,13 +347,13 @@ fn open_store(o: &MountOpts, s: &Settings) -> Result<(Arc<dyn Store>, Closer)> {
                 .map_err(|e| anyhow!("{}", e.report()))?;
             tracing::info!(url = %pg.url(), "serving a shared PostgreSQL store");
             let closer = pg.clone();
-            let store = crate::data::seal(pg, key.as_ref())?;
+            let store = crate::data::seal_with(pg, master)?;
             Ok((store, Box::new(move || closer.close())))
         }
         None => {
             let redb = crate::data::open_redb(&o.data)?;
             let closer = redb.clone();
-            let store = crate::data::seal(redb, key.as_ref())?;
+            let store = crate::data::seal_with(redb, master)?;
             Ok((store, Box::new(move || closer.close())))
         }
     }

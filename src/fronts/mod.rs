@@ -263,12 +263,20 @@ impl Front {
             return Err(FrontError::invalid("the query is empty"));
         }
         let k = k.clamp(1, 100);
-        let name = format!("{q}?k={k}&format=json");
+        let opts = format!("?k={k}&format=json");
+        // A query is a file name (at most 255 bytes with its options): a
+        // longer one is searched by its first words, and the answer says so.
+        let (q, cut) = crate::schema::fit_name(q, 255 - opts.len());
+        let name = format!("{q}{opts}");
         let one = |dir: &str| -> FrontResult<Value> {
             let rel = format!("{}{SEARCH_DIR}/{name}", slash(dir));
             let text = self.read_text(&rel)?;
-            serde_json::from_str(&text)
-                .map_err(|e| FrontError::invalid(format!("search answered with no JSON: {e}")))
+            let mut v: Value = serde_json::from_str(&text)
+                .map_err(|e| FrontError::invalid(format!("search answered with no JSON: {e}")))?;
+            if cut {
+                v["query_cut_to"] = q.into();
+            }
+            Ok(v)
         };
         if !(dir.is_empty() || dir == "accounts") {
             return one(&dir);

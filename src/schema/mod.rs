@@ -40,6 +40,24 @@ pub fn clip(text: &str, max: usize) -> String {
     out
 }
 
+/// `q` cut to at most `max` bytes, at a word's end where one is near (and
+/// whether it was cut).
+pub fn fit_name(q: &str, max: usize) -> (&str, bool) {
+    if q.len() <= max {
+        return (q, false);
+    }
+    let mut end = max;
+    while !q.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &q[..end];
+    let head = match head.rfind(char::is_whitespace) {
+        Some(i) if i > end / 2 => &head[..i],
+        _ => head,
+    };
+    (head.trim_end(), true)
+}
+
 /// A JSON value as quoted in a reason: its JSON text, cut as [`excerpt`] does.
 pub fn excerpt_json(v: &serde_json::Value) -> String {
     let text = v.to_string();
@@ -93,6 +111,19 @@ pub fn openai_endpoint(url: &str, endpoint: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_query_is_cut_at_a_word_to_fit_a_file_name() {
+        assert_eq!(fit_name("short", 10), ("short", false));
+        let (q, cut) = fit_name("alpha beta gamma delta", 13);
+        assert_eq!((q, cut), ("alpha beta", true));
+        // No char is split, and a word longer than half is cut inside.
+        let (q, cut) = fit_name("ééééé", 5);
+        assert!(cut && q == "éé", "{q}");
+        let long = "word ".repeat(100);
+        let (q, _) = fit_name(&long, 235);
+        assert!(q.len() <= 235 && q.ends_with("word"), "{q}");
+    }
 
     #[test]
     fn excerpts_are_short_and_escaped() {
