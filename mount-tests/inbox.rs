@@ -1482,13 +1482,14 @@ fn an_encrypted_inbox_keeps_no_word_in_the_clear() {
     let (_server, mut m) = canned_mount(replies, |c| {
         format!("{c}\n[encryption]\nkey_file = \"{}\"\n", key.display())
     });
-    let s = ingest(
-        &m,
-        "t",
-        r#"[{"role":"user","content":"I like Matchagreen tea, and my locker code is Vexloom."}]"#,
-        Duration::from_secs(30),
-    );
+    let conv =
+        r#"[{"role":"user","content":"I like Matchagreen tea, and my locker code is Vexloom."}]"#;
+    let s = ingest(&m, "t", conv, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");
+    // The conversation's SHA-256 names no row: a guessed conversation
+    // cannot be confirmed from the data dir.
+    let sha = s["sha256"].as_str().unwrap().to_string();
+    assert_eq!(sha.len(), 64, "{s:#}");
     let tea = m.ok(
         WRITER,
         "cat \"$M/accounts/acme/users/priya/memories/preferences/tea/content.md\"",
@@ -1501,11 +1502,11 @@ fn an_encrypted_inbox_keeps_no_word_in_the_clear() {
         "cat \"$M/accounts/acme/users/priya/.search/locker code Vexloom\"",
     );
     assert!(hits.contains("inbox/t.json"), "{hits}");
-    for w in ["Matchagreen", "Vexloom"] {
+    for w in ["Matchagreen", "Vexloom", &sha] {
         assert_eq!(holders(w, &[&m.data]), "", "{w} in the clear");
     }
     m.umount();
-    for w in ["Matchagreen", "Vexloom"] {
+    for w in ["Matchagreen", "Vexloom", &sha] {
         assert_eq!(holders(w, &[&m.data]), "", "{w} in the clear");
     }
     let data = m.data.to_str().unwrap();

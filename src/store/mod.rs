@@ -387,6 +387,15 @@ pub trait Store: Send + Sync {
         let _ = owner;
         Some(hash)
     }
+    /// The name a digest of `bytes` of `owner`'s scope is stored under (a
+    /// row name, never sealed): hex SHA-256; an encrypted store keys it
+    /// with the scope's key (HMAC-SHA256), so it cannot confirm a guessed
+    /// text and goes with the scope's keys.
+    fn digest_name(&self, owner: &str, bytes: &[u8]) -> Result<String> {
+        let _ = owner;
+        use sha2::Digest;
+        Ok(hex_of(&sha2::Sha256::digest(bytes)))
+    }
     /// An entry of a project's shared area.
     fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>>;
     /// The entries directly under `parent` in a project's shared area, in name order.
@@ -492,4 +501,14 @@ impl DraftRec {
     pub fn encode(&self) -> Result<Vec<u8>> {
         postcard::to_stdvec(self).map_err(|e| crate::error::Error::store_from("encoding", e))
     }
+}
+
+/// `bytes` in lowercase hex.
+pub fn hex_of(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
 }

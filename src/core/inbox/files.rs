@@ -294,6 +294,7 @@ impl Fs {
             }
         };
         let sha = sha256_hex(&bytes);
+        let digest = self.store.digest_name(inbox, &bytes)?;
         // Stored as a commit would store it: secrets redacted (readers
         // read the conversation, and what extraction proposes from it).
         let (bytes, conv) = match redact_conversation(
@@ -309,7 +310,10 @@ impl Fs {
             },
             None => (bytes, conv),
         };
-        let hash_path = format!("{inbox}/{HASHES}/{sha}");
+        // The row is named by the digest the store gives (keyed by the
+        // user's key on an encrypted store: no guessed conversation can be
+        // confirmed from row names, and none survives the user's keys).
+        let hash_path = format!("{inbox}/{HASHES}/{digest}");
         // Only a conversation still stored, and not failed or dropped,
         // makes the same bytes a duplicate (else they are extracted anew).
         let first = match self.store.get_scratch(&hash_path)? {
@@ -633,6 +637,5 @@ fn redact_conversation(
 
 pub(super) fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    let d = sha2::Sha256::digest(bytes);
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    crate::store::hex_of(&sha2::Sha256::digest(bytes))
 }

@@ -225,6 +225,14 @@ impl DataKey {
 
     /// The stored hash of a vector of this scope: keyed, so equal texts of
     /// two scopes share no row and no hash can be checked against a guess.
+    /// A row name for a digest of `bytes` (`Store::digest_name`).
+    pub(super) fn digest_name(&self, bytes: &[u8]) -> String {
+        let mut m = self.mac.clone();
+        m.update(b"ctxfs name\0");
+        m.update(bytes);
+        crate::store::hex_of(&m.finalize().into_bytes())
+    }
+
     pub(super) fn vec_hash(&self, hash: u128) -> u128 {
         let mut m = self.mac.clone();
         m.update(b"ctxfs vector\0");

@@ -602,6 +602,10 @@ impl Store for Sealed {
     fn stored_vec_hash(&self, owner: &str, hash: u128) -> Option<u128> {
         self.ring.current(scope_of(owner)).map(|k| k.vec_hash(hash))
     }
+    fn digest_name(&self, owner: &str, bytes: &[u8]) -> Result<String> {
+        let k = self.ring.key_for(&*self.inner, scope_of(owner))?;
+        Ok(k.digest_name(bytes))
+    }
     fn get_scratch(&self, path: &str) -> Result<Option<Vec<u8>>> {
         match self.inner.get_scratch(path)? {
             Some(b) => self.open_scratch(path, b),
