@@ -752,6 +752,38 @@ fn the_audit_trail_records_who_did_what() {
     assert_eq!(last[0]["op"], "log-append", "{trail}");
     assert_eq!(last[0]["uid"], WRITER);
     assert_eq!(m.ok(0, "cat $M/accounts/acme/.ctxfs/audit"), trail);
+    // Renaming, truncating and removing a scratchpad file leave lines too
+    // (here root removes the writer's file).
+    let sp = format!("{p}/scratchpad");
+    m.ok(
+        WRITER,
+        &format!("mv {sp}/plan.md {sp}/old.md && truncate -s 2 {sp}/old.md"),
+    );
+    m.ok(0, &format!("rm {sp}/old.md"));
+    let trail = m.ok(WRITER, "cat $M/accounts/acme/.ctxfs/audit");
+    let last: Vec<serde_json::Value> = trail
+        .lines()
+        .rev()
+        .take(3)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ops: Vec<String> = last
+        .iter()
+        .rev()
+        .map(|l| format!("{} {}", l["op"].as_str().unwrap(), l["uid"]))
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "scratch-rename 1001",
+            "scratch-truncate 1001",
+            "scratch-remove 0"
+        ],
+        "{trail}"
+    );
+    assert_eq!(last[2]["to"], "projects/p/scratchpad/old.md");
+    assert_eq!(last[1]["was"], 6);
+    assert_eq!(last[0]["path"], "projects/p/scratchpad/old.md");
     m.fails(
         READER,
         "cat $M/accounts/acme/.ctxfs/audit",

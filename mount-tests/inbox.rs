@@ -914,6 +914,12 @@ fn rm_r_of_a_user_removes_its_whole_inbox_in_one_go() {
             st["state"] == "done" && st["removed_at"].is_string(),
             "{st:#}"
         );
+        // And who removed it stays in the account's audit trail.
+        let trail = m.ok(WRITER, "cat $M/accounts/acme/.ctxfs/audit");
+        let line: Value = serde_json::from_str(trail.lines().last().unwrap()).unwrap();
+        assert_eq!(line["op"], "conversation-remove", "{trail}");
+        assert_eq!(line["conversation"], "users/priya/inbox/c2.json");
+        assert_eq!(line["uid"], WRITER);
         let keys_before = m.json(0, "cat $M/.ctxfs/status")["data_keys"].clone();
         let out = m.sh(WRITER, "rm -r \"$M/accounts/acme/users/priya\"");
         assert!(

@@ -254,10 +254,20 @@ fn quotas_refuse_with_edquot_and_eagain_and_store_nothing() {
     );
     assert_eq!(usage(&m)["bytes"]["used"].as_u64().unwrap(), used);
 
-    // Writes per day: 6 in all (the first commit counted).
-    for i in 0..5 {
+    // Writes per day: 6 in all (the first commit counted, and an append to
+    // a project's activity log: appends count as writes too).
+    let log = "$M/accounts/acme/projects/p/activity_log.jsonl";
+    m.ok(WRITER, "mkdir -p $M/accounts/acme/projects/p");
+    m.ok(WRITER, &format!("echo '{{\"step\": 1}}' >> {log}"));
+    assert_eq!(usage(&m)["writes_today"]["used"], 2);
+    for i in 0..4 {
         commit(&m, &format!("acme/users/alice/memories/prefs/n{i}"), "x");
     }
+    m.fails(
+        WRITER,
+        &format!("/bin/echo '{{\"step\": 2}}' >> {log}"),
+        "Disk quota exceeded",
+    );
     m.fails(
         WRITER,
         &four_steps("acme/users/alice/memories/prefs/n9", "x", ACTIVE),

@@ -1,9 +1,14 @@
 //! The audit trail of an account (`accounts/{a}/.ctxfs/audit`): one JSON
-//! line per commit, delete, move, restore, redaction, review decision and
-//! administrative delete, written in the same transaction as what it
-//! records, readable by the account's writers and root, append-only (no
-//! request can change or remove a line) and bounded: past `MAX_ENTRIES`
-//! the oldest lines go, as the daemon's log rotates.
+//! line per commit, delete, move, restore, redaction, review decision,
+//! administrative delete, scratchpad write, removal, rename and truncation,
+//! activity-log append and conversation removal, written in the same
+//! transaction as what it records, readable by the account's writers and
+//! root, append-only (no request can change or remove a line) and bounded
+//! per writer: each uid's lines are kept in two shares of their own, its
+//! routine lines (commits, scratchpad writes, log appends) and the lines
+//! that record what was removed or replaced (everything else); past
+//! `MAX_ENTRIES` a share drops its own oldest lines. So no writer's volume
+//! can push out the record of another's actions, or of its own deletes.
 
 use super::commit::rules::By;
 use super::{now_ns, rfc3339_ms, Caller, Fs};
@@ -11,34 +16,49 @@ use crate::error::{Error, Result};
 use crate::schema::counters;
 use crate::store::{Op, ScratchRec};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Lines an account's trail keeps (about 150 bytes each); small in the
-/// unit tests, which exercise the trimming.
+/// Lines each share of an account's trail keeps (about 150 bytes each);
+/// small in the unit tests, which exercise the trimming.
 pub const MAX_ENTRIES: i64 = if cfg!(test) { 40 } else { 20_000 };
 /// The oldest lines are dropped in groups of this many past the bound.
 const TRIM: i64 = if cfg!(test) { 10 } else { 500 };
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// Lines of each account's trail as this process counts them, so a commit
-/// does not read the stored counter (a round trip on PostgreSQL): it is
-/// read once per account, and again only when the bound seems reached.
-fn counts() -> &'static std::sync::Mutex<std::collections::HashMap<String, i64>> {
-    static C: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, i64>>> =
-        std::sync::OnceLock::new();
+/// (account, share) → (lines as this process counts them, the share's row
+/// name). A commit does not read the stored counter (a round trip on
+/// PostgreSQL): it is read once per share, and again only when the bound
+/// seems reached.
+type Counts = HashMap<(String, String), (i64, String)>;
+
+fn counts() -> &'static std::sync::Mutex<Counts> {
+    static C: std::sync::OnceLock<std::sync::Mutex<Counts>> = std::sync::OnceLock::new();
     C.get_or_init(Default::default)
 }
 
-/// Where an account's trail is stored (rows of the shared-area table).
+/// Where an account's trail was stored before it had shares (lines read,
+/// never written).
 pub fn dir_of(account: &str) -> String {
     format!("{account}/.ctxfs/audit")
 }
 
+/// The rows naming each share of an account's trail.
+pub fn shares_of(account: &str) -> String {
+    format!("{account}/.ctxfs/audit-shares")
+}
+
+/// Lines of the kinds a writer makes in volume; every other kind records
+/// what was removed or replaced, and is kept in a share of its own.
+fn routine(op: &str) -> bool {
+    matches!(op, "commit" | "scratch-write" | "log-append")
+}
+
 impl Fs {
     /// The ops that append `what` (an object: `op` and its fields) to the
-    /// trail of `account`, by `by`, dropping the oldest lines past the
-    /// bound.
+    /// trail of `account`, by `by`, dropping the oldest lines of its share
+    /// past the bound.
     pub(in crate::core) fn audit_ops(
         &self,
         account: &str,
@@ -46,6 +66,11 @@ impl Fs {
         mut what: Value,
     ) -> Result<Vec<Op>> {
         let now = now_ns();
+        let kind = if routine(what["op"].as_str().unwrap_or("")) {
+            "r"
+        } else {
+            "k"
+        };
         if let Value::Object(o) = &mut what {
             o.insert("at".into(), json!(rfc3339_ms(now)));
             o.insert("uid".into(), json!(by.uid));
@@ -53,45 +78,55 @@ impl Fs {
         }
         let mut line = serde_json::to_vec(&what).map_err(|e| Error::store_from("audit line", e))?;
         line.push(b'\n');
-        let dir = dir_of(account);
+        let share = format!("{kind}{}", by.uid);
+        let mut ops = Vec::new();
+        let ck = (account.to_string(), share.clone());
+        let known = crate::locks::lock(counts()).get(&ck).cloned();
+        let (seen, row) = match known {
+            Some((n, row)) => {
+                let n = n + 1;
+                crate::locks::lock(counts()).insert(ck.clone(), (n, row.clone()));
+                (n, row)
+            }
+            None => {
+                // The share's row is named by a digest (keyed on an
+                // encrypted store: row names are not sealed, and the uid is
+                // the trail's to tell).
+                let row = self.store.digest_name(account, share.as_bytes())?[..16].to_string();
+                ops.push(Op::PutScratch {
+                    path: format!("{}/{row}", shares_of(account)),
+                    data: Vec::new(),
+                });
+                let n = self
+                    .store
+                    .counter(&counters::audit_share_key(account, &row))?
+                    + 1;
+                crate::locks::lock(counts()).insert(ck.clone(), (n, row.clone()));
+                (n, row)
+            }
+        };
+        let dir = format!("{}/{row}", dir_of(account));
         // Time order, then unique within this process and among daemons.
         let name = format!(
             "{now:020}-{:08x}-{:08}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let key = counters::audit_key(account);
-        let mut ops = vec![
-            Op::PutScratch {
-                path: format!("{dir}/{name}"),
-                data: ScratchRec {
-                    dir: false,
-                    data: line,
-                    mode: 0o444,
-                    mtime_ns: now,
-                }
-                .encode()?,
-            },
-            Op::Count {
-                key: key.clone(),
-                delta: 1,
-            },
-        ];
-        let seen = {
-            let mut c = crate::locks::lock(counts());
-            match c.get_mut(account) {
-                Some(n) => {
-                    *n += 1;
-                    *n
-                }
-                None => {
-                    drop(c);
-                    let n = self.store.counter(&key)? + 1;
-                    crate::locks::lock(counts()).insert(account.to_string(), n);
-                    n
-                }
+        let key = counters::audit_share_key(account, &row);
+        ops.push(Op::PutScratch {
+            path: format!("{dir}/{name}"),
+            data: ScratchRec {
+                dir: false,
+                data: line,
+                mode: 0o444,
+                mtime_ns: now,
             }
-        };
+            .encode()?,
+        });
+        ops.push(Op::Count {
+            key: key.clone(),
+            delta: 1,
+        });
         if seen > MAX_ENTRIES + TRIM {
             let rows = self.store.list_scratch(&dir)?;
             let excess = (rows.len() as i64 - MAX_ENTRIES).max(0);
@@ -104,8 +139,7 @@ impl Fs {
                 key,
                 delta: -excess,
             });
-            crate::locks::lock(counts())
-                .insert(account.to_string(), rows.len() as i64 + 1 - excess);
+            crate::locks::lock(counts()).insert(ck, (rows.len() as i64 + 1 - excess, row));
         }
         Ok(ops)
     }
@@ -116,15 +150,24 @@ impl Fs {
         self.store.apply(ops, true)
     }
 
-    /// `accounts/{a}/.ctxfs/audit`: the trail, oldest line first. Writers
-    /// of the account and root read it; readers get `EACCES`.
+    /// `accounts/{a}/.ctxfs/audit`: the trail, every share merged, oldest
+    /// line first. Writers of the account and root read it; readers get
+    /// `EACCES`.
     pub(in crate::core) fn audit_text(&self, c: Caller, account: &str) -> Result<Vec<u8>> {
         if self.gate(c, account, true).is_err() {
             self.gate(c, account, false)?;
             return Err(Error::AccessDenied);
         }
+        let dir = dir_of(account);
+        // Lines written before the shares, then each share's.
+        let mut rows = self.store.list_scratch(&dir)?;
+        for (share, _) in self.store.list_scratch(&shares_of(account))? {
+            rows.extend(self.store.list_scratch(&format!("{dir}/{share}"))?);
+        }
+        // Row names begin with the time: one order over every share.
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out = Vec::new();
-        for (_, rec) in self.store.list_scratch(&dir_of(account))? {
+        for (_, rec) in rows {
             if let Ok(r) = ScratchRec::decode(&rec) {
                 out.extend(r.data);
             }
@@ -141,29 +184,70 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
-    fn the_trail_keeps_its_newest_lines_within_the_bound() {
+    fn each_writers_share_keeps_its_newest_lines_and_no_one_elses_go() {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&dir.path().join("db.redb")).unwrap();
         let fs = Fs::new(store.clone() as Arc<dyn Store>, Tenancy::Owner(0)).unwrap();
-        let by = By {
-            uid: 7,
-            via: "shell",
-        };
+        let (a, b) = (
+            By {
+                uid: 7,
+                via: "shell",
+            },
+            By {
+                uid: 8,
+                via: "shell",
+            },
+        );
+        // Another writer's delete and commit, then one writer's volume.
+        fs.audit("trimmed", b, json!({"op": "delete", "node": "n"}))
+            .unwrap();
+        fs.audit("trimmed", b, json!({"op": "commit", "node": "n"}))
+            .unwrap();
+        fs.audit("trimmed", a, json!({"op": "delete", "node": "m"}))
+            .unwrap();
         for i in 0..200 {
-            fs.audit("trimmed", by, json!({"op": "commit", "i": i}))
+            fs.audit("trimmed", a, json!({"op": "log-append", "i": i}))
                 .unwrap();
         }
-        let rows = store.list_scratch(&dir_of("trimmed")).unwrap();
-        let n = rows.len() as i64;
+        let text = String::from_utf8(
+            fs.audit_text(
+                Caller {
+                    uid: 0,
+                    gid: 0,
+                    pid: 0,
+                },
+                "trimmed",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // Every line of uid 8, and uid 7's own delete, are still there.
+        assert_eq!(lines.iter().filter(|l| l["uid"] == 8).count(), 2);
+        assert!(lines.iter().any(|l| l["uid"] == 7 && l["op"] == "delete"));
+        // uid 7's appends: the newest kept, the oldest gone, in order.
+        let appends: Vec<&Value> = lines.iter().filter(|l| l["op"] == "log-append").collect();
+        let n = appends.len() as i64;
         assert!((MAX_ENTRIES..=MAX_ENTRIES + TRIM + 1).contains(&n), "{n}");
-        assert_eq!(store.counter(&counters::audit_key("trimmed")).unwrap(), n);
-        let line = |r: &Vec<u8>| -> Value {
-            serde_json::from_slice(&ScratchRec::decode(r).unwrap().data).unwrap()
-        };
-        // The newest is kept, the oldest gone, in order.
-        assert_eq!(line(&rows.last().unwrap().1)["i"], 199);
-        assert_eq!(line(&rows[0].1)["i"], 200 - n);
-        assert_eq!(line(&rows[0].1)["uid"], 7);
+        assert_eq!(appends.last().unwrap()["i"], 199);
+        assert_eq!(appends[0]["i"], 200 - n);
+        // Oldest line first, over every share.
+        assert_eq!(lines[0]["uid"], 8);
+        assert_eq!(lines[0]["op"], "delete");
+        let total: i64 = store
+            .list_scratch(&shares_of("trimmed"))
+            .unwrap()
+            .iter()
+            .map(|(r, _)| {
+                store
+                    .counter(&counters::audit_share_key("trimmed", r))
+                    .unwrap()
+            })
+            .sum();
+        assert_eq!(total, lines.len() as i64);
         store.close();
     }
 }

@@ -298,6 +298,11 @@ impl Fs {
         }
         let end = start.saturating_add(data.len() as u64);
         self.check_growth(Self::account_of(&h.path), len, end)?;
+        if !h.dirty.load(Ordering::Relaxed) {
+            // Its write-back counts as one of the account's writes of the
+            // day (`writes_per_day`), appends to the log included.
+            self.check_write_quota(Self::account_of(&h.path), 0)?;
+        }
         let n = f.write_at(start, data)?;
         h.dirty.store(true, Ordering::Relaxed);
         Ok(n)
@@ -336,6 +341,7 @@ impl Fs {
             }
             let mut ops = Vec::new();
             if !tail.is_empty() {
+                ops.extend(self.write_quota_ops(&h.path, 0)?);
                 // Every append says who made it, in the account's trail.
                 ops.extend(self.audit_ops(
                     Self::account_of(&h.path),
@@ -364,6 +370,7 @@ impl Fs {
         }
         let mut ops = Vec::new();
         if changed {
+            ops.extend(self.write_quota_ops(&h.path, 0)?);
             ops.extend(self.audit_ops(
                 Self::account_of(&h.path),
                 h.by,
@@ -420,6 +427,7 @@ impl Fs {
         }
         let file = self.scratch_file(path)?;
         let g = lock(&self.scratch_lock);
+        let mut ops = Vec::new();
         let rec = {
             let mut f = crate::locks::write(&file);
             if a == Some(Area::Log) && sa.size.is_some_and(|n| n != f.data.len() as u64) {
@@ -427,11 +435,25 @@ impl Fs {
             }
             if let Some(size) = sa.size {
                 self.check_growth(Self::account_of(path), f.data.len() as u64, size)?;
+                if size < f.data.len() as u64 {
+                    // What was cut off stays on record (by whom, how much).
+                    ops = self.audit_ops(
+                        Self::account_of(path),
+                        c.by(None),
+                        serde_json::json!({
+                            "op": "scratch-truncate",
+                            "path": Self::in_account(path),
+                            "bytes": size,
+                            "was": f.data.len(),
+                        }),
+                    )?;
+                }
             }
             f.set_attr(sa)?;
             rec_of(&f)
         };
-        self.store.apply(vec![Self::put_op(path, &rec)?], false)?;
+        ops.push(Self::put_op(path, &rec)?);
+        self.store.apply(ops, false)?;
         drop(g);
         drop(file);
         self.scratch_released(path);
@@ -464,8 +486,18 @@ impl Fs {
             }
             _ => {}
         }
-        self.store
-            .apply(vec![Op::DelScratch { path: path.clone() }], false)?;
+        // Who removed another writer's file stays on record.
+        let mut ops = self.audit_ops(
+            Self::account_of(&path),
+            c.by(None),
+            serde_json::json!({
+                "op": "scratch-remove",
+                "path": Self::in_account(&path),
+                "bytes": r.data.len(),
+            }),
+        )?;
+        ops.push(Op::DelScratch { path: path.clone() });
+        self.store.apply(ops, false)?;
         lock(&self.scratch_open).remove(&path);
         Ok(())
     }
@@ -540,6 +572,15 @@ impl Fs {
             ops.push(Op::DelScratch { path: from.clone() });
             ops.push(Self::put_op(to, rec)?);
         }
+        ops.extend(self.audit_ops(
+            Self::account_of(&src),
+            c.by(None),
+            serde_json::json!({
+                "op": "scratch-rename",
+                "from": Self::in_account(&src),
+                "to": Self::in_account(&dst),
+            }),
+        )?);
         self.store.apply(ops, false)?;
         let mut open = lock(&self.scratch_open);
         for (from, to, _) in moves {

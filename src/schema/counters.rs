@@ -30,9 +30,14 @@ pub fn inbox_bytes_key(account: &str) -> String {
     format!("inbox_bytes:{account}")
 }
 
-/// Lines of an account's audit trail.
+/// Lines of an account's audit trail written before it had shares.
 pub fn audit_key(account: &str) -> String {
     format!("audit:{account}")
+}
+
+/// Lines of one share of an account's audit trail (`share`: its row name).
+pub fn audit_share_key(account: &str, share: &str) -> String {
+    format!("audit:{account}:{share}")
 }
 
 /// Commits of an account on UTC day `day`.

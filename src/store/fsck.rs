@@ -461,10 +461,16 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
             && c[1] == "users"
             && c[3] == crate::schema::names::INBOX
             && (name.ends_with(".json") || name.ends_with(".jsonl"));
-        // An account's audit trail: its line count.
+        // An account's audit trail: its line count, per share (and of the
+        // lines written before shares).
         if c.len() == 3 && c[1] == ".ctxfs" && c[2] == "audit" {
             *recount
                 .entry(crate::schema::counters::audit_key(c[0]))
+                .or_default() += 1;
+        }
+        if c.len() == 4 && c[1] == ".ctxfs" && c[2] == "audit" {
+            *recount
+                .entry(crate::schema::counters::audit_share_key(c[0], c[3]))
                 .or_default() += 1;
         }
         if conversation {

@@ -459,6 +459,11 @@ impl Fs {
                     ops.extend(self.message_event_ops(&path, &conv, None)?);
                 }
                 ops.extend(self.conversation_bytes_op(&path)?);
+                ops.extend(self.audit_ops(
+                    Self::account_of(inbox),
+                    c.by(None),
+                    json!({"op": "conversation-remove", "conversation": Self::in_account(&path)}),
+                )?);
                 ops.push(Op::DelScratch { path });
                 name.to_string()
             }
