@@ -226,6 +226,7 @@ impl Fs {
             k: if ranged { (qn.k + 1) * 4 } else { qn.k + 1 },
             mode: qn.mode,
             expand: qn.expand,
+            tenant: Some(c.uid),
         };
         let t = std::time::Instant::now();
         let Answer {

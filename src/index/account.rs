@@ -5,9 +5,29 @@
 use super::*;
 
 impl Index {
-    /// The index of `account`, loaded on first use.
+    /// The index of `account`, loaded on first use (for the daemon's own
+    /// work: see [`Index::account_for`]).
     pub fn account(&self, account: &str) -> Result<Arc<AccountIndex>> {
-        lock(&self.used).insert(account.to_string(), Instant::now());
+        self.account_for(account, None)
+    }
+
+    /// The index of `account`, loaded on first use on behalf of `tenant`
+    /// (the uid searching): the load counts in that tenant's share.
+    pub(super) fn account_for(
+        &self,
+        account: &str,
+        tenant: Option<u32>,
+    ) -> Result<Arc<AccountIndex>> {
+        {
+            let mut used = lock(&self.used);
+            let u = used
+                .entry(account.to_string())
+                .or_insert((Instant::now(), tenant));
+            u.0 = Instant::now();
+            if tenant.is_some() {
+                u.1 = tenant;
+            }
+        }
         let cell = lock(&self.accounts)
             .entry(account.to_string())
             .or_default()
@@ -41,41 +61,69 @@ impl Index {
 
     /// Memory follows the accounts in use, not the size of the store: past
     /// [`MAX_LOADED_ACCOUNTS`] accounts, or past `max_loaded_bytes` of
-    /// estimated memory, the least recently used accounts leave memory
-    /// (their next use loads them again from the store). `keep`, the
-    /// account in use, stays whatever its size.
+    /// estimated memory, accounts leave memory (their next use loads them
+    /// again from the store). `keep`, the account in use, stays whatever
+    /// its size. The bound is shared among tenants (each loaded account
+    /// belongs to the uid that last searched it; the daemon's own work is
+    /// one more tenant): with N tenants holding indexes, each has a share
+    /// of 1/N of the accounts and of the bytes, and only a tenant over its
+    /// share loses indexes, its least recently used first. So a tenant
+    /// loading many indexes evicts its own, never another's within its
+    /// share (`victim`).
     pub(super) fn evict_least_used(&self, keep: &str) {
         let mut accounts = lock(&self.accounts);
         let mut used = lock(&self.used);
         used.retain(|a, _| accounts.contains_key(a));
         let size = |c: &Arc<OnceLock<Arc<AccountIndex>>>| c.get().map_or(0, |a| a.approx_bytes());
-        let mut bytes: usize = accounts.values().map(size).sum();
-        let mut freed = false;
-        while accounts.len() > MAX_LOADED_ACCOUNTS || bytes > self.cfg.max_loaded_bytes {
-            let Some(victim) = used
-                .iter()
-                .filter(|(a, _)| a.as_str() != keep)
-                .min_by_key(|(_, t)| **t)
-                .map(|(a, _)| a.clone())
-            else {
-                break;
-            };
-            if let Some(c) = accounts.remove(&victim) {
-                bytes -= size(&c).min(bytes);
-                freed = true;
-            }
-            used.remove(&victim);
-            tracing::info!(account = %victim, loaded_mb = bytes >> 20, "index unloaded (least recently used)");
+        let mut held: Vec<Held> = accounts
+            .iter()
+            .map(|(a, c)| {
+                let (at, tenant) = used.get(a).copied().unwrap_or((Instant::now(), None));
+                Held {
+                    account: a.clone(),
+                    at,
+                    tenant,
+                    bytes: size(c),
+                }
+            })
+            .collect();
+        let mut freed = 0;
+        while let Some(i) = victim(&held, keep, MAX_LOADED_ACCOUNTS, self.cfg.max_loaded_bytes) {
+            let h = held.swap_remove(i);
+            accounts.remove(&h.account);
+            used.remove(&h.account);
+            freed += h.bytes;
+            self.stats.unloads.fetch_add(1, Ordering::Relaxed);
+            // Debug: a tenant cycling through its accounts unloads one per
+            // search (`index_unloads` in the status counts them).
+            tracing::debug!(
+                account = %h.account, tenant = ?h.tenant,
+                "index unloaded (its tenant is over its share of the bound)"
+            );
         }
         drop(used);
         drop(accounts);
-        if freed {
-            // The allocator keeps freed pages for reuse; hand them back, so
-            // the bound bounds the process's memory, not only its heap.
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: malloc_trim only releases free memory of the allocator.
-            unsafe {
-                libc::malloc_trim(0);
+        // The allocator keeps freed pages for reuse; hand them back, so the
+        // bound bounds the process's memory, not only its heap. Not after
+        // every small unload: `malloc_trim` walks the whole heap holding
+        // the allocator's locks (10-30 ms on a 370 MB heap), and at hundreds
+        // of unloads a second (one tenant cycling through 260 empty
+        // accounts) it stalled every other tenant's search by up to 270 ms
+        // (BENCHMARKS "Shares of the loaded-index bound"): only once 32 MB
+        // were unloaded, and at most every 10 s (freed memory the
+        // allocator keeps is reused by the next loads meanwhile).
+        let pending = self.untrimmed.fetch_add(freed, Ordering::Relaxed) + freed;
+        if freed > 0 && pending >= TRIM_AFTER_BYTES {
+            let mut last = lock(&self.last_trim);
+            if last.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+                *last = Some(Instant::now());
+                drop(last);
+                self.untrimmed.store(0, Ordering::Relaxed);
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                // SAFETY: malloc_trim only releases free memory of the allocator.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
             }
         }
     }
@@ -356,4 +404,55 @@ impl AccountIndex {
         };
         st.docs.len() * DOC_BYTES + st.vecs.len() * per_vec
     }
+}
+
+/// A loaded account index, as the bound sees it.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub account: String,
+    /// Its last use.
+    pub at: Instant,
+    /// The uid that last searched it (`None`: the daemon's own work).
+    pub tenant: Option<u32>,
+    pub bytes: usize,
+}
+
+/// The index to unload next (an index into `held`), or `None` when `held`
+/// is within `max_accounts` and `max_bytes`, or nothing may go. Never
+/// `keep`. The tenants holding indexes share the bound equally; only an
+/// index of a tenant over its share in the measure the bound is exceeded
+/// in (accounts or bytes) may go, the least recently used of those first. A tenant within its share loses
+/// nothing: when the account in use alone is over its tenant's share, the
+/// bound is exceeded by it until that tenant's next load.
+pub(super) fn victim(
+    held: &[Held],
+    keep: &str,
+    max_accounts: usize,
+    max_bytes: usize,
+) -> Option<usize> {
+    let bytes: usize = held.iter().map(|h| h.bytes).sum();
+    let (many, large) = (held.len() > max_accounts, bytes > max_bytes);
+    if !many && !large {
+        return None;
+    }
+    let mut per: HashMap<Option<u32>, (usize, usize)> = HashMap::new();
+    for h in held {
+        let e = per.entry(h.tenant).or_default();
+        e.0 += 1;
+        e.1 += h.bytes;
+    }
+    let n = per.len().max(1);
+    let (share_accounts, share_bytes) = (max_accounts / n, max_bytes / n);
+    // Over its share in the measure the bound is exceeded in: a tenant
+    // with one large index is not unloaded because another loads many
+    // small ones.
+    let over = |t: &Option<u32>| {
+        let (a, b) = per[t];
+        (many && a > share_accounts) || (large && b > share_bytes)
+    };
+    held.iter()
+        .enumerate()
+        .filter(|(_, h)| h.account != keep && over(&h.tenant))
+        .min_by_key(|(_, h)| h.at)
+        .map(|(i, _)| i)
 }

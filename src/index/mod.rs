@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use xxhash_rust::xxh3::xxh3_128;
@@ -78,6 +78,11 @@ pub const MAX_LOADED_MB: usize = 2048;
 /// nodes: docs and postings 2.4 KB a document; a vector 900 B in an
 /// account searched exactly, 4.7 KB once it is in an HNSW graph, whose
 /// neighbour lists dominate).
+/// Unloaded indexes' estimated bytes after which the freed memory is handed
+/// back to the system (`malloc_trim`).
+const TRIM_AFTER_BYTES: usize = 32 << 20;
+/// And at most this often.
+const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 const DOC_BYTES: usize = 2_400;
 const VEC_BYTES: usize = 900;
 const GRAPHED_VEC_BYTES: usize = 4_700;
@@ -179,6 +184,9 @@ pub struct Query {
     pub mode: Mode,
     /// Add the strongest one-hop relation targets of the top hits.
     pub expand: bool,
+    /// The uid searching (its share of the loaded indexes); `None` for the
+    /// daemon's own work.
+    pub tenant: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -344,6 +352,8 @@ pub struct IndexStats {
     pub dumps: AtomicU64,
     /// Account indexes loaded from the store (phase one).
     pub loads: AtomicU64,
+    /// Account indexes unloaded by the bound on loaded indexes.
+    pub unloads: AtomicU64,
     /// Index documents another daemon changed, applied in place.
     pub remote_applied: AtomicU64,
 }
@@ -356,9 +366,14 @@ pub struct Index {
     embedder_note: String,
     cfg: IndexConfig,
     accounts: Mutex<HashMap<String, Arc<OnceLock<Arc<AccountIndex>>>>>,
-    /// When each loaded account was last used (the least recently used
-    /// goes first when more than [`MAX_LOADED_ACCOUNTS`] are loaded).
-    used: Mutex<HashMap<String, Instant>>,
+    /// When each loaded account was last used, and by which tenant (the
+    /// uid of its last search; `None`: only the daemon's own work): the
+    /// bound on loaded indexes is shared among tenants (`evict_least_used`).
+    used: Mutex<HashMap<String, (Instant, Option<u32>)>>,
+    /// Estimated bytes of indexes unloaded since the last `malloc_trim`.
+    untrimmed: AtomicUsize,
+    /// When the freed memory was last handed back.
+    last_trim: Mutex<Option<Instant>>,
     progress: Mutex<Progress>,
     cv: Condvar,
     stop: AtomicBool,
@@ -428,6 +443,8 @@ impl Index {
             cfg,
             accounts: Mutex::new(HashMap::new()),
             used: Mutex::new(HashMap::new()),
+            untrimmed: AtomicUsize::new(0),
+            last_trim: Mutex::new(None),
             progress: Mutex::new(Progress::default()),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -535,6 +552,23 @@ impl Index {
             v["loaded_accounts"] = json!(loaded.len());
             v["loaded_mb"] = json!(bytes >> 20);
             v["max_loaded_mb"] = json!(self.cfg.max_loaded_bytes >> 20);
+            // Who holds them: the bound's shares (`evict_least_used`).
+            let used = lock(&self.used).clone();
+            let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+            for a in &loaded {
+                let t = match used.get(&a.name).and_then(|u| u.1) {
+                    Some(uid) => uid.to_string(),
+                    None => "daemon".to_string(),
+                };
+                let e = by.entry(t).or_default();
+                e.0 += 1;
+                e.1 += a.approx_bytes();
+            }
+            v["loaded_by_tenant"] = by
+                .iter()
+                .map(|(t, (n, b))| (t.clone(), json!({"accounts": n, "mb": b >> 20})))
+                .collect::<serde_json::Map<String, Value>>()
+                .into();
             for (k, n) in [
                 ("events_done", &s.events_done),
                 ("embedded", &s.embedded),
@@ -545,6 +579,7 @@ impl Index {
                 ("searches", &s.searches),
                 ("graph_dumps", &s.dumps),
                 ("index_loads", &s.loads),
+                ("index_unloads", &s.unloads),
                 ("remote_docs_applied", &s.remote_applied),
             ] {
                 v[k] = n.load(Ordering::Relaxed).into();

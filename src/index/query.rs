@@ -66,7 +66,7 @@ impl Index {
             ..q.clone()
         };
         let account = scope.split('/').next().unwrap_or("");
-        let ai = self.account(account)?;
+        let ai = self.account_for(account, q.tenant)?;
         if !ai.ready.load(Ordering::Acquire) {
             return self.search_in(scope, &flat, false);
         }
@@ -115,7 +115,7 @@ impl Index {
     fn search_in(&self, scope: &str, q: &Query, direct: bool) -> Result<Vec<Hit>> {
         let account = scope.split('/').next().unwrap_or("");
         let k = q.k.clamp(1, MAX_K);
-        let ai = self.account(account)?;
+        let ai = self.account_for(account, q.tenant)?;
         // Hybrid degrades to the lexical channel when the query cannot be
         // embedded (embedding server down) or the graph is still loading
         // after a mount; vector-only fails then.

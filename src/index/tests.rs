@@ -64,6 +64,70 @@ fn index_documents_stored_before_source_still_read() {
     assert!(IxDoc::decode(b"\xff\xff").is_err());
 }
 
+#[test]
+fn the_loaded_bound_is_shared_among_tenants() {
+    use super::account::{victim, Held};
+    let t0 = Instant::now();
+    let held = |specs: &[(&str, u64, Option<u32>, usize)]| -> Vec<Held> {
+        specs
+            .iter()
+            .map(|(a, ms, t, b)| Held {
+                account: a.to_string(),
+                at: t0 + Duration::from_millis(*ms),
+                tenant: *t,
+                bytes: *b,
+            })
+            .collect()
+    };
+    let name = |h: &[Held], i: Option<usize>| i.map(|i| h[i].account.clone());
+    // Within the bound: nothing goes.
+    let h = held(&[("v", 1, Some(1), 50), ("a1", 2, Some(2), 40)]);
+    assert_eq!(victim(&h, "a1", 4, 100), None);
+    // Over in bytes: the victim's index is the oldest, but within its share
+    // (100 / 2 = 50): the attacker's own oldest goes, not the victim's.
+    let h = held(&[
+        ("v", 1, Some(1), 50),
+        ("a1", 2, Some(2), 30),
+        ("a2", 3, Some(2), 30),
+    ]);
+    assert_eq!(name(&h, victim(&h, "a2", 4, 100)), Some("a1".into()));
+    // Over in accounts: 2 tenants, a share of 2 each; the attacker holds 3.
+    let h = held(&[
+        ("v", 1, Some(1), 1),
+        ("a1", 2, Some(2), 1),
+        ("a2", 3, Some(2), 1),
+        ("a3", 4, Some(2), 1),
+    ]);
+    assert_eq!(name(&h, victim(&h, "a3", 3, 100)), Some("a1".into()));
+    // The account in use is never the victim; a tenant over its share
+    // loses its own, and one within its share nothing, even when the bound
+    // stays exceeded by the account in use.
+    let h = held(&[("v", 5, Some(1), 10), ("a1", 1, Some(2), 95)]);
+    assert_eq!(name(&h, victim(&h, "v", 4, 100)), Some("a1".into()));
+    assert_eq!(victim(&h, "a1", 4, 100), None);
+    // The victim over its share goes like anyone's (least recently used of
+    // the tenants over their share).
+    let h = held(&[("v", 1, Some(1), 70), ("a1", 2, Some(2), 40)]);
+    assert_eq!(name(&h, victim(&h, "a1", 4, 100)), Some("v".into()));
+    // Over the bound in accounts only: a tenant over its share in bytes
+    // but not in accounts keeps its large index (one large index against
+    // many small ones).
+    let h = held(&[
+        ("v", 1, Some(1), 80),
+        ("a1", 2, Some(2), 1),
+        ("a2", 3, Some(2), 1),
+        ("a3", 4, Some(2), 1),
+    ]);
+    assert_eq!(name(&h, victim(&h, "a3", 3, 100)), Some("a1".into()));
+    // The daemon's own work is a tenant of its own.
+    let h = held(&[
+        ("v", 1, Some(1), 30),
+        ("i1", 2, None, 40),
+        ("i2", 3, None, 40),
+    ]);
+    assert_eq!(name(&h, victim(&h, "i2", 4, 100)), Some("i1".into()));
+}
+
 struct T {
     _dir: tempfile::TempDir,
     store: Arc<RedbStore>,
@@ -159,6 +223,7 @@ impl T {
             k: 10,
             mode: Mode::Hybrid,
             expand: false,
+            tenant: None,
         };
         self.ix
             .search("a", &q)

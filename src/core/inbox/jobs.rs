@@ -714,6 +714,7 @@ impl Fs {
             k: 3,
             mode: crate::index::Mode::Vector,
             expand: false,
+            tenant: None,
         };
         // A category nobody wrote yet, or a graph still loading: nothing to compare.
         let hits = match ix.search(&scope, &q) {
