@@ -686,7 +686,7 @@ fn admin_deletes_a_user_or_an_account_in_one_command() {
     let out = ctxfs(&["delete", "--data", &data, "--account", "acme"]);
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
-        said.contains("1 node(s)") && said.contains("2 scratchpad"),
+        said.contains("1 node(s)") && said.contains("0 conversation(s), 2 other record(s)"),
         "{said}"
     );
     let out = ctxfs(&[
