@@ -82,10 +82,7 @@ pub const KEY_COMMAND_ENV: &str = "CTXFS_KEY_COMMAND";
 /// `store` sealed with the master key of `source` (see `store::seal`); a
 /// store that has a keyring is refused without one.
 pub fn seal(store: Arc<dyn Store>, source: Option<&KeySource>) -> Result<Arc<dyn Store>> {
-    Ok(match sealed(store.clone(), source)? {
-        Some(s) => s,
-        None => store,
-    })
+    seal_with(store, read_key(source)?)
 }
 
 /// The master key of `source`, read (and checked: a key file must be

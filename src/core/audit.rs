@@ -81,13 +81,12 @@ impl Fs {
         let share = format!("{kind}{}", by.uid);
         let mut ops = Vec::new();
         let ck = (account.to_string(), share.clone());
-        let known = crate::locks::lock(counts()).get(&ck).cloned();
+        let known = crate::locks::lock(counts()).get_mut(&ck).map(|e| {
+            e.0 += 1;
+            e.clone()
+        });
         let (seen, row) = match known {
-            Some((n, row)) => {
-                let n = n + 1;
-                crate::locks::lock(counts()).insert(ck.clone(), (n, row.clone()));
-                (n, row)
-            }
+            Some(known) => known,
             None => {
                 // The share's row is named by a digest (keyed on an
                 // encrypted store: row names are not sealed, and the uid is

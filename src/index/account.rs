@@ -421,9 +421,10 @@ pub(super) struct Held {
 /// is within `max_accounts` and `max_bytes`, or nothing may go. Never
 /// `keep`. The tenants holding indexes share the bound equally; only an
 /// index of a tenant over its share in the measure the bound is exceeded
-/// in (accounts or bytes) may go, the least recently used of those first. A tenant within its share loses
-/// nothing: when the account in use alone is over its tenant's share, the
-/// bound is exceeded by it until that tenant's next load.
+/// in (accounts or bytes) may go, the least recently used of those first.
+/// A tenant within its share loses nothing: when the account in use alone
+/// is over its tenant's share, the bound is exceeded by it until that
+/// tenant's next load.
 pub(super) fn victim(
     held: &[Held],
     keep: &str,

@@ -74,15 +74,15 @@ pub const MAX_LOADED_ACCOUNTS: usize = 256;
 /// The default bound on the loaded indexes' memory, in MiB (`[index]
 /// max_loaded_mb`).
 pub const MAX_LOADED_MB: usize = 2048;
-/// Memory estimates per loaded document and vector (measured at 100,000
-/// nodes: docs and postings 2.4 KB a document; a vector 900 B in an
-/// account searched exactly, 4.7 KB once it is in an HNSW graph, whose
-/// neighbour lists dominate).
 /// Unloaded indexes' estimated bytes after which the freed memory is handed
 /// back to the system (`malloc_trim`).
 const TRIM_AFTER_BYTES: usize = 32 << 20;
 /// And at most this often.
-const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+/// Memory estimates per loaded document and vector (measured at 100,000
+/// nodes: docs and postings 2.4 KB a document; a vector 900 B in an
+/// account searched exactly, 4.7 KB once it is in an HNSW graph, whose
+/// neighbour lists dominate).
 const DOC_BYTES: usize = 2_400;
 const VEC_BYTES: usize = 900;
 const GRAPHED_VEC_BYTES: usize = 4_700;

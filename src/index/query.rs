@@ -342,10 +342,7 @@ impl Index {
                         Some(&s) => s,
                         None => {
                             let s = match self.store.get_scratch(conv)? {
-                                Some(b) => Some(
-                                    crate::store::ScratchRec::decode(&b)
-                                        .map(|r| u64::try_from(r.mtime_ns).unwrap_or(0))?,
-                                ),
+                                Some(b) => Some(crate::store::ScratchRec::decode(&b)?.time_ns()),
                                 None => None,
                             };
                             stored.insert(conv.to_string(), s);

@@ -82,8 +82,11 @@ impl Index {
         }
         let account = conv.split('/').next().unwrap_or("");
         let r = self.cfg.redaction.for_account(account);
-        let stored_ns = u64::try_from(rec.mtime_ns).unwrap_or(0);
-        Ok(crate::extract::message_changes(&c, r.as_ref(), stored_ns))
+        Ok(crate::extract::message_changes(
+            &c,
+            r.as_ref(),
+            rec.time_ns(),
+        ))
     }
 
     /// Re-embed the documents whose vectors came from another model. The

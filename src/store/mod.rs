@@ -257,6 +257,12 @@ pub struct ScratchRec {
 }
 
 impl ScratchRec {
+    /// Its time in ns since the epoch, unsigned (0 before the epoch): a
+    /// stored conversation's identity in the index (`IxDoc::source`).
+    pub fn time_ns(&self) -> u64 {
+        u64::try_from(self.mtime_ns).unwrap_or(0)
+    }
+
     /// The log record after appending `data` to `old` (the stored record, if any).
     pub fn appended(old: Option<&[u8]>, data: &[u8], mode: u16, mtime_ns: i128) -> Result<Vec<u8>> {
         let mut rec = match old {

@@ -349,16 +349,18 @@ impl Fs {
             self.save_stem_job(inbox, &job)?;
             return Err(e);
         }
+        let rec = ScratchRec {
+            dir: false,
+            data: bytes,
+            mode: 0o444,
+            mtime_ns: now,
+        };
+        // The conversation's identity in the index (`IxDoc::source`).
+        let stored_ns = rec.time_ns();
         let mut ops = vec![
             Op::PutScratch {
                 path: h.path.clone(),
-                data: ScratchRec {
-                    dir: false,
-                    data: bytes,
-                    mode: 0o444,
-                    mtime_ns: now,
-                }
-                .encode()?,
+                data: rec.encode()?,
             },
             Op::Count {
                 key: crate::schema::counters::inbox_bytes_key(account),
@@ -378,7 +380,7 @@ impl Fs {
                     path: hash_path,
                     data: name.as_bytes().to_vec(),
                 });
-                ops.extend(self.message_event_ops(&h.path, &conv, Some(now as u64))?);
+                ops.extend(self.message_event_ops(&h.path, &conv, Some(stored_ns))?);
             }
         }
         ops.extend(Self::stem_job_ops(inbox, &job));
