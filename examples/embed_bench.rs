@@ -60,6 +60,7 @@ fn main() {
         m.embed(part).unwrap();
     }
     let one = refs.len() as f64 / t.elapsed().as_secs_f64();
+    let m: std::sync::Arc<dyn ctxfs::index::embed::Embedder> = std::sync::Arc::new(m);
     let t = Instant::now();
     for r in embed_batches(&m, &refs, 32, &Default::default()) {
         r.unwrap();

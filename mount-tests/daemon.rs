@@ -321,7 +321,10 @@ fn umount_refuses_a_busy_mount_unless_lazy() {
 
 /// A clean stop does not wait for the indexing backlog: the indexer stops at
 /// its next text batch and the outbox keeps the rest for the next mount.
-/// Measured before the fix: 17 s for 2,991 MiniLM events not yet indexed.
+/// Measured before the fix: 17 s for 2,991 MiniLM events not yet indexed;
+/// then up to 10 s on two busy cores, waiting for the forward passes under
+/// way (now not waited for) and for init to reap the daemon (a zombie now
+/// counts as gone); now 0.15-0.25 s there.
 #[test]
 fn umount_and_sigterm_do_not_wait_for_the_index_backlog() {
     let config = format!(
@@ -360,7 +363,7 @@ for i in range(2000):
     let t = Instant::now();
     m.umount();
     let took = t.elapsed();
-    assert!(took < Duration::from_secs(10), "umount took {took:?}");
+    assert!(took < Duration::from_secs(5), "umount took {took:?}");
     // Nothing is lost: the events wait in the outbox, and a remount indexes them.
     m.mount();
     let left = backlog(&m);
@@ -371,7 +374,7 @@ for i in range(2000):
     unsafe { libc::kill(pid, libc::SIGTERM) };
     m.wait_gone(pid);
     assert!(
-        t.elapsed() < Duration::from_secs(10),
+        t.elapsed() < Duration::from_secs(5),
         "SIGTERM took {:?}",
         t.elapsed()
     );

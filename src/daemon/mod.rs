@@ -483,6 +483,25 @@ fn unmount(mp: &Path, lazy: bool) -> Result<()> {
     }
 }
 
+/// Whether daemon `pid` has exited. A zombie has: it is the daemon's
+/// parent (init, once `ctxfs mount` returned) that reaps it, and some
+/// inits reap only every second or two.
+fn exited(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return true;
+    }
+    // The state is the field after the command name, which ends at the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        // Reaped between the two looks.
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// `ctxfs umount`: unmount like umount(8) (refused while busy), then wait
 /// for the daemon to save its drafts and exit. With `lazy`, detach now and
 /// let the daemon finish when the last process leaves the mount.
@@ -517,8 +536,7 @@ pub fn umount(mp: &Path, timeout: u64, lazy: bool) -> Result<i32> {
     }
     unmount(mp, false)?;
     let deadline = Instant::now() + Duration::from_secs(timeout);
-    // SAFETY: kill(2) with signal 0 only checks that the process exists.
-    while unsafe { libc::kill(pid, 0) } == 0 {
+    while !exited(pid) {
         if Instant::now() > deadline {
             bail!(
                 "{} is unmounted but daemon {pid} did not exit within {timeout}s",

@@ -245,7 +245,7 @@ impl Index {
         let mut todo: Vec<(u128, String)> = need.into_iter().collect();
         todo.sort_by_key(|(_, t)| t.len());
         let texts: Vec<&str> = todo.iter().map(|(_, t)| t.as_str()).collect();
-        let results = embed::embed_batches(&*self.embedder, &texts, EMBED_BATCH, &self.stop);
+        let results = embed::embed_batches(&self.embedder, &texts, EMBED_BATCH, &self.stop);
         if self.stop.load(Ordering::SeqCst) {
             // Stopping: apply nothing; the events stay in the outbox and are
             // indexed after the next mount.

@@ -3,6 +3,8 @@
 //! HTTP client. Every vector is stored with the id of the model that made it.
 
 use super::text;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -24,48 +26,89 @@ pub trait Embedder: Send + Sync {
 pub const STOPPED: &str = "the indexer is stopping";
 
 /// Embed `texts` in batches of `batch`, up to `e.lanes()` batches at a time,
-/// each on its own thread. One result per batch, in order. Once `stop` is
-/// set, the batches not started yet are not embedded ([`STOPPED`]).
+/// each on a thread of its own. One result per batch, in order.
+///
+/// Once `stop` is set the call returns within a few milliseconds: batches
+/// not started are not embedded and batches under way are not waited for
+/// (both answer [`STOPPED`]). Their threads own what they work on (the
+/// embedder and a copy of the texts) and end when the batch in hand does,
+/// so a stop never waits for a model's forward pass or an HTTP request
+/// whose result would be dropped anyway.
 pub fn embed_batches(
-    e: &dyn Embedder,
+    e: &Arc<dyn Embedder>,
     texts: &[&str],
     batch: usize,
-    stop: &std::sync::atomic::AtomicBool,
+    stop: &AtomicBool,
 ) -> Vec<Result<Vec<Vec<f32>>, String>> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
-    let parts: Vec<&[&str]> = texts.chunks(batch.max(1)).collect();
-    let lanes = e.lanes().min(parts.len());
-    let one = |p: &[&str]| {
-        if stop.load(Ordering::Relaxed) {
-            Err(STOPPED.to_string())
-        } else {
-            e.embed(p)
-        }
-    };
-    if lanes <= 1 {
-        return parts.iter().map(|p| one(p)).collect();
-    }
-    type Slot = Mutex<Option<Result<Vec<Vec<f32>>, String>>>;
-    let slots: Vec<Slot> = parts.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..lanes {
-            s.spawn(|| loop {
+    let parts: Arc<Vec<Vec<String>>> = Arc::new(
+        texts
+            .chunks(batch.max(1))
+            .map(|p| p.iter().map(|t| t.to_string()).collect())
+            .collect(),
+    );
+    let n = parts.len();
+    let mut out: Vec<Option<Result<Vec<Vec<f32>>, String>>> = (0..n).map(|_| None).collect();
+    let next = Arc::new(AtomicUsize::new(0));
+    // Set when the caller stops listening: lanes take no further batch.
+    let gone = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let mut started = 0;
+    for lane in 0..e.lanes().max(1).min(n) {
+        let (e, parts, next, gone, tx) = (
+            e.clone(),
+            parts.clone(),
+            next.clone(),
+            gone.clone(),
+            tx.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("ctxfs-embed-{lane}"))
+            .spawn(move || loop {
+                if gone.load(Ordering::Relaxed) {
+                    break;
+                }
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(p) = parts.get(i) else { break };
-                let r = one(p);
-                *crate::locks::lock(&slots[i]) = Some(r);
+                let refs: Vec<&str> = p.iter().map(String::as_str).collect();
+                if tx.send((i, e.embed(&refs))).is_err() {
+                    break;
+                }
             });
+        if spawned.is_ok() {
+            started += 1;
         }
-    });
-    slots
-        .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .unwrap_or_else(|| Err("batch not embedded".into()))
-        })
+    }
+    drop(tx);
+    if started == 0 {
+        // No thread to be had: embed here, still checking `stop` between batches.
+        for (i, p) in parts.iter().enumerate() {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let refs: Vec<&str> = p.iter().map(String::as_str).collect();
+            out[i] = Some(e.embed(&refs));
+        }
+    } else {
+        let mut got = 0;
+        while got < n && !stop.load(Ordering::Relaxed) {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok((i, r)) => {
+                    out[i] = Some(r);
+                    got += 1;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        gone.store(true, Ordering::Relaxed);
+    }
+    let missing = if stop.load(Ordering::Relaxed) {
+        STOPPED
+    } else {
+        "batch not embedded"
+    };
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(missing.to_string())))
         .collect()
 }
 
@@ -281,7 +324,8 @@ mod tests {
             .map(|i| if i == 21 { "bad".into() } else { i.to_string() })
             .collect();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let out = embed_batches(&Numbers, &refs, 4, &Default::default());
+        let e: Arc<dyn Embedder> = Arc::new(Numbers);
+        let out = embed_batches(&e, &refs, 4, &Default::default());
         assert_eq!(out.len(), 13);
         for (b, r) in out.iter().enumerate() {
             match r {
@@ -295,7 +339,51 @@ mod tests {
             }
         }
         assert!(out[5].is_err());
-        assert!(embed_batches(&Numbers, &[], 4, &Default::default()).is_empty());
+        assert!(embed_batches(&e, &[], 4, &Default::default()).is_empty());
+    }
+
+    /// A stop does not wait for batches under way: their results would be
+    /// dropped, and a slow model must not hold up an unmount.
+    #[test]
+    fn a_stop_returns_without_waiting_for_batches_under_way() {
+        struct Slow;
+        impl Embedder for Slow {
+            fn id(&self) -> &str {
+                "slow"
+            }
+            fn kind(&self) -> &'static str {
+                "test"
+            }
+            fn dim(&self) -> usize {
+                1
+            }
+            fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+                std::thread::sleep(Duration::from_secs(3));
+                Ok(texts.iter().map(|_| vec![1.0]).collect())
+            }
+            fn lanes(&self) -> usize {
+                2
+            }
+        }
+        let e: Arc<dyn Embedder> = Arc::new(Slow);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            s2.store(true, Ordering::SeqCst);
+        });
+        let t = std::time::Instant::now();
+        let out = embed_batches(&e, &["a", "b", "c", "d", "e"], 1, &stop);
+        let took = t.elapsed();
+        setter.join().unwrap();
+        assert!(
+            took < Duration::from_secs(2),
+            "waited {took:?} for the batches under way"
+        );
+        assert_eq!(out.len(), 5);
+        assert!(out
+            .iter()
+            .all(|r| r.as_ref().err().map(String::as_str) == Some(STOPPED)));
     }
 
     #[test]
