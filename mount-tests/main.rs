@@ -17,4 +17,5 @@ mod ops;
 mod search;
 mod tenancy;
 mod tenants;
+mod together;
 mod tree;

@@ -8,10 +8,12 @@ same run on a plain local directory on the same disk.
   commit four-step durable commits, 1 and 8 writers (local: one fsync per node)
   batch  nodes committed by one write to accounts/A/.ctxfs/batch, one writer,
          against the same local fsync-per-node rate
+  ifversion  four-step commits with "if_version" in .meta.json against the
+         same commits without it (the baseline is ctxfs itself here)
   big    M nodes in one category: create / lookup / listing cost per entry at
          1k, 10k, ... M; mount time and daemon RSS after a full find
 
-Usage: scripts/bench.py [--nodes N] [--big M] [--only tree,commit,batch,big] [--model-dir DIR]
+Usage: scripts/bench.py [--nodes N] [--big M] [--only tree,commit,batch,ifversion,big] [--model-dir DIR]
 """
 import argparse
 import json
@@ -45,7 +47,7 @@ def node_rel(i, per_cat=100):
     return f"acme/users/u{i % 10}/memories/c{(i // 10) % max(1, per_cat)}/n{i}"
 
 
-def write_node(base, rel, i, durable_local):
+def write_node(base, rel, i, durable_local, meta=b'{"status":"ACTIVE"}\n'):
     n = os.path.join(base, rel)
     os.makedirs(n, exist_ok=True)
     files = [("content.md", content(i)), (".relations.json", "[]\n"),
@@ -54,7 +56,7 @@ def write_node(base, rel, i, durable_local):
         with open(os.path.join(n, name), "w") as f:
             f.write(data)
     fd = os.open(os.path.join(n, ".meta.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.write(fd, b'{"status":"ACTIVE"}\n')
+    os.write(fd, meta)
     if durable_local:
         os.fsync(fd)  # the local baseline's one fsync per node
     os.close(fd)      # on ctxfs: the commit point, durable when close returns
@@ -223,6 +225,34 @@ def bench_commit(work, n, rounds=5):
     report(rows, f"commit: {rounds} rounds of {n} four-step commits, each durable")
 
 
+def bench_if_version(work, n, rounds=5):
+    """The same four-step commits with and without `"if_version"` in
+    `.meta.json` (new nodes: 0), alternating rounds on one mount, then a
+    second version of each node over the version read: the condition's
+    cost is one comparison under the node's lock."""
+    fs = Ctxfs(os.path.join(work, "v"))
+    fs.mount()
+    plain, cond, again = [], [], []
+    for r in range(rounds):
+        for out, meta, tag in ((plain, b'{"status":"ACTIVE"}\n', "p"),
+                               (cond, b'{"status":"ACTIVE","if_version":0}\n', "v")):
+            t = time.perf_counter()
+            for i in range(r * n, (r + 1) * n):
+                write_node(fs.base(), f"acme/users/{tag}/memories/c{r}/n{i}", i, False, meta)
+            out.append(n / (time.perf_counter() - t))
+        t = time.perf_counter()
+        for i in range(r * n, (r + 1) * n):
+            write_node(fs.base(), f"acme/users/v/memories/c{r}/n{i}", i + 1, False,
+                       b'{"status":"ACTIVE","if_version":1}\n')
+        again.append(n / (time.perf_counter() - t))
+    print(f"  plain {[round(x) for x in plain]}, if_version 0 {[round(x) for x in cond]}, "
+          f"if_version 1 (second versions) {[round(x) for x in again]}")
+    report([(f"commits/s, new nodes, if_version 0 against none, median", statistics.median(plain),
+             statistics.median(cond), "rate")],
+           f"if_version: {rounds} rounds of {n} four-step commits with and without the condition")
+    fs.umount()
+
+
 def bench_batch(work, n, rounds=5):
     """One writer: N nodes as one batch file (one close, one transaction)
     against N local four-file nodes with one fsync each, alternating."""
@@ -296,7 +326,7 @@ def main():
     ap.add_argument("--nodes", type=int, default=10000)
     ap.add_argument("--commits", type=int, default=500)
     ap.add_argument("--big", type=int, default=100000)
-    ap.add_argument("--only", default="tree,commit,batch,big")
+    ap.add_argument("--only", default="tree,commit,batch,ifversion,big")
     ap.add_argument("--work", default=os.environ.get("BENCH_DIR", "/var/tmp/ctxfs-bench"))
     ap.add_argument("--model-dir", default=None,
                     help="mount with MiniLM from this directory (default: the hashing fallback)")
@@ -316,6 +346,8 @@ def main():
             bench_commit(os.path.join(a.work, "commit"), a.commits)
         if "batch" in only:
             bench_batch(os.path.join(a.work, "batch"), a.commits)
+        if "ifversion" in only:
+            bench_if_version(os.path.join(a.work, "ifversion"), a.commits)
         if "big" in only:
             bench_big(os.path.join(a.work, "big"), a.big)
     finally:

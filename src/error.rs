@@ -78,6 +78,10 @@ pub enum Error {
     /// The daemon's memory for uncommitted files is full.
     #[error("no space for uncommitted data: {0}")]
     NoSpace(String),
+    /// A commit made on a version of the node that is no longer its
+    /// current one (`if_version`); the reason is readable in the node.
+    #[error("commit refused: {0}")]
+    Stale(String),
     /// Another daemon changed the node while this one committed it, again
     /// and again: try later.
     #[error("the node kept changing on another daemon: {0}")]
@@ -195,6 +199,7 @@ impl Error {
             Error::RateLimited(_) => libc::EAGAIN,
             Error::NoSpace(_) => libc::ENOSPC,
             Error::Conflict(_) => libc::EAGAIN,
+            Error::Stale(_) => libc::ESTALE,
             Error::Interrupted => libc::EINTR,
             Error::NoLocks(_) => libc::ENOLCK,
         }
@@ -228,6 +233,7 @@ pub fn errno_name(errno: i32) -> &'static str {
         libc::EDQUOT => "EDQUOT",
         libc::ETIMEDOUT => "ETIMEDOUT",
         libc::EAGAIN => "EAGAIN",
+        libc::ESTALE => "ESTALE",
         libc::ENOSYS => "ENOSYS",
         libc::ENOSPC => "ENOSPC",
         libc::EINTR => "EINTR",
@@ -267,6 +273,7 @@ mod tests {
             (Error::RateLimited("x".into()), libc::EAGAIN, "EAGAIN"),
             (Error::NoSpace("x".into()), libc::ENOSPC, "ENOSPC"),
             (Error::Conflict("x".into()), libc::EAGAIN, "EAGAIN"),
+            (Error::Stale("x".into()), libc::ESTALE, "ESTALE"),
             (Error::Interrupted, libc::EINTR, "EINTR"),
             (Error::NoLocks("x".into()), libc::ENOLCK, "ENOLCK"),
         ];

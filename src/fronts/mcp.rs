@@ -117,8 +117,8 @@ pub fn tools() -> Vec<Tool> {
         ),
         Tool::new(
             "update",
-            "Commit a new version of an existing node: the files given replace the committed ones, the others are kept.",
-            with(props(json!({"path": string("the node")})), &["path"]),
+            "Commit a new version of an existing node: the files given replace the committed ones, the others are kept. With if_version (the version you read), refused with ESTALE when another writer committed the node since; without it, made on the version current when it lands.",
+            with(props(json!({"path": string("the node"), "if_version": {"type": "integer", "minimum": 1, "description": "commit only over this version (the one read)"}})), &["path"]),
         ),
         Tool::new(
             "forget",
@@ -217,7 +217,13 @@ fn dispatch(front: &Front, name: &str, args: &Value) -> FrontResult<Answer> {
         }
         "update" => {
             let node = front.rel(need("path")?)?;
-            Answer::Json(front.update(&node, &node_write(args))?)
+            let if_version = match args.get("if_version") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(
+                    || FrontError::invalid("`if_version` is the version read, a positive integer"),
+                )?),
+            };
+            Answer::Json(front.update(&node, &node_write(args), if_version)?)
         }
         "forget" => Answer::Json(front.forget(&front.rel(need("path")?)?)?),
         "move" => {

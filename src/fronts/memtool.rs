@@ -19,6 +19,7 @@
 //! `delete` deletes the node (or every node of a category), `rename` moves
 //! nodes. The abstract and overview are derived again at each change.
 
+use super::edit::EditError;
 use super::{Front, FrontError, NodeWrite};
 use serde_json::Value;
 
@@ -381,55 +382,83 @@ impl MemTool<'_> {
     }
 
     fn str_replace(&self, path: &str, old: &str, new: &str) -> Result<String, String> {
-        let (category, slug) = Self::file_target(path)?;
-        let text = self.content(&category, &slug, path)?;
         if old.is_empty() {
             return Err("Error: `old_str` is empty".into());
         }
-        let hits: Vec<usize> = text.match_indices(old).map(|(i, _)| i).collect();
-        match hits.len() {
-            0 => Err(format!(
-                "Error: No replacement was performed, old_str `{old}` did not appear verbatim in {path}."
-            )),
-            1 => {
-                let edited = text.replacen(old, new, 1);
-                let v = self.put(&category, &slug, &edited, path)?;
-                Ok(format!("The memory file has been edited (version {v})."))
+        let v = self.edit(path, |text| {
+            let hits: Vec<usize> = text.match_indices(old).map(|(i, _)| i).collect();
+            match hits.len() {
+                0 => Err(format!(
+                    "Error: No replacement was performed, old_str `{old}` did not appear verbatim in {path}."
+                )),
+                1 => Ok(text.replacen(old, new, 1)),
+                _ => {
+                    let lines: Vec<String> = hits
+                        .iter()
+                        .map(|i| (text[..*i].matches('\n').count() + 1).to_string())
+                        .collect();
+                    Err(format!(
+                        "Error: No replacement was performed. Multiple occurrences of old_str `{old}` in lines: [{}]. Please ensure it is unique",
+                        lines.join(", ")
+                    ))
+                }
             }
-            _ => {
-                let lines: Vec<String> = hits
-                    .iter()
-                    .map(|i| (text[..*i].matches('\n').count() + 1).to_string())
-                    .collect();
-                Err(format!(
-                    "Error: No replacement was performed. Multiple occurrences of old_str `{old}` in lines: [{}]. Please ensure it is unique",
-                    lines.join(", ")
-                ))
-            }
-        }
+        })?;
+        Ok(format!("The memory file has been edited (version {v})."))
     }
 
     fn insert(&self, path: &str, line: i64, text: &str) -> Result<String, String> {
-        let (category, slug) = Self::file_target(path)?;
-        let old = self.content(&category, &slug, path)?;
-        let mut lines: Vec<String> = old.lines().map(str::to_string).collect();
-        let n = lines.len() as i64;
-        if line < 0 || line > n {
-            return Err(format!(
-                "Error: Invalid `insert_line` parameter: {line}. It should be within the range of lines of the file: [0, {n}]"
-            ));
-        }
-        let new: Vec<String> = text
-            .trim_end_matches('\n')
-            .split('\n')
-            .map(str::to_string)
-            .collect();
-        let at = line as usize;
-        lines.splice(at..at, new);
-        let mut edited = lines.join("\n");
-        edited.push('\n');
-        let v = self.put(&category, &slug, &edited, path)?;
+        let v = self.edit(path, |old| {
+            let mut lines: Vec<String> = old.lines().map(str::to_string).collect();
+            let n = lines.len() as i64;
+            if line < 0 || line > n {
+                return Err(format!(
+                    "Error: Invalid `insert_line` parameter: {line}. It should be within the range of lines of the file: [0, {n}]"
+                ));
+            }
+            let new: Vec<String> = text
+                .trim_end_matches('\n')
+                .split('\n')
+                .map(str::to_string)
+                .collect();
+            let at = line as usize;
+            lines.splice(at..at, new);
+            let mut edited = lines.join("\n");
+            edited.push('\n');
+            Ok(edited)
+        })?;
         Ok(format!("The file {path} has been edited (version {v})."))
+    }
+
+    /// Make `change` on the file's committed text and commit the result
+    /// over the version read (made again on a fresh read when another
+    /// writer committed in between; a conflict when it no longer applies).
+    fn edit(
+        &self,
+        path: &str,
+        mut change: impl FnMut(&str) -> Result<String, String>,
+    ) -> Result<u32, String> {
+        let (category, slug) = Self::file_target(path)?;
+        let node = self.node(&category, &slug)?;
+        if !self.exists(&node) {
+            return Err(missing(path));
+        }
+        let done = self.front.edit(&node, |cur| {
+            change(&cur.content).map(|content| NodeWrite {
+                content: Some(content),
+                ..Default::default()
+            })
+        });
+        match done {
+            Ok(v) => Ok(v),
+            Err(EditError::Edit(why)) => Err(why),
+            Err(EditError::Conflict { current, why }) => Err(format!(
+                "Error: {path} was changed by another writer (now version {current}) and the edit no longer applies to it: {}",
+                why.trim_start_matches("Error: ")
+            )),
+            Err(EditError::Front(e)) if e.errno == Some(libc::ENOENT) => Err(missing(path)),
+            Err(EditError::Front(e)) => Err(format!("Error: {path}: {}", e.message_for_tool())),
+        }
     }
 
     fn delete(&self, path: &str) -> Result<String, String> {

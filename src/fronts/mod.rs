@@ -9,6 +9,7 @@
 //! that carry the errno and the node's `.commit-error` reason.
 
 mod dirfd;
+pub mod edit;
 pub mod mcp;
 pub mod memtool;
 
@@ -470,21 +471,32 @@ impl Front {
 
     /// A new version of an existing node: the files given replace the
     /// committed ones, the others are kept; `.meta.json`'s own fields are
-    /// kept unless given.
-    pub fn update(&self, node: &str, w: &NodeWrite) -> FrontResult<Value> {
-        let (dir, _) = self.node_dir(node, false)?;
-        let meta_text = dir
-            .read(META)
-            .map_err(|e| FrontError::io(&format!("reading {node}/{META}"), &e, None))?
-            .ok_or_else(|| {
-                FrontError::io(
-                    &format!("reading {node}/{META}"),
-                    &std::io::Error::from_raw_os_error(libc::ENOENT),
-                    None,
-                )
-            })?;
-        let committed: Map<String, Value> = serde_json::from_str(&meta_text).unwrap_or_default();
-        self.write_and_commit(&dir, w, committed)
+    /// kept unless given. Committed only over the version it was made on
+    /// (`if_version` when given, else the one read, and then made again on
+    /// a fresh read when another writer committed in between).
+    /// Returns `{path, uri, version, status}`.
+    pub fn update(&self, node: &str, w: &NodeWrite, if_version: Option<u32>) -> FrontResult<Value> {
+        let stale = |want: u32, have: u32| FrontError {
+            errno: Some(libc::ESTALE),
+            message: format!(
+                "{node} is at version {have}, not {want}: it changed since version {want} was read \
+                 (read it again, or see .versions/{have}/)"
+            ),
+        };
+        let done = self.edit(node, |cur| match if_version {
+            Some(want) if want != cur.version => Err(stale(want, cur.version)),
+            _ => Ok(w.clone()),
+        });
+        let version = match done {
+            Ok(v) => v,
+            Err(edit::EditError::Edit(e) | edit::EditError::Conflict { why: e, .. }) => {
+                return Err(e)
+            }
+            Err(edit::EditError::Front(e)) => return Err(e),
+        };
+        let mut info = self.node_info(node)?;
+        info["version"] = json!(version);
+        Ok(info)
     }
 
     fn write_and_commit(

@@ -101,6 +101,7 @@ impl Fs {
                 return Err(match r {
                     Refusal::Invalid(r) => Error::BadCommit(r),
                     Refusal::TooBig(r) => Error::NodeTooBig(r),
+                    Refusal::Stale { reason, .. } => Error::Stale(reason),
                 });
             }
         };

@@ -49,11 +49,40 @@ struct Planning<'a> {
     by: super::rules::By,
 }
 
+/// Why a line is refused; `current` is the node's version (0: none) when
+/// the line was planned on another one (`if_version`).
+struct LineError {
+    reason: String,
+    current: Option<u32>,
+}
+
+impl From<String> for LineError {
+    fn from(reason: String) -> Self {
+        LineError {
+            reason,
+            current: None,
+        }
+    }
+}
+
+impl From<&str> for LineError {
+    fn from(reason: &str) -> Self {
+        reason.to_string().into()
+    }
+}
+
 /// The result of one line.
-fn outcome(line: usize, node: &str, r: std::result::Result<u32, String>) -> Value {
+fn outcome(line: usize, node: &str, r: std::result::Result<u32, LineError>) -> Value {
     match r {
         Ok(v) => json!({"line": line, "node": node, "version": v}),
-        Err(e) => json!({"line": line, "node": node, "error": e}),
+        Err(LineError {
+            reason,
+            current: None,
+        }) => json!({"line": line, "node": node, "error": reason}),
+        Err(LineError {
+            reason,
+            current: Some(c),
+        }) => json!({"line": line, "node": node, "error": reason, "current": c}),
     }
 }
 
@@ -110,7 +139,7 @@ impl Fs {
                 });
             match parsed {
                 Ok((path, n)) => todo.push((line, path, n)),
-                Err(e) => results.push(outcome(line, "", Err(e))),
+                Err(e) => results.push(outcome(line, "", Err(e.into()))),
             }
         }
         let now = now_ns();
@@ -196,7 +225,7 @@ impl Fs {
         cx: &Planning,
         ops: &mut Vec<crate::store::Op>,
         pending: &mut (i64, i64),
-    ) -> std::result::Result<(u32, Option<u64>), String> {
+    ) -> std::result::Result<(u32, Option<u64>), LineError> {
         let (now, redactor) = (cx.now, cx.redactor);
         if self.draft(path).is_some_and(|d| !lock(&d).files.is_empty()) {
             return Err("the node has uncommitted changes in a draft".into());
@@ -208,17 +237,10 @@ impl Fs {
         };
         if let Some(want) = n.if_version {
             let have = rec.as_ref().map_or(0, |r| r.version);
-            if have != want {
-                return Err(if have == 0 {
-                    format!(
-                        "the node was deleted since this line was planned on its version {want}"
-                    )
-                } else if want == 0 {
-                    format!(
-                        "the node was created since this line was planned (now at version {have})"
-                    )
-                } else {
-                    format!("the node is at version {have}, not {want}: it changed since this line was planned")
+            if let Some(reason) = super::rules::stale_reason(have, want, "this line was planned") {
+                return Err(LineError {
+                    reason,
+                    current: Some(have),
                 });
             }
         }
@@ -251,7 +273,13 @@ impl Fs {
             Outcome::StillPending => {
                 return Err("meta.status must be ACTIVE or ARCHIVED to commit".into())
             }
-            Outcome::Refused(Refusal::Invalid(r) | Refusal::TooBig(r)) => return Err(r),
+            Outcome::Refused(Refusal::Invalid(r) | Refusal::TooBig(r)) => return Err(r.into()),
+            Outcome::Refused(Refusal::Stale { reason, current }) => {
+                return Err(LineError {
+                    reason,
+                    current: Some(current),
+                })
+            }
         };
         let (version, expires) = (plan.version, plan.expires);
         let id = match &rec {

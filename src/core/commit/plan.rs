@@ -85,12 +85,16 @@ pub enum Refusal {
     Invalid(String),
     /// The node is over its byte budget (EFBIG).
     TooBig(String),
+    /// `.meta.json` said `if_version` and the node is at another version
+    /// (ESTALE): `current` (0 when no node is).
+    Stale { reason: String, current: u32 },
 }
 
 impl Refusal {
     pub fn reason(&self) -> &str {
         match self {
             Refusal::Invalid(r) | Refusal::TooBig(r) => r,
+            Refusal::Stale { reason, .. } => reason,
         }
     }
 }
@@ -154,6 +158,17 @@ fn plan(
             Ok(MetaIntent::Pending) => return Ok(None),
             Err(reason) => return Err(invalid(reason)),
         };
+        // No lost update: a change made on version N lands only over N.
+        if let Some(want) = rules::take_if_version(&mut obj).map_err(invalid)? {
+            let have = committed.map_or(0, |r| r.version);
+            let since = format!("version {want} was read");
+            if let Some(reason) = rules::stale_reason(have, want, &since) {
+                return Err(Refusal::Stale {
+                    reason,
+                    current: have,
+                });
+            }
+        }
         match obj.get("searchable") {
             None | Some(Value::Bool(_)) => {}
             Some(_) => {
@@ -610,6 +625,61 @@ mod tests {
             .texts
             .iter()
             .any(|(l, t)| *l == 0 && t.starts_with("Alice moved to Lyon")));
+    }
+
+    /// `if_version`: a commit lands only over the version it was made on;
+    /// the condition is never stored.
+    #[test]
+    fn if_version_lands_only_over_its_version() {
+        let rec = NodeRec {
+            id: 9,
+            path: N.into(),
+            status: Status::Active,
+            version: 3,
+            created_at: "2020-01-01T00:00:00Z".into(),
+            updated_at: String::new(),
+            updated_ns: 0,
+            files: Vec::new(),
+        };
+        let at = |committed: Option<&'static NodeRec>, want: &str| {
+            let mut v = view(full(&format!(
+                r#"{{"status":"ACTIVE","if_version":{want}}}"#
+            )));
+            v.committed = committed;
+            build(v, Intent::Close)
+        };
+        let rec: &'static NodeRec = Box::leak(Box::new(rec));
+        for (committed, want, outcome) in [
+            (Some(rec), "3", Ok(4)),
+            (None, "0", Ok(1)),
+            (None, "null", Ok(1)),
+            (Some(rec), "2", Err((3, "the node is at version 3, not 2"))),
+            (Some(rec), "0", Err((3, "the node was created since"))),
+            (
+                None,
+                "3",
+                Err((0, "the node was deleted since version 3 was read")),
+            ),
+        ] {
+            match (at(committed, want), outcome) {
+                (Outcome::Commit(p), Ok(v)) => {
+                    assert_eq!(p.version, v, "{want}");
+                    let meta = meta_of(&p);
+                    assert!(meta.get("if_version").is_none(), "{meta}");
+                }
+                (Outcome::Refused(Refusal::Stale { reason, current }), Err((c, why))) => {
+                    assert_eq!(current, c, "{want}");
+                    assert!(reason.contains(why), "{want}: {reason}");
+                }
+                (got, want_) => panic!("if_version {want}: {got:?}, expected {want_:?}"),
+            }
+        }
+        for bad in ["-1", "\"3\"", "1.5", "4294967296"] {
+            match refused(at(Some(rec), bad)) {
+                Refusal::Invalid(r) => assert!(r.contains("if_version"), "{bad}: {r}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]

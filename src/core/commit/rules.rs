@@ -50,6 +50,43 @@ pub fn parse_meta(bytes: &[u8]) -> Result<MetaIntent, String> {
     }
 }
 
+/// The `if_version` a client's `.meta.json` asks for, taken out of it (it
+/// is a condition of this commit, never stored): commit only over that
+/// version of the node, `0` only where no node is.
+pub fn take_if_version(obj: &mut Map<String, Value>) -> Result<Option<u32>, String> {
+    match obj.remove("if_version") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => Ok(Some(n)),
+            None => Err(format!(
+                "\"if_version\" in .meta.json is the version the change was made on (0 for a new node), not {}",
+                excerpt_json(&v)
+            )),
+        },
+    }
+}
+
+/// Why a commit planned on version `want` of a node (0: no node) may not
+/// land when the node is at `have` (0: none), or `None` when it may.
+/// `since` says when the version was taken: "this line was planned",
+/// "version 3 was read".
+pub fn stale_reason(have: u32, want: u32, since: &str) -> Option<String> {
+    if have == want {
+        return None;
+    }
+    Some(if have == 0 {
+        format!("the node was deleted since {since} on its version {want}")
+    } else if want == 0 {
+        format!(
+            "the node was created since {since} (now at version {have}; its files are in .versions/{have}/)"
+        )
+    } else {
+        format!(
+            "the node is at version {have}, not {want}: it changed since {since} (version {have}'s files are in .versions/{have}/)"
+        )
+    })
+}
+
 pub fn check_utf8<'a>(name: &str, bytes: &'a [u8]) -> Result<&'a str, String> {
     std::str::from_utf8(bytes).map_err(|e| format!("{name} is not UTF-8: {e}"))
 }

@@ -389,22 +389,26 @@ impl Fs {
                     }
                     r.insert((b.account.to_string(), b.caller.uid), Arc::from(result));
                 };
-                let (result, refused) =
-                    match self.commit_batch(b.caller, &b.account, &bytes, "batch") {
-                        Ok(r) => r,
-                        // A batch refused whole (too many nodes, not UTF-8):
-                        // reading the file gives the reason, as for a node.
-                        Err(e @ (Error::Invalid(_) | Error::Quota(_))) => {
-                            let mut line = serde_json::to_vec(
-                                &serde_json::json!({"line": 0, "node": "", "error": e.to_string()}),
-                            )
-                            .unwrap_or_default();
-                            line.push(b'\n');
-                            keep(line);
-                            return Err(e);
-                        }
-                        Err(e) => return Err(e),
-                    };
+                // The fronts commit through batch lines: theirs is the name.
+                let via = match b.caller.front() {
+                    "shell" => "batch",
+                    front => front,
+                };
+                let (result, refused) = match self.commit_batch(b.caller, &b.account, &bytes, via) {
+                    Ok(r) => r,
+                    // A batch refused whole (too many nodes, not UTF-8):
+                    // reading the file gives the reason, as for a node.
+                    Err(e @ (Error::Invalid(_) | Error::Quota(_))) => {
+                        let mut line = serde_json::to_vec(
+                            &serde_json::json!({"line": 0, "node": "", "error": e.to_string()}),
+                        )
+                        .unwrap_or_default();
+                        line.push(b'\n');
+                        keep(line);
+                        return Err(e);
+                    }
+                    Err(e) => return Err(e),
+                };
                 let lines = result.iter().filter(|b| **b == b'\n').count();
                 keep(result);
                 if refused > 0 {

@@ -1,0 +1,403 @@
+//! Many agents on one memory: a change made on a version lands only over
+//! that version (`if_version`), and agents racing over one node through
+//! batch lines, the memory tool and MCP lose no update.
+
+use crate::harness::*;
+use serde_json::Value;
+
+/// acme with two writer uids (two agents) and a reader.
+const TWO_WRITERS: &str = r#"
+[[account]]
+id = "acme"
+writers = [1001, 1004]
+readers = [1002]
+"#;
+const SECOND_WRITER: u32 = 1004;
+const NODE: &str = "accounts/acme/users/alice/memories/notes/counter";
+
+/// Write `text` to `path` and close it, as the caller: `OK`, or the errno's
+/// name the write or close failed with.
+fn put(m: &Mount, uid: u32, path: &str, text: &str) -> String {
+    let py = m.shared_file("put.py");
+    std::fs::write(
+        &py,
+        "import errno, os, sys\n\
+         try:\n    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n    \
+         os.write(fd, sys.argv[2].encode())\n    os.close(fd)\n    print('OK')\n\
+         except OSError as e:\n    print(errno.errorcode[e.errno])\n",
+    )
+    .unwrap();
+    let full = format!("{}/{path}", m.mnt.display());
+    let out = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(&py)
+        .arg(&full)
+        .arg(text)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn a_change_made_on_an_old_version_is_refused_with_estale() {
+    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let meta = |v: &str| format!("{NODE}/.meta.json{v}");
+    m.ok(WRITER, &format!("mkdir -p $M/{NODE}"));
+    assert_eq!(
+        put(&m, WRITER, &format!("{NODE}/content.md"), "one\n"),
+        "OK"
+    );
+    assert_eq!(
+        put(
+            &m,
+            WRITER,
+            &meta(""),
+            r#"{"status":"ACTIVE","if_version":0}"#
+        ),
+        "OK"
+    );
+    // Made on version 1, committed over it: version 2, the condition not stored.
+    assert_eq!(
+        put(&m, WRITER, &format!("{NODE}/content.md"), "two\n"),
+        "OK"
+    );
+    assert_eq!(
+        put(
+            &m,
+            SECOND_WRITER,
+            &meta(""),
+            r#"{"status":"ACTIVE","if_version":1}"#
+        ),
+        "OK"
+    );
+    let committed = m.json(READER, &format!("cat $M/{}", meta("")));
+    assert_eq!(committed["version"], 2);
+    assert!(committed.get("if_version").is_none(), "{committed}");
+    // Another change made on version 1 is refused: ESTALE, the reason names
+    // the current version, the committed node is unchanged, the draft stays.
+    assert_eq!(
+        put(&m, WRITER, &format!("{NODE}/content.md"), "three\n"),
+        "OK"
+    );
+    assert_eq!(
+        put(
+            &m,
+            WRITER,
+            &meta(""),
+            r#"{"status":"ACTIVE","if_version":1}"#
+        ),
+        "ESTALE"
+    );
+    let why = m.ok(WRITER, &format!("cat $M/{NODE}/.commit-error"));
+    assert!(
+        why.contains("the node is at version 2, not 1") && why.contains(".versions/2/"),
+        "{why}"
+    );
+    assert_eq!(m.ok(READER, &format!("cat $M/{NODE}/content.md")), "two\n");
+    assert_eq!(
+        m.ok(WRITER, &format!("cat $M/{NODE}/content.md")),
+        "three\n"
+    );
+    assert_eq!(
+        m.ok(WRITER, &format!("cat $M/{NODE}/.versions/2/content.md")),
+        "two\n"
+    );
+    // Made again on version 2: committed.
+    assert_eq!(
+        put(
+            &m,
+            WRITER,
+            &meta(""),
+            r#"{"status":"ACTIVE","if_version":2}"#
+        ),
+        "OK"
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/{NODE}/content.md")),
+        "three\n"
+    );
+    // 0 is "only a new node"; a value that is not a version is EINVAL.
+    assert_eq!(
+        put(
+            &m,
+            WRITER,
+            &meta(""),
+            r#"{"status":"ACTIVE","if_version":0}"#
+        ),
+        "ESTALE"
+    );
+    let why = m.ok(WRITER, &format!("cat $M/{NODE}/.commit-error"));
+    assert!(
+        why.contains("created since") && why.contains("version 3"),
+        "{why}"
+    );
+    assert_eq!(
+        put(
+            &m,
+            WRITER,
+            &meta(""),
+            r#"{"status":"ACTIVE","if_version":"3"}"#
+        ),
+        "EINVAL"
+    );
+    // A batch line planned on an old version says the current one, whether
+    // the line or its `meta` says `if_version`.
+    let line = |meta: &str, cond: &str| {
+        format!(
+            r#"{{"node":"users/alice/memories/notes/other","content":"x\n","meta":{{"status":"ACTIVE"{meta}}}{cond}}}"#
+        ) + "\n"
+    };
+    let batch = "accounts/acme/.ctxfs/batch";
+    assert_eq!(
+        put(&m, WRITER, batch, &line("", r#","if_version":0"#)),
+        "OK"
+    );
+    for (meta, cond) in [("", r#","if_version":0"#), (r#","if_version":0"#, "")] {
+        assert_eq!(put(&m, WRITER, batch, &line(meta, cond)), "EINVAL");
+        let result = m.json(WRITER, &format!("cat $M/{batch}"));
+        assert_eq!(result["current"], 1, "{result}");
+        assert!(
+            result["error"].as_str().unwrap().contains("created since"),
+            "{result}"
+        );
+    }
+    let other = m.json(
+        READER,
+        "cat $M/accounts/acme/users/alice/memories/notes/other/.meta.json",
+    );
+    assert_eq!(other["version"], 1);
+    m.umount();
+    m.fsck();
+}
+
+/// Two agents (two writer uids) add to one counter node many times at
+/// once, each change made on the version it read and committed over it
+/// (a batch line with `if_version`), redone on a refusal: every increment
+/// lands, every refusal is reported as the node's newer version.
+const RACER: &str = r#"
+import json, os, sys
+mnt, who, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+node = "users/alice/memories/notes/counter"
+d = os.path.join(mnt, "accounts/acme", node)
+batch = os.path.join(mnt, "accounts/acme/.ctxfs/batch")
+done = refused = 0
+while done < rounds:
+    with open(os.path.join(d, ".meta.json")) as f:
+        v = json.load(f)["version"]
+    try:
+        with open(os.path.join(d, ".versions", str(v), "content.md")) as f:
+            n = int(f.read())
+    except FileNotFoundError:
+        continue
+    line = json.dumps({"node": node, "content": f"{n + 1}\n", "meta": {"status": "ACTIVE", "by": who}, "if_version": v})
+    try:
+        fd = os.open(batch, os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, (line + "\n").encode())
+        os.close(fd)
+        done += 1
+    except OSError as e:
+        assert e.errno == 22, e
+        with open(batch) as f:
+            r = json.loads(f.readline())
+        assert r.get("current", 0) > v, r
+        refused += 1
+print(json.dumps({"done": done, "refused": refused}))
+"#;
+
+#[test]
+fn two_agents_racing_over_one_node_lose_no_update() {
+    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let racer = m.shared_file("racer.py");
+    std::fs::write(&racer, RACER).unwrap();
+    m.ok(WRITER, &format!("mkdir -p $M/{NODE}"));
+    assert_eq!(put(&m, WRITER, &format!("{NODE}/content.md"), "0\n"), "OK");
+    assert_eq!(put(&m, WRITER, &format!("{NODE}/.meta.json"), ACTIVE), "OK");
+    let rounds = 150;
+    let spawn = |uid: u32, who: &str| {
+        std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "/usr/bin/python3",
+            ])
+            .arg(&racer)
+            .arg(&m.mnt)
+            .arg(who)
+            .arg(rounds.to_string())
+            .output()
+            .unwrap()
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| spawn(WRITER, "a"));
+        let b = s.spawn(|| spawn(SECOND_WRITER, "b"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let mut refused = 0;
+    for o in [&a, &b] {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["done"], rounds);
+        refused += r["refused"].as_u64().unwrap();
+    }
+    // Every increment landed: the counter is both agents' rounds, and each
+    // landed as its own version.
+    assert_eq!(
+        m.ok(READER, &format!("cat $M/{NODE}/content.md")),
+        format!("{}\n", 2 * rounds)
+    );
+    let meta = m.json(READER, &format!("cat $M/{NODE}/.meta.json"));
+    assert_eq!(meta["version"], 2 * rounds + 1);
+    eprintln!("{} increments, {refused} refusals redone", 2 * rounds);
+    m.umount();
+    m.fsck();
+}
+
+/// The memory tool's `insert` by two agents at once: each insert is made
+/// on the version read and redone on a fresh read when the other committed
+/// in between, so no line is lost; MCP `update` with a stale `if_version`
+/// is refused with ESTALE.
+#[test]
+fn memory_tool_edits_of_two_agents_at_once_keep_every_line() {
+    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let scope = "accounts/acme/users/alice";
+    let lines = 40;
+    let file = |name: &str, cmds: Vec<Value>| {
+        let f = m.shared_file(name);
+        let text: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
+        std::fs::write(&f, text.join("\n") + "\n").unwrap();
+        f
+    };
+    let inserts = |who: &str| {
+        let cmds = (0..lines)
+            .map(|i| serde_json::json!({"command": "insert", "path": "/memories/log.md", "insert_line": 1, "insert_text": format!("{who}{i}")}))
+            .collect();
+        file(&format!("memtool-{who}.jsonl"), cmds)
+    };
+    let run = |uid: u32, f: &std::path::Path| {
+        std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                BIN,
+                "memtool",
+                "--mount",
+            ])
+            .arg(&m.mnt)
+            .args(["--scope", scope])
+            .stdin(std::fs::File::open(f).unwrap())
+            .output()
+            .unwrap()
+    };
+    let create = file(
+        "memtool-create.jsonl",
+        vec![
+            serde_json::json!({"command": "create", "path": "/memories/log.md", "file_text": "start\n"}),
+        ],
+    );
+    assert!(run(WRITER, &create).status.success());
+    let (fa, fb) = (inserts("a"), inserts("b"));
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| run(WRITER, &fa));
+        let b = s.spawn(|| run(SECOND_WRITER, &fb));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for o in [&a, &b] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        for l in out.lines() {
+            let r: Value = serde_json::from_str(l).unwrap();
+            assert!(
+                r["text"].as_str().unwrap_or("").contains("has been edited"),
+                "{l}"
+            );
+        }
+        assert_eq!(out.lines().count(), lines, "{out}");
+    }
+    let text = m.ok(READER, &format!("cat $M/{scope}/memories/_/log/content.md"));
+    for who in ["a", "b"] {
+        for i in 0..lines {
+            assert!(
+                text.lines().any(|l| l == format!("{who}{i}")),
+                "{who}{i} lost:\n{text}"
+            );
+        }
+    }
+    assert_eq!(text.lines().count(), 2 * lines + 1, "{text}");
+    m.umount();
+    m.fsck();
+}
+
+/// MCP `update` with `if_version`: made on the version read, refused with
+/// ESTALE once another writer committed.
+#[test]
+fn mcp_update_with_a_stale_version_is_refused() {
+    use crate::fronts::{session, tool};
+    use serde_json::json;
+    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let scope = "accounts/acme/users/alice";
+    let tea = "memories/prefs/tea";
+    let w = session(
+        &m,
+        WRITER,
+        Some(scope),
+        json!([
+            tool(
+                "remember",
+                json!({"category": "prefs", "slug": "tea", "content": "Sencha.\n", "meta": {"tags": ["tea"]}})
+            ),
+            tool(
+                "update",
+                json!({"path": tea, "content": "Genmaicha.\n", "if_version": 1})
+            ),
+            tool(
+                "update",
+                json!({"path": tea, "content": "Oolong.\n", "if_version": 1})
+            ),
+            tool(
+                "update",
+                json!({"path": tea, "content": "Oolong.\n", "if_version": 2})
+            ),
+            tool("update", json!({"path": tea, "abstract": "tea of the day"})),
+            tool(
+                "update",
+                json!({"path": tea, "content": "x", "if_version": "2"})
+            ),
+        ]),
+    );
+    assert_eq!(w[1]["structured"]["version"], 2, "{}", w[1]);
+    assert_eq!(w[2]["error"], true, "{}", w[2]);
+    assert_eq!(w[2]["structured"]["errno"], "ESTALE", "{}", w[2]);
+    assert!(
+        w[2]["text"]
+            .as_str()
+            .unwrap()
+            .contains("at version 2, not 1"),
+        "{}",
+        w[2]
+    );
+    assert_eq!(w[3]["structured"]["version"], 3, "{}", w[3]);
+    // Without if_version: made on the version current when it lands; the
+    // content and own fields are kept.
+    assert_eq!(w[4]["structured"]["version"], 4, "{}", w[4]);
+    assert_eq!(w[5]["structured"]["errno"], "EINVAL", "{}", w[5]);
+    let node = format!("$M/{scope}/{tea}");
+    assert_eq!(m.ok(READER, &format!("cat {node}/content.md")), "Oolong.\n");
+    assert_eq!(
+        m.ok(READER, &format!("cat {node}/.abstract.md")),
+        "tea of the day"
+    );
+    let meta = m.json(READER, &format!("cat {node}/.meta.json"));
+    assert_eq!(
+        (meta["version"].clone(), meta["tags"].clone()),
+        (json!(4), json!(["tea"]))
+    );
+    assert_eq!(meta["committed_by"]["via"], "mcp", "{meta}");
+    m.umount();
+    m.fsck();
+}
