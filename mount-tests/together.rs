@@ -401,3 +401,127 @@ fn mcp_update_with_a_stale_version_is_refused() {
     m.umount();
     m.fsck();
 }
+
+/// Recall to a budget: `?budget=N` packs the best results into at most N
+/// tokens (bytes / 3, rounded up), abstracts first, then overviews, then
+/// matching lines, and says what was left out; the same through MCP and
+/// the memory tool's `view`; tenancy as any search.
+#[test]
+fn a_search_within_a_budget_fits_it_summary_first() {
+    use crate::fronts::{session, tool};
+    use serde_json::json;
+    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--embedder", "hash"]);
+    let py = m.shared_file("kettles.py");
+    std::fs::write(
+        &py,
+        r##"
+import os, sys
+root = os.path.join(sys.argv[1], "accounts/acme/users/alice/memories/kitchen")
+for i in range(30):
+    n = os.path.join(root, f"k{i}")
+    os.makedirs(n)
+    body = "".join(f"Line {j}: the kettle number {i} boils water at step {j}.\n" for j in range(12))
+    for f, b in (("content.md", body), (".relations.json", "[]"), (".abstract.md", f"Kettle {i} and how it boils"),
+                 (".overview.md", f"# Kettle {i}\nA kettle that boils water, twelve steps."), (".meta.json", '{"status":"ACTIVE"}')):
+        with open(os.path.join(n, f), "w") as fh:
+            fh.write(b)
+"##,
+    )
+    .unwrap();
+    m.ok(WRITER, &format!("/usr/bin/python3 {} $M", py.display()));
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let dir = "$M/accounts/acme/users/alice";
+    let tokens = |s: &str| s.len().div_ceil(3);
+    for budget in [128usize, 200, 400, 1_000] {
+        let out = m.ok(
+            READER,
+            &format!("cat \"{dir}/.search/kettle boils?budget={budget}\""),
+        );
+        assert!(
+            tokens(&out) <= budget,
+            "{budget}: {} tokens\n{out}",
+            tokens(&out)
+        );
+        assert!(
+            out.starts_with("# memory for \"kettle boils\" within"),
+            "{out}"
+        );
+        assert!(
+            out.contains("\n## 1. accounts/acme/users/alice/memories/kitchen/k"),
+            "{out}"
+        );
+        let last = out.lines().last().unwrap();
+        assert!(last.starts_with("# left out: "), "{budget}: {last}");
+    }
+    // Summary first: with a small budget only abstracts; a large one adds
+    // overviews and the matching lines.
+    let small = m.ok(
+        READER,
+        &format!("cat \"{dir}/.search/kettle boils?budget=200\""),
+    );
+    assert!(
+        small.contains("and how it boils") && !small.contains("\nL1: "),
+        "{small}"
+    );
+    let large = m.ok(
+        READER,
+        &format!("cat \"{dir}/.search/kettle boils?budget=20000\""),
+    );
+    assert!(
+        large.contains("> # Kettle") && large.contains("\nL1: Line 0: the kettle"),
+        "{large}"
+    );
+    assert_eq!(large.matches("\n## ").count(), 10, "{large}");
+    assert!(large.ends_with("# nothing left out\n"), "{large}");
+    let j = m.json(
+        READER,
+        &format!("cat \"{dir}/.search/kettle boils?budget=150&format=json\""),
+    );
+    assert!(j["budget"]["used"].as_u64().unwrap() <= 150, "{j}");
+    assert_eq!(j["budget"]["tokens"], 150);
+    assert!(j["packed"].as_str().unwrap().starts_with("# memory for"));
+    // Below the smallest budget, or not a number: EINVAL with the range.
+    m.fails(
+        READER,
+        &format!("cat \"{dir}/.search/kettle?budget=10\""),
+        "Invalid argument",
+    );
+    m.fails(
+        READER,
+        &format!("cat \"{dir}/.search/kettle?budget=x\""),
+        "Invalid argument",
+    );
+    // Tenancy as any search: a uid of no account is refused.
+    m.fails(
+        NOBODY,
+        &format!("cat \"{dir}/.search/kettle?budget=200\""),
+        "Permission denied",
+    );
+    // MCP: the packed text is the answer; the memory tool's view keeps to it.
+    let w = session(
+        &m,
+        READER,
+        Some("accounts/acme/users/alice"),
+        json!([
+            tool("search", json!({"query": "kettle boils", "budget": 150})),
+            tool(
+                "memory",
+                json!({"command": "view", "path": "/memories", "budget": 128})
+            ),
+        ]),
+    );
+    let text = w[0]["text"].as_str().unwrap();
+    assert!(
+        tokens(text) <= 150 && text.starts_with("# memory for"),
+        "{}",
+        w[0]
+    );
+    let view = w[1]["text"].as_str().unwrap();
+    assert!(
+        tokens(view) <= 128 && view.contains("more lines left out"),
+        "{}",
+        w[1]
+    );
+    m.umount();
+    m.fsck();
+}

@@ -19,6 +19,7 @@ mod kcache;
 pub mod metrics;
 pub mod ops;
 pub mod quota;
+pub mod recall;
 mod remote;
 pub mod repair;
 pub mod scratch;

@@ -27,6 +27,9 @@ pub struct QueryName {
     pub since: Option<i128>,
     /// … and before this (a date: the end of that day).
     pub until: Option<i128>,
+    /// Pack the results into at most this many tokens, summary first
+    /// (`core::recall`).
+    pub budget: Option<usize>,
 }
 
 /// `YYYY-MM-DD` (the day's first instant, or with `end` the next day's)
@@ -52,6 +55,7 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
         expand: false,
         since: None,
         until: None,
+        budget: None,
     };
     if let Some(i) = name.rfind('?') {
         let opts = &name[i + 1..];
@@ -93,6 +97,16 @@ pub fn parse_query_name(name: &str) -> Result<QueryName> {
                     }
                     "since" => q.since = Some(time_bound(v, false).ok_or_else(bad)?),
                     "until" => q.until = Some(time_bound(v, true).ok_or_else(bad)?),
+                    "budget" => {
+                        use super::recall::{MAX_BUDGET, MIN_BUDGET};
+                        let n: usize = v.parse().map_err(|_| bad())?;
+                        if !(MIN_BUDGET..=MAX_BUDGET).contains(&n) {
+                            return Err(Error::Invalid(format!(
+                                "search option budget={n}: a budget is {MIN_BUDGET} to {MAX_BUDGET} tokens"
+                            )));
+                        }
+                        q.budget = Some(n);
+                    }
                     "expand" => {
                         q.expand = match v {
                             "1" | "true" => true,
@@ -259,6 +273,10 @@ impl Fs {
             .iter()
             .map(|t| json!({"query": t.query, "results": t.results, "best": t.best.map(|b| b.as_str())}))
             .collect();
+        let packed = match qn.budget {
+            Some(b) => Some((b, self.pack_results(&qn.text, b, &judged)?)),
+            None => None,
+        };
         let total_us = t.elapsed().as_micros() as u64;
         if qn.json {
             let mode = match qn.mode {
@@ -295,10 +313,18 @@ impl Fs {
                     o
                 }).collect::<Vec<_>>(),
             });
+            let mut v = v;
+            if let Some((b, p)) = &packed {
+                v["budget"] = p.to_json(*b);
+                v["packed"] = p.text.clone().into();
+            }
             let mut out = serde_json::to_vec_pretty(&v)
                 .map_err(|e| Error::store_from("rendering search results", e))?;
             out.push(b'\n');
             return Ok(out);
+        }
+        if let Some((_, p)) = packed {
+            return Ok(p.text.into_bytes());
         }
         let mut out = String::new();
         for (i, j) in judged.iter().enumerate() {
@@ -322,6 +348,53 @@ impl Fs {
             out.push('\n');
         }
         Ok(out.into_bytes())
+    }
+
+    /// The results packed into `budget` tokens, summary first: each node's
+    /// abstract, overview and matching lines of `content.md`; a message's
+    /// text.
+    fn pack_results(
+        &self,
+        query: &str,
+        budget: usize,
+        judged: &[crate::index::answer::Judged],
+    ) -> Result<super::recall::Packed> {
+        use crate::schema::names::{CONTENT, OVERVIEW};
+        let mut items = Vec::with_capacity(judged.len());
+        for j in judged {
+            let path = j.hit.path.strip_prefix("accounts/").unwrap_or(&j.hit.path);
+            let mut it = super::recall::Item {
+                path: j.hit.path.clone(),
+                confidence: j.tier.as_str().to_string(),
+                abstract_: j.hit.abstract_.clone(),
+                overview: None,
+                lines: Vec::new(),
+            };
+            if crate::schema::event::message_of(path).is_none() {
+                if let Some(rec) = self.store.get_node(path)? {
+                    let text = |name: &str| -> Result<Option<String>> {
+                        Ok(self
+                            .store
+                            .read_file(&rec, name)?
+                            .map(|b| String::from_utf8_lossy(&b).into_owned()))
+                    };
+                    it.overview = text(OVERVIEW)?;
+                    if let Some(content) = text(CONTENT)? {
+                        let all: Vec<&str> = content.lines().collect();
+                        it.lines = j
+                            .lines
+                            .iter()
+                            .filter_map(|n| {
+                                all.get((*n as usize).checked_sub(1)?)
+                                    .map(|t| (*n, t.to_string()))
+                            })
+                            .collect();
+                    }
+                }
+            }
+            items.push(it);
+        }
+        Ok(super::recall::pack(query, budget, &items))
     }
 
     /// When a result is from: a message's `ts` (its day's start when it

@@ -108,12 +108,7 @@ pub fn extract_window(conv: &Conversation, range: std::ops::Range<usize>) -> Vec
     ]
 }
 
-/// Tokens `text` may take, estimated high: a byte of UTF-8 at most a
-/// third of a token is about right for English and over for most else
-/// (tokenizers of the models in use average 3.5-4.5 bytes a token).
-pub fn estimate_tokens(text: &str) -> usize {
-    text.len().div_ceil(3)
-}
+pub use crate::schema::estimate_tokens;
 
 /// Tokens of an extraction request before its transcript: the system
 /// prompt, the worked example and the chat template's framing.

@@ -90,6 +90,7 @@ pub fn tools() -> Vec<Tool> {
                 "k": {"type": "integer", "minimum": 1, "maximum": 100, "description": "how many hits (default 10)"},
                 "path": string("search only under this directory (default: the whole scope)"),
                 "sync": {"type": "boolean", "description": "first wait until every commit is searchable"},
+                "budget": {"type": "integer", "minimum": 128, "maximum": 1000000, "description": "answer with the results packed into at most this many tokens, summary first (abstracts, then overviews, then matching lines), and a line saying what was left out"},
             }, "required": ["query"]})),
         ),
         Tool::new(
@@ -198,7 +199,13 @@ fn dispatch(front: &Front, name: &str, args: &Value) -> FrontResult<Answer> {
         "search" => {
             let sync = args.get("sync").and_then(Value::as_bool).unwrap_or(false);
             let k = num("k").unwrap_or(10) as usize;
-            Answer::Json(front.search(need("query")?, k, s("path"), sync)?)
+            let budget = num("budget").map(|b| b as usize);
+            let v = front.search(need("query")?, k, s("path"), sync, budget)?;
+            match v.get("packed").and_then(Value::as_str) {
+                // Within a budget the answer is the packed text alone.
+                Some(p) if budget.is_some() => Answer::Text(p.to_string()),
+                _ => Answer::Json(v),
+            }
         }
         "read" => {
             let lines = match (num("from_line"), num("to_line")) {

@@ -90,6 +90,35 @@ fn has_file_ext(name: &str) -> bool {
     name.contains('.')
 }
 
+/// `text` cut at a whole line to at most `budget` tokens (estimated as
+/// everywhere), with a last line saying how many lines were left out and
+/// how to see them.
+fn within_budget(text: String, budget: usize) -> String {
+    use crate::schema::estimate_tokens;
+    if estimate_tokens(&text) <= budget {
+        return text;
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let note = |left: usize| {
+        format!("... {left} more lines left out to keep within {budget} tokens (view_range shows any part; a larger budget shows more)\n")
+    };
+    let mut room = budget.saturating_sub(estimate_tokens(&note(lines.len())));
+    let mut out = String::new();
+    let mut kept = 0;
+    for l in &lines {
+        let t = estimate_tokens(l) + 1;
+        if t > room {
+            break;
+        }
+        room -= t;
+        out.push_str(l);
+        out.push('\n');
+        kept += 1;
+    }
+    out.push_str(&note(lines.len() - kept));
+    out
+}
+
 fn slug_of(name: &str) -> String {
     match name.strip_suffix(".md") {
         Some(s) if !s.is_empty() => s.to_string(),
@@ -120,7 +149,29 @@ pub fn execute(front: &Front, cmd: &Value) -> Result<String, String> {
                     a.get(1).and_then(Value::as_i64).unwrap_or(-1),
                 )
             });
-            mem.view(need("path")?, range)
+            let budget = match cmd.get("budget") {
+                None | Some(Value::Null) => None,
+                Some(b) => Some(
+                    b.as_u64()
+                        .map(|b| b as usize)
+                        .filter(|b| {
+                            (crate::core::recall::MIN_BUDGET..=crate::core::recall::MAX_BUDGET)
+                                .contains(b)
+                        })
+                        .ok_or_else(|| {
+                            format!(
+                                "Error: `budget` is a number of tokens, {} to {}",
+                                crate::core::recall::MIN_BUDGET,
+                                crate::core::recall::MAX_BUDGET
+                            )
+                        })?,
+                ),
+            };
+            let out = mem.view(need("path")?, range, budget)?;
+            Ok(match budget {
+                Some(b) => within_budget(out, b),
+                None => out,
+            })
         }
         "create" => mem.create(need("path")?, need("file_text")?),
         "str_replace" => {
@@ -253,7 +304,12 @@ impl MemTool<'_> {
         .map_err(|e| format!("Error: {shown}: {}", io_text(&e)))
     }
 
-    fn view(&self, path: &str, range: Option<(i64, i64)>) -> Result<String, String> {
+    fn view(
+        &self,
+        path: &str,
+        range: Option<(i64, i64)>,
+        budget: Option<usize>,
+    ) -> Result<String, String> {
         match parse(path)? {
             Target::Root => {
                 let mut out = format!(
@@ -297,7 +353,9 @@ impl MemTool<'_> {
             Target::File { category, slug } => {
                 let text = self.content(&category, &slug, path)?;
                 let lines: Vec<&str> = text.lines().collect();
-                if range.is_none() && text.len() as u64 > super::LARGE_NODE_BYTES {
+                // Summary first when the file is large, or over the budget.
+                let over = budget.is_some_and(|b| crate::schema::estimate_tokens(&text) > b);
+                if range.is_none() && (over || text.len() as u64 > super::LARGE_NODE_BYTES) {
                     return Ok(self.large_view(&category, &slug, &text));
                 }
                 let (from, to) = match range {
@@ -629,6 +687,23 @@ mod tests {
         assert_eq!(name_of("notes.txt"), "notes.txt");
         assert_eq!(slug_of("x.md"), "x");
         assert_eq!(slug_of(".md"), ".md");
+    }
+
+    #[test]
+    fn a_view_is_cut_at_a_line_to_its_budget() {
+        let text: String = (1..=200)
+            .map(|i| format!("{i:6}\tline number {i} of the file\n"))
+            .collect();
+        let small = within_budget(text.clone(), 100);
+        assert!(crate::schema::estimate_tokens(&small) <= 100, "{small}");
+        assert!(small.starts_with("     1\tline number 1 of the file\n"));
+        let last = small.lines().last().unwrap();
+        let kept = small.lines().count() - 1;
+        assert!(
+            last.starts_with(&format!("... {} more lines left out", 200 - kept)),
+            "{last}"
+        );
+        assert_eq!(within_budget(text.clone(), 1_000_000), text);
     }
 
     #[test]

@@ -243,6 +243,7 @@ impl Front {
         k: usize,
         dir: Option<&str>,
         sync: bool,
+        budget: Option<usize>,
     ) -> FrontResult<Value> {
         let dir = self.rel(dir.unwrap_or(""))?;
         if sync {
@@ -264,7 +265,27 @@ impl Front {
             return Err(FrontError::invalid("the query is empty"));
         }
         let k = k.clamp(1, 100);
-        let opts = format!("?k={k}&format=json");
+        let above = dir.is_empty() || dir == "accounts";
+        let accounts = if above {
+            self.readable_accounts()?
+        } else {
+            Vec::new()
+        };
+        // Above the accounts, each account's answer packs into its share.
+        let budget = budget.map(|b| if above { b / accounts.len().max(1) } else { b });
+        if let Some(b) = budget {
+            if b < crate::core::recall::MIN_BUDGET {
+                return Err(FrontError::invalid(format!(
+                    "a budget gives each account searched at least {} tokens (here {b}): \
+                     give a larger budget, or a path to search in",
+                    crate::core::recall::MIN_BUDGET
+                )));
+            }
+        }
+        let opts = match budget {
+            Some(b) => format!("?k={k}&format=json&budget={b}"),
+            None => format!("?k={k}&format=json"),
+        };
         // A query is a file name (at most 255 bytes with its options): a
         // longer one is searched by its first words, and the answer says so.
         let (q, cut) = crate::schema::fit_name(q, 255 - opts.len());
@@ -279,33 +300,28 @@ impl Front {
             }
             Ok(v)
         };
-        if !(dir.is_empty() || dir == "accounts") {
+        if !above {
             return one(&dir);
         }
         // Above the accounts (no scope): every account the caller may read,
         // merged by score.
-        let mut accounts: Vec<String> = std::fs::read_dir(self.abs("accounts"))
-            .map_err(|e| FrontError::io("listing accounts", &e, None))?
-            .filter_map(|e| e.ok())
-            .map(|e| format!("accounts/{}", e.file_name().to_string_lossy()))
-            .collect();
-        accounts.sort();
-        if accounts.is_empty() {
-            return Err(FrontError::invalid(
-                "this uid may read no account: there is nothing to search \
-                 (give a scope such as accounts/A/users/U, as a uid listed in the config)",
-            ));
-        }
         let mut out = Value::Null;
         let mut results: Vec<Value> = Vec::new();
+        let mut packed = String::new();
         for a in &accounts {
             let mut v = one(a)?;
             if let Some(Value::Array(r)) = v.get_mut("results").map(Value::take) {
                 results.extend(r);
             }
+            if let Some(p) = v["packed"].as_str() {
+                packed.push_str(p);
+            }
             if out.is_null() {
                 out = v;
             }
+        }
+        if budget.is_some() {
+            out["packed"] = packed.into();
         }
         results.sort_by(|a, b| {
             let s = |v: &Value| v["score"].as_f64().unwrap_or(0.0);
@@ -321,6 +337,23 @@ impl Front {
         out["more"] = more.into();
         out["results"] = Value::Array(results);
         Ok(out)
+    }
+
+    /// The accounts the caller may read, `accounts/A`, sorted.
+    fn readable_accounts(&self) -> FrontResult<Vec<String>> {
+        let mut accounts: Vec<String> = std::fs::read_dir(self.abs("accounts"))
+            .map_err(|e| FrontError::io("listing accounts", &e, None))?
+            .filter_map(|e| e.ok())
+            .map(|e| format!("accounts/{}", e.file_name().to_string_lossy()))
+            .collect();
+        accounts.sort();
+        if accounts.is_empty() {
+            return Err(FrontError::invalid(
+                "this uid may read no account: there is nothing to search \
+                 (give a scope such as accounts/A/users/U, as a uid listed in the config)",
+            ));
+        }
+        Ok(accounts)
     }
 
     /// A node's abstract, overview or content (optionally lines FROM..=TO of

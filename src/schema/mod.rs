@@ -18,6 +18,16 @@ use serde::{Deserialize, Serialize};
 /// the log): at most this many characters of it.
 pub const EXCERPT_CHARS: usize = 64;
 
+/// Tokens `text` may take, estimated high, the same everywhere (prompts
+/// fitted to a model's context, recall packed to a budget): a byte of
+/// UTF-8 at most a third of a token is about right for English and over
+/// for most else (tokenizers of the models in use average 3.5-4.5 bytes a
+/// token). Summing the estimates of parts never gives less than the
+/// estimate of their concatenation.
+pub fn estimate_tokens(text: &str) -> usize {
+    text.len().div_ceil(3)
+}
+
 /// `s` as quoted in a reason: escaped as a Rust string literal (quotes,
 /// control characters and newlines shown, never written raw), cut to
 /// [`EXCERPT_CHARS`] characters with the full length said when cut.
