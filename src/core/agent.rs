@@ -399,6 +399,7 @@ pub fn help_text() -> &'static str {
      \x20      columns: RANK SCORE PATH URI ABSTRACT CONFIDENCE LINES HITS\n\
      \x20      options: ?k=20  ?format=json (adds answerable, tried queries)  ?mode=lexical\n\
      \x20      ?since=2026-03-01&until=2026-04-01   confidence superseded: a newer memory replaced it\n\
+     \x20      ?budget=500   the best results packed into 500 tokens, summaries first\n\
      \x20      cat .ctxfs/sync waits until everything committed is searchable.\n\
      \n\
      WRITE  mkdir -p N; write N/content.md, N/.relations.json ([]), N/.abstract.md,\n\
