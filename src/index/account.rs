@@ -36,7 +36,14 @@ impl Index {
             return Ok(a.clone());
         }
         let mut err = None;
-        let a = cell.get_or_init(|| match self.load_account_and_graph(account) {
+        // A search's load is done below the searches' CPU priority: one
+        // tenant loading index after index must not slow another's
+        // searches of an index already loaded (BENCHMARKS, "Shares").
+        let load = || match tenant {
+            Some(_) => at_low_priority(|| self.load_account_and_graph(account)),
+            None => self.load_account_and_graph(account),
+        };
+        let a = cell.get_or_init(|| match load() {
             Ok(a) => Arc::new(a),
             Err(e) => {
                 err = Some(e);
@@ -88,9 +95,10 @@ impl Index {
             })
             .collect();
         let mut freed = 0;
+        let mut gone = Vec::new();
         while let Some(i) = victim(&held, keep, MAX_LOADED_ACCOUNTS, self.cfg.max_loaded_bytes) {
             let h = held.swap_remove(i);
-            accounts.remove(&h.account);
+            gone.extend(accounts.remove(&h.account));
             used.remove(&h.account);
             freed += h.bytes;
             self.stats.unloads.fetch_add(1, Ordering::Relaxed);
@@ -103,6 +111,21 @@ impl Index {
         }
         drop(used);
         drop(accounts);
+        // Freeing a large index (its documents, postings and graph: many
+        // small allocations) takes tens of milliseconds: never under the
+        // locks every search takes first, and not on the searcher's
+        // thread; at low priority, like its load.
+        if !gone.is_empty() {
+            if let Err(e) = std::thread::Builder::new()
+                .name("ctxfs-unload".into())
+                .spawn(move || {
+                    lower_priority();
+                    drop(gone)
+                })
+            {
+                tracing::debug!("no thread to free unloaded indexes ({e}): freed here");
+            }
+        }
         // The allocator keeps freed pages for reuse; hand them back, so the
         // bound bounds the process's memory, not only its heap. Not after
         // every small unload: `malloc_trim` walks the whole heap holding
@@ -186,7 +209,8 @@ impl Index {
         if ai.ready.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.load_vectors(ai)?;
+        // Background work: below the searches' CPU priority.
+        at_low_priority(|| self.load_vectors(ai))?;
         ai.ready.store(true, Ordering::Release);
         // Its vectors and graph are most of its memory: within the bound?
         self.evict_least_used(&ai.name);
@@ -456,4 +480,52 @@ pub(super) fn victim(
         .filter(|(_, h)| h.account != keep && over(&h.tenant))
         .min_by_key(|(_, h)| h.at)
         .map(|(i, _)| i)
+}
+
+/// The nice value of index loads: searches of loaded indexes (nice 0) get
+/// about ten times their CPU share when both want a core.
+pub const LOAD_NICE: i32 = 10;
+
+/// Put the calling thread at nice [`LOAD_NICE`] (never above the priority
+/// it had).
+fn lower_priority() {
+    // SAFETY: gettid, getpriority and setpriority take and return integers;
+    // a failure only leaves this thread at the priority it had.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, now.max(LOAD_NICE));
+    }
+}
+
+/// Run `f` on a thread of its own at nice [`LOAD_NICE`] and wait for it
+/// (Linux keeps a nice value per thread; a new thread leaves the caller's,
+/// a FUSE worker or the indexer, as it was). Where no thread can be had,
+/// `f` runs here.
+pub(super) fn at_low_priority<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let job = Mutex::new(Some(f));
+    let run = || lock(&job).take().map(|f| f());
+    let done = std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new()
+            .name("ctxfs-load".into())
+            .spawn_scoped(s, || {
+                lower_priority();
+                run()
+            });
+        match spawned {
+            Ok(h) => match h.join() {
+                Ok(v) => v,
+                Err(p) => std::panic::resume_unwind(p),
+            },
+            Err(e) => {
+                tracing::warn!("no thread for an index load ({e}): loading at normal priority");
+                None
+            }
+        }
+    });
+    match done {
+        Some(v) => v,
+        // The thread could not start: the job is still here.
+        None => run().expect("an index load runs once"),
+    }
 }

@@ -400,3 +400,17 @@ fn follows_events_and_survives_rebuild_and_reload() {
         }
     }
 }
+
+/// Index loads run at nice LOAD_NICE on a thread of their own; the
+/// caller's priority is left as it was.
+#[test]
+fn loads_run_below_the_searches_priority() {
+    let nice = || unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::getpriority(libc::PRIO_PROCESS, tid)
+    };
+    let before = nice();
+    let inside = super::account::at_low_priority(nice);
+    assert_eq!(inside, before.max(super::account::LOAD_NICE));
+    assert_eq!(nice(), before);
+}
