@@ -405,6 +405,7 @@ fn follows_events_and_survives_rebuild_and_reload() {
 /// caller's priority is left as it was.
 #[test]
 fn loads_run_below_the_searches_priority() {
+    // SAFETY: gettid and getpriority take and return integers.
     let nice = || unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::getpriority(libc::PRIO_PROCESS, tid)
