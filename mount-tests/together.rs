@@ -497,6 +497,34 @@ for i in range(30):
         &format!("cat \"{dir}/.search/kettle?budget=200\""),
         "Permission denied",
     );
+    // The memory map and the prompt header take a budget too.
+    for (file, budget) in [
+        ("README.md", 128usize),
+        ("README.md", 300),
+        (".header.md", 128),
+    ] {
+        let out = m.ok(READER, &format!("cat \"{dir}/{file}?budget={budget}\""));
+        assert!(
+            tokens(&out) <= budget,
+            "{file} {budget}: {} tokens\n{out}",
+            tokens(&out)
+        );
+        assert!(
+            out.contains("more lines left out to keep within") || out.contains(" more: `ls"),
+            "{out}"
+        );
+    }
+    let map = m.ok(READER, &format!("cat \"{dir}/README.md?budget=100000\""));
+    assert_eq!(map.matches("- memories/kitchen/k").count(), 30, "{map}");
+    for bad in ["README.md?budget=5", "README.md?k=3", ".header.md?budget=x"] {
+        m.fails(READER, &format!("cat \"{dir}/{bad}\""), "Invalid argument");
+    }
+    m.fails(
+        NOBODY,
+        &format!("cat \"{dir}/README.md?budget=500\""),
+        "Permission denied",
+    );
+    assert!(!m.ok(READER, &format!("ls -a {dir}")).contains('?'));
     // MCP: the packed text is the answer; the memory tool's view keeps to it.
     let w = session(
         &m,

@@ -14,6 +14,12 @@ use crate::store::{NodeRec, Status};
 pub const MAP_MAX_NODES: usize = 50;
 /// Byte budget of the memory map.
 pub const MAP_MAX_BYTES: usize = 12 * 1024;
+/// How the memory map ends.
+const MAP_FOOTER: &str = "\n## How to read and search\n\
+     - Read a node's `.abstract.md` (one line) first, `.overview.md` next, `content.md` last.\n\
+     - Search this directory: `cat '.search/your question'` (TSV: rank, score, path, uri,\n  \
+     abstract, confidence, lines, hits); `?k=20` for more, `?format=json` for programs.\n\
+     - Help: `MOUNT/.ctxfs/help`.\n";
 /// Byte budget of a prompt header.
 pub const HEADER_MAX_BYTES: usize = 2048;
 /// Owner spaces the mount-wide header names at most.
@@ -122,7 +128,18 @@ impl Fs {
 
     /// `users/{u}/README.md`: counts by category, then each node newest
     /// first with its L0, version and last update.
-    pub(super) fn memory_map(&self, c: Caller, dir: &str) -> Result<Vec<u8>> {
+    /// The memory map of `dir`; with a `budget` (tokens), as many nodes as
+    /// it holds (not only the first [`MAP_MAX_NODES`]), cut to it.
+    pub(super) fn memory_map(
+        &self,
+        c: Caller,
+        dir: &str,
+        budget: Option<usize>,
+    ) -> Result<Vec<u8>> {
+        let (max_nodes, max_bytes) = match budget {
+            Some(b) => (usize::MAX, b.saturating_mul(3)),
+            None => (MAP_MAX_NODES, MAP_MAX_BYTES),
+        };
         self.check_space(c, dir)?;
         let s = self.space(dir)?;
         let mut by_cat: std::collections::BTreeMap<String, usize> = Default::default();
@@ -151,16 +168,17 @@ impl Fs {
             ));
         }
         out.push_str("\n## Nodes, newest first (PATH (vVERSION, UPDATED): ABSTRACT)\n");
-        let tail_room = 600;
+        // The footer and the line counting the nodes left out.
+        let tail_room = MAP_FOOTER.len() + 128;
         let mut shown = 0;
-        for (rel, rec) in s.active.iter().take(MAP_MAX_NODES) {
+        for (rel, rec) in s.active.iter().take(max_nodes) {
             let line = format!(
                 "- {rel}/ (v{}, {}): {}\n",
                 rec.version,
                 rec.updated_at,
                 self.abstract_of(rec)
             );
-            if out.len() + line.len() + tail_room > MAP_MAX_BYTES {
+            if out.len() + line.len() + tail_room > max_bytes {
                 break;
             }
             out.push_str(&line);
@@ -172,14 +190,12 @@ impl Fs {
                 s.active.len() - shown
             ));
         }
-        out.push_str(
-            "\n## How to read and search\n\
-             - Read a node's `.abstract.md` (one line) first, `.overview.md` next, `content.md` last.\n\
-             - Search this directory: `cat '.search/your question'` (TSV: rank, score, path, uri,\n  \
-             abstract, confidence, lines, hits); `?k=20` for more, `?format=json` for programs.\n\
-             - Help: `MOUNT/.ctxfs/help`.\n",
-        );
-        Ok(out.into_bytes())
+        out.push_str(MAP_FOOTER);
+        Ok(match budget {
+            Some(b) => super::recall::cut_lines(out, b),
+            None => out,
+        }
+        .into_bytes())
     }
 
     /// A directory's derived `.abstract.md` (`overview` false) or
@@ -303,7 +319,15 @@ impl Fs {
 
     /// The prompt header: of one owner space (`dir`), or of everything the
     /// caller may use (`None`).
-    pub(super) fn header(&self, c: Caller, dir: Option<&str>) -> Result<Vec<u8>> {
+    /// The prompt header (of `dir`, or of every space the caller may
+    /// read); at most [`HEADER_MAX_BYTES`], or cut to `budget` tokens.
+    pub(super) fn header(
+        &self,
+        c: Caller,
+        dir: Option<&str>,
+        budget: Option<usize>,
+    ) -> Result<Vec<u8>> {
+        let max_bytes = budget.map_or(HEADER_MAX_BYTES, |b| b.saturating_mul(3));
         let mut out = String::from(
             "## Memory (ctxfs)\n\
              You have long-term memory as files under the ctxfs mount (paths below are relative to it).\n",
@@ -345,7 +369,7 @@ impl Fs {
                 "- accounts/{d}/: {} memories{newest} ({mode}); map: accounts/{d}/{MAP_FILE}\n",
                 s.active.len()
             );
-            if out.len() + line.len() > HEADER_MAX_BYTES - 700 {
+            if out.len() + line.len() > max_bytes.saturating_sub(700) {
                 break;
             }
             out.push_str(&line);
@@ -353,7 +377,7 @@ impl Fs {
             if dir.is_some() {
                 for (rel, rec) in s.active.iter().take(5) {
                     let l = format!("  - {rel}/: {}\n", self.abstract_of(rec));
-                    if out.len() + l.len() > HEADER_MAX_BYTES - 700 {
+                    if out.len() + l.len() > max_bytes.saturating_sub(700) {
                         break;
                     }
                     out.push_str(&l);
@@ -374,8 +398,14 @@ impl Fs {
              .meta.json with {\"status\":\"ACTIVE\"} (the commit; use /bin/echo or a program).\n\
              Errors and more: `cat .ctxfs/help`.\n",
         );
-        debug_assert!(out.len() <= HEADER_MAX_BYTES);
-        Ok(out.into_bytes())
+        Ok(match budget {
+            Some(b) => super::recall::cut_lines(out, b),
+            None => {
+                debug_assert!(out.len() <= HEADER_MAX_BYTES);
+                out
+            }
+        }
+        .into_bytes())
     }
 }
 

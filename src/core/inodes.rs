@@ -45,6 +45,8 @@ pub enum Key {
     Generated {
         dir: Arc<str>,
         name: &'static str,
+        /// `README.md?budget=N`, `.header.md?budget=N`: cut to N tokens.
+        budget: Option<u32>,
     },
     /// `{a}/users/{u}/inbox/`: conversations in, memories out.
     Inbox(Arc<str>),

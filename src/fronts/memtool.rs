@@ -90,35 +90,6 @@ fn has_file_ext(name: &str) -> bool {
     name.contains('.')
 }
 
-/// `text` cut at a whole line to at most `budget` tokens (estimated as
-/// everywhere), with a last line saying how many lines were left out and
-/// how to see them.
-fn within_budget(text: String, budget: usize) -> String {
-    use crate::schema::estimate_tokens;
-    if estimate_tokens(&text) <= budget {
-        return text;
-    }
-    let lines: Vec<&str> = text.lines().collect();
-    let note = |left: usize| {
-        format!("... {left} more lines left out to keep within {budget} tokens (view_range shows any part; a larger budget shows more)\n")
-    };
-    let mut room = budget.saturating_sub(estimate_tokens(&note(lines.len())));
-    let mut out = String::new();
-    let mut kept = 0;
-    for l in &lines {
-        let t = estimate_tokens(l) + 1;
-        if t > room {
-            break;
-        }
-        room -= t;
-        out.push_str(l);
-        out.push('\n');
-        kept += 1;
-    }
-    out.push_str(&note(lines.len() - kept));
-    out
-}
-
 fn slug_of(name: &str) -> String {
     match name.strip_suffix(".md") {
         Some(s) if !s.is_empty() => s.to_string(),
@@ -169,7 +140,7 @@ pub fn execute(front: &Front, cmd: &Value) -> Result<String, String> {
             };
             let out = mem.view(need("path")?, range, budget)?;
             Ok(match budget {
-                Some(b) => within_budget(out, b),
+                Some(b) => crate::core::recall::cut_lines(out, b),
                 None => out,
             })
         }
@@ -694,7 +665,7 @@ mod tests {
         let text: String = (1..=200)
             .map(|i| format!("{i:6}\tline number {i} of the file\n"))
             .collect();
-        let small = within_budget(text.clone(), 100);
+        let small = crate::core::recall::cut_lines(text.clone(), 100);
         assert!(crate::schema::estimate_tokens(&small) <= 100, "{small}");
         assert!(small.starts_with("     1\tline number 1 of the file\n"));
         let last = small.lines().last().unwrap();
@@ -703,7 +674,10 @@ mod tests {
             last.starts_with(&format!("... {} more lines left out", 200 - kept)),
             "{last}"
         );
-        assert_eq!(within_budget(text.clone(), 1_000_000), text);
+        assert_eq!(
+            crate::core::recall::cut_lines(text.clone(), 1_000_000),
+            text
+        );
     }
 
     #[test]

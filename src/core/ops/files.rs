@@ -157,17 +157,18 @@ impl Fs {
                     None => data(BATCH_HELP.as_bytes().to_vec()),
                 }
             }
-            Key::CtxfsFile(names::HEADER) => data(self.header(c, None)?),
+            Key::CtxfsFile(names::HEADER) => data(self.header(c, None, None)?),
             Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
             Key::CtxfsFile(names::METRICS_FILE) => data(self.metrics_text(Some(c))?.into_bytes()),
-            Key::Generated { dir, name } => {
+            Key::Generated { dir, name, budget } => {
                 // Readers meet EROFS on any write, as everywhere in their account.
                 if write {
                     self.gate(c, Self::account_of(dir), true)?;
                 }
+                let budget = budget.map(|b| b as usize);
                 match *name {
-                    names::MAP_FILE => data(self.memory_map(c, dir)?),
-                    names::HEADER_FILE => data(self.header(c, Some(dir))?),
+                    names::MAP_FILE => data(self.memory_map(c, dir, budget)?),
+                    names::HEADER_FILE => data(self.header(c, Some(dir), budget)?),
                     _ => data(self.dir_summary(c, dir, *name == names::OVERVIEW)?),
                 }
             }

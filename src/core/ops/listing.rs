@@ -123,6 +123,7 @@ impl Fs {
                         let k = Key::Generated {
                             dir: path.clone(),
                             name,
+                            budget: None,
                         };
                         entries.push(d(k, name, Kind::File));
                     }

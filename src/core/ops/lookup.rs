@@ -338,6 +338,27 @@ impl Fs {
                 Ok(Key::Audit(account.clone()))
             }
             Key::Dir(path)
+                if agent::is_owner_space(path)
+                    && [names::MAP_FILE, names::HEADER_FILE].iter().any(|f| {
+                        name.strip_prefix(f)
+                            .is_some_and(|rest| rest.starts_with('?'))
+                    }) =>
+            {
+                self.gate(c, Self::account_of(path), false)?;
+                let (base, budget) =
+                    super::super::recall::budget_option(name)?.ok_or(Error::NotFound)?;
+                let name = if base == names::MAP_FILE {
+                    names::MAP_FILE
+                } else {
+                    names::HEADER_FILE
+                };
+                Ok(Key::Generated {
+                    dir: path.clone(),
+                    name,
+                    budget: Some(budget as u32),
+                })
+            }
+            Key::Dir(path)
                 if ((name == names::MAP_FILE || name == names::HEADER_FILE)
                     && agent::is_owner_space(path))
                     || ((name == names::ABSTRACT || name == names::OVERVIEW)
@@ -356,6 +377,7 @@ impl Fs {
                 Ok(Key::Generated {
                     dir: path.clone(),
                     name,
+                    budget: None,
                 })
             }
             Key::SearchDir(dir) => {
