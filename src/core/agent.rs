@@ -192,7 +192,7 @@ impl Fs {
         }
         out.push_str(MAP_FOOTER);
         Ok(match budget {
-            Some(b) => super::recall::cut_lines(out, b),
+            Some(b) => crate::schema::budget::cut_lines(out, b),
             None => out,
         }
         .into_bytes())
@@ -399,7 +399,7 @@ impl Fs {
              Errors and more: `cat .ctxfs/help`.\n",
         );
         Ok(match budget {
-            Some(b) => super::recall::cut_lines(out, b),
+            Some(b) => crate::schema::budget::cut_lines(out, b),
             None => {
                 debug_assert!(out.len() <= HEADER_MAX_BYTES);
                 out

@@ -126,21 +126,21 @@ pub fn execute(front: &Front, cmd: &Value) -> Result<String, String> {
                     b.as_u64()
                         .map(|b| b as usize)
                         .filter(|b| {
-                            (crate::core::recall::MIN_BUDGET..=crate::core::recall::MAX_BUDGET)
+                            (crate::schema::budget::MIN_BUDGET..=crate::schema::budget::MAX_BUDGET)
                                 .contains(b)
                         })
                         .ok_or_else(|| {
                             format!(
                                 "Error: `budget` is a number of tokens, {} to {}",
-                                crate::core::recall::MIN_BUDGET,
-                                crate::core::recall::MAX_BUDGET
+                                crate::schema::budget::MIN_BUDGET,
+                                crate::schema::budget::MAX_BUDGET
                             )
                         })?,
                 ),
             };
             let out = mem.view(need("path")?, range, budget)?;
             Ok(match budget {
-                Some(b) => crate::core::recall::cut_lines(out, b),
+                Some(b) => crate::schema::budget::cut_lines(out, b),
                 None => out,
             })
         }
@@ -665,7 +665,7 @@ mod tests {
         let text: String = (1..=200)
             .map(|i| format!("{i:6}\tline number {i} of the file\n"))
             .collect();
-        let small = crate::core::recall::cut_lines(text.clone(), 100);
+        let small = crate::schema::budget::cut_lines(text.clone(), 100);
         assert!(crate::schema::estimate_tokens(&small) <= 100, "{small}");
         assert!(small.starts_with("     1\tline number 1 of the file\n"));
         let last = small.lines().last().unwrap();
@@ -675,7 +675,7 @@ mod tests {
             "{last}"
         );
         assert_eq!(
-            crate::core::recall::cut_lines(text.clone(), 1_000_000),
+            crate::schema::budget::cut_lines(text.clone(), 1_000_000),
             text
         );
     }

@@ -274,11 +274,11 @@ impl Front {
         // Above the accounts, each account's answer packs into its share.
         let budget = budget.map(|b| if above { b / accounts.len().max(1) } else { b });
         if let Some(b) = budget {
-            if b < crate::core::recall::MIN_BUDGET {
+            if b < crate::schema::budget::MIN_BUDGET {
                 return Err(FrontError::invalid(format!(
                     "a budget gives each account searched at least {} tokens (here {b}): \
                      give a larger budget, or a path to search in",
-                    crate::core::recall::MIN_BUDGET
+                    crate::schema::budget::MIN_BUDGET
                 )));
             }
         }

@@ -3,6 +3,7 @@
 //! summaries a commit derives and the redaction of secrets. It imports
 //! nothing of ours but `error`.
 
+pub mod budget;
 pub mod counters;
 pub mod derive;
 pub mod event;

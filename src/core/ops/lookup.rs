@@ -346,7 +346,7 @@ impl Fs {
             {
                 self.gate(c, Self::account_of(path), false)?;
                 let (base, budget) =
-                    super::super::recall::budget_option(name)?.ok_or(Error::NotFound)?;
+                    crate::schema::budget::budget_option(name)?.ok_or(Error::NotFound)?;
                 let name = if base == names::MAP_FILE {
                     names::MAP_FILE
                 } else {
