@@ -514,6 +514,20 @@ for i in range(30):
             "{out}"
         );
     }
+    let header = m.ok(READER, "cat \"$M/.ctxfs/header?budget=128\"");
+    assert!(tokens(&header) <= 128, "{header}");
+    let whole = m.ok(READER, "cat \"$M/.ctxfs/header?budget=100000\"");
+    assert!(whole.contains("accounts/acme/users/alice/"), "{whole}");
+    m.fails(
+        READER,
+        "cat \"$M/.ctxfs/header?budget=1\"",
+        "Invalid argument",
+    );
+    m.fails(
+        WRITER,
+        "/bin/echo x > \"$M/.ctxfs/header?budget=200\"",
+        "Operation not permitted",
+    );
     let map = m.ok(READER, &format!("cat \"{dir}/README.md?budget=100000\""));
     assert_eq!(map.matches("- memories/kitchen/k").count(), 30, "{map}");
     for bad in ["README.md?budget=5", "README.md?k=3", ".header.md?budget=x"] {

@@ -13,6 +13,8 @@ pub enum Key {
     Accounts,
     CtxfsDir,
     CtxfsFile(&'static str),
+    /// `.ctxfs/header?budget=N`: the mount-wide header cut to N tokens.
+    CtxfsHeader(u32),
     /// A directory under `accounts/` (account, structural, container or node).
     Dir(Arc<str>),
     /// A file of a committed node version.

@@ -158,6 +158,7 @@ impl Fs {
                 }
             }
             Key::CtxfsFile(names::HEADER) => data(self.header(c, None, None)?),
+            Key::CtxfsHeader(b) => data(self.header(c, None, Some(*b as usize))?),
             Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
             Key::CtxfsFile(names::METRICS_FILE) => data(self.metrics_text(Some(c))?.into_bytes()),
             Key::Generated { dir, name, budget } => {

@@ -55,7 +55,9 @@ impl Fs {
             Key::Root | Key::Accounts | Key::CtxfsDir => {
                 Ok(self.dir_attr(ino, 0o555, self.started, true))
             }
-            Key::CtxfsFile(_) => Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false)),
+            Key::CtxfsFile(_) | Key::CtxfsHeader(_) => {
+                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
+            }
             Key::Dir(path) => {
                 let comps = place::split(path);
                 let access = self.gate(c, Self::account_of(path), false)?;
@@ -294,7 +296,14 @@ impl Fs {
             },
             Key::CtxfsDir => match names::CTXFS_FILES.iter().find(|n| **n == name) {
                 Some(n) => Ok(Key::CtxfsFile(n)),
-                None => Err(Error::NotFound),
+                None => match name.strip_prefix(names::HEADER) {
+                    Some(rest) if rest.starts_with('?') => {
+                        let (_, budget) =
+                            crate::schema::budget::budget_option(name)?.ok_or(Error::NotFound)?;
+                        Ok(Key::CtxfsHeader(budget as u32))
+                    }
+                    _ => Err(Error::NotFound),
+                },
             },
             Key::Accounts => {
                 if place::check_name(name).is_err() {
