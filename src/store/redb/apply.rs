@@ -145,55 +145,62 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     account,
                     json,
                 } => {
-                    let fresh = outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none();
-                    by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
-                    if fresh {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            1,
-                        )?;
-                    }
+                    let key = crate::schema::counters::outbox_key(account);
+                    enqueue(
+                        &mut outbox,
+                        &mut by_node,
+                        &mut counters,
+                        &key,
+                        *seq,
+                        node_path,
+                        json,
+                    )?;
                 }
                 Op::DoneEvent {
                     seq,
                     node_path,
                     account,
                 } => {
-                    if outbox.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            -1,
-                        )?;
-                    }
-                    by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
+                    let key = crate::schema::counters::outbox_key(account);
+                    dequeue(
+                        &mut outbox,
+                        &mut by_node,
+                        &mut counters,
+                        &key,
+                        *seq,
+                        node_path,
+                    )?;
                 }
                 Op::UpdateEvent { seq, json } => {
                     if outbox.get(*seq).map_err(se)?.is_some() {
                         outbox.insert(*seq, json.as_slice()).map_err(se)?;
                     }
                 }
+                // To the dead letters, and back.
                 Op::DeadEvent {
                     seq,
                     node_path,
                     account,
                     json,
                 } => {
-                    if outbox.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            -1,
-                        )?;
-                    }
-                    by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
-                    if dlq.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
-                        add(&mut counters, &crate::schema::counters::dlq_key(account), 1)?;
-                    }
-                    dlq_by_node
-                        .insert((node_path.as_str(), *seq), ())
-                        .map_err(se)?;
+                    let (live, dead) = queue_keys(account);
+                    dequeue(
+                        &mut outbox,
+                        &mut by_node,
+                        &mut counters,
+                        &live,
+                        *seq,
+                        node_path,
+                    )?;
+                    enqueue(
+                        &mut dlq,
+                        &mut dlq_by_node,
+                        &mut counters,
+                        &dead,
+                        *seq,
+                        node_path,
+                        json,
+                    )?;
                 }
                 Op::ReviveEvent {
                     seq,
@@ -201,36 +208,39 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
                     account,
                     json,
                 } => {
-                    if dlq.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::dlq_key(account),
-                            -1,
-                        )?;
-                    }
-                    dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
-                    if outbox.insert(*seq, json.as_slice()).map_err(se)?.is_none() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::outbox_key(account),
-                            1,
-                        )?;
-                    }
-                    by_node.insert((node_path.as_str(), *seq), ()).map_err(se)?;
+                    let (live, dead) = queue_keys(account);
+                    dequeue(
+                        &mut dlq,
+                        &mut dlq_by_node,
+                        &mut counters,
+                        &dead,
+                        *seq,
+                        node_path,
+                    )?;
+                    enqueue(
+                        &mut outbox,
+                        &mut by_node,
+                        &mut counters,
+                        &live,
+                        *seq,
+                        node_path,
+                        json,
+                    )?;
                 }
                 Op::DropDead {
                     seq,
                     node_path,
                     account,
                 } => {
-                    if dlq.remove(*seq).map_err(se)?.is_some() {
-                        add(
-                            &mut counters,
-                            &crate::schema::counters::dlq_key(account),
-                            -1,
-                        )?;
-                    }
-                    dlq_by_node.remove((node_path.as_str(), *seq)).map_err(se)?;
+                    let key = crate::schema::counters::dlq_key(account);
+                    dequeue(
+                        &mut dlq,
+                        &mut dlq_by_node,
+                        &mut counters,
+                        &key,
+                        *seq,
+                        node_path,
+                    )?;
                 }
                 Op::PutScratch { path, data } => {
                     scratch
@@ -295,6 +305,55 @@ fn apply_ops(txn: &::redb::WriteTransaction, ops: &[Op]) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// An event queue (the outbox or the dead letters): its rows by event id,
+/// and its index by node.
+type Rows<'t> = ::redb::Table<'t, u64, &'static [u8]>;
+type ByNode<'t> = ::redb::Table<'t, (&'static str, u64), ()>;
+type Counters<'t> = ::redb::Table<'t, &'static str, i64>;
+
+/// The outbox's and the dead letters' counter keys of `account`.
+fn queue_keys(account: &str) -> (String, String) {
+    (
+        crate::schema::counters::outbox_key(account),
+        crate::schema::counters::dlq_key(account),
+    )
+}
+
+/// Put event `seq` of `node` in a queue; its count (`key`) goes up when
+/// the event was not there yet (a replayed log record puts it again).
+fn enqueue(
+    rows: &mut Rows,
+    by_node: &mut ByNode,
+    counters: &mut Counters,
+    key: &str,
+    seq: u64,
+    node: &str,
+    json: &[u8],
+) -> Result<()> {
+    if rows.insert(seq, json).map_err(se)?.is_none() {
+        add(counters, key, 1)?;
+    }
+    by_node.insert((node, seq), ()).map_err(se)?;
+    Ok(())
+}
+
+/// Take event `seq` of `node` out of a queue; its count goes down when it
+/// was there.
+fn dequeue(
+    rows: &mut Rows,
+    by_node: &mut ByNode,
+    counters: &mut Counters,
+    key: &str,
+    seq: u64,
+    node: &str,
+) -> Result<()> {
+    if rows.remove(seq).map_err(se)?.is_some() {
+        add(counters, key, -1)?;
+    }
+    by_node.remove((node, seq)).map_err(se)?;
     Ok(())
 }
 
