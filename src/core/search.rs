@@ -254,7 +254,7 @@ impl Fs {
             let mut kept = Vec::with_capacity(judged.len());
             let mut convs = std::collections::HashMap::new();
             for j in judged {
-                let path = j.hit.path.strip_prefix("accounts/").unwrap_or(&j.hit.path);
+                let path = crate::schema::place::store_path(&j.hit.path);
                 let at = self.time_of_result(path, &mut convs)?;
                 if at.is_some_and(|t| {
                     qn.since.is_none_or(|s| t >= s) && qn.until.is_none_or(|u| t < u)
@@ -291,7 +291,7 @@ impl Fs {
                 "tried": tried,
                 "answerable": answerable,
                 "signal": if answerable { "ANSWERABLE" } else { "NOT_ANSWERABLE" },
-                "scope": format!("accounts/{dir}"),
+                "scope": crate::schema::place::mount_path(dir),
                 "k": qn.k,
                 "more": more,
                 "mode": mode,
@@ -362,7 +362,7 @@ impl Fs {
         use crate::schema::names::{CONTENT, OVERVIEW};
         let mut items = Vec::with_capacity(judged.len());
         for j in judged {
-            let path = j.hit.path.strip_prefix("accounts/").unwrap_or(&j.hit.path);
+            let path = crate::schema::place::store_path(&j.hit.path);
             let mut it = super::recall::Item {
                 path: j.hit.path.clone(),
                 confidence: j.tier.as_str().to_string(),

@@ -204,7 +204,7 @@ impl Index {
         semantic: bool,
         is_live: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<Judged>> {
-        hits.retain(|h| is_live(h.path.strip_prefix("accounts/").unwrap_or(&h.path)));
+        hits.retain(|h| is_live(crate::schema::place::store_path(&h.path)));
         let mut qterms = text::terms(query);
         qterms.sort();
         qterms.dedup();
@@ -223,7 +223,7 @@ impl Index {
             })
             .collect();
         for hit in hits {
-            let node = hit.path.strip_prefix("accounts/").unwrap_or(&hit.path);
+            let node = crate::schema::place::store_path(&hit.path);
             let rec = self.store.get_node(node)?;
             let content = match rec.as_ref().and_then(|r| r.file(CONTENT)) {
                 Some(f) => String::from_utf8_lossy(&self.store.read_blob(

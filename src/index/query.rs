@@ -236,7 +236,7 @@ impl Index {
         // Fusion.
         let mut by: HashMap<Arc<str>, Hit> = HashMap::new();
         let blank = |p: &Arc<str>| Hit {
-            path: format!("accounts/{p}"),
+            path: crate::schema::place::mount_path(p),
             uri: place::uri_of(p),
             score: 0.0,
             abstract_: String::new(),
@@ -297,7 +297,7 @@ impl Index {
                 if let Some(by) = st.superseder(&p) {
                     // What a newer node replaced: below it.
                     h.score *= SUPERSEDED_WEIGHT;
-                    h.superseded_by = Some(format!("accounts/{by}"));
+                    h.superseded_by = Some(crate::schema::place::mount_path(by));
                 }
                 if let Some(d) = st.docs.get(&p) {
                     h.abstract_ = d.ix.abstract_.clone();
@@ -335,7 +335,7 @@ impl Index {
             if sources >= k {
                 break;
             }
-            let node = &h.path["accounts/".len()..];
+            let node = crate::schema::place::store_path(&h.path);
             match event::message_of(node) {
                 Some((conv, _)) => {
                     let now = match stored.get(conv) {
@@ -407,7 +407,7 @@ impl Index {
         if q.expand {
             let mut extra = Vec::new();
             for h in &out {
-                let node = &h.path["accounts/".len()..];
+                let node = crate::schema::place::store_path(&h.path);
                 let Some(d) = st.docs.get(node) else { continue };
                 let mut edges = d.ix.edges.clone();
                 edges.sort_by(|a, b| b.weight.total_cmp(&a.weight));
@@ -466,7 +466,9 @@ impl Index {
             };
             for n in p["messages"].as_array().into_iter().flatten() {
                 if let Some(n) = n.as_u64() {
-                    out.insert(format!("accounts/{account}/{inbox}#{n}"));
+                    out.insert(crate::schema::place::mount_path(&format!(
+                        "{account}/{inbox}#{n}"
+                    )));
                 }
             }
         }

@@ -158,6 +158,18 @@ pub fn fixed_children(c: &[&str], place: &DirPlace) -> &'static [Fixed] {
     }
 }
 
+/// The path under the mount (`accounts/A/…`) of a store path (`A/…`): how
+/// search results, scopes and messages name what they point at.
+pub fn mount_path(store_path: &str) -> String {
+    format!("accounts/{store_path}")
+}
+
+/// The store path (`A/…`) of a path under the mount (`accounts/A/…`); a
+/// path without the prefix is taken as a store path already.
+pub fn store_path(mount_path: &str) -> &str {
+    mount_path.strip_prefix("accounts/").unwrap_or(mount_path)
+}
+
 /// `ctx://` URI of a node path.
 pub fn uri_of(node: &str) -> String {
     format!("ctx://{node}")
@@ -279,6 +291,14 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn mount_and_store_paths_are_one_prefix_apart() {
+        assert_eq!(mount_path("acme/users/u"), "accounts/acme/users/u");
+        assert_eq!(store_path("accounts/acme/users/u"), "acme/users/u");
+        assert_eq!(store_path("acme/users/u"), "acme/users/u");
+        assert_eq!(store_path(&mount_path("a/b#3")), "a/b#3");
+    }
 
     fn cl(p: &str) -> Result<DirPlace> {
         classify_dir(&split(p))
