@@ -10,6 +10,8 @@ Rows (N nodes each, one writer, one category per front, no indexer):
             file opened relative to it, as docs/AGENTS.md advises programs
   memtool   `ctxfs memtool` (the memory-tool protocol) fed N `create`
             commands on stdin, one process
+  memtool-edit  `str_replace` on each node of the memtool row (read the
+            committed version, commit over it in one batch line)
   mcp       `ctxfs mcp`'s `remember` tool is the same Front code as
             memtool's create; it is not driven here (its JSON-RPC framing
             adds no filesystem request)
@@ -89,6 +91,22 @@ def memtool(bin_path, mnt, n):
     p.wait()
 
 
+def memtool_edit(bin_path, mnt, n):
+    """`str_replace` on each node the memtool row made: read the committed
+    version, commit the edit over it (one batch line with if_version)."""
+    p = subprocess.Popen([bin_path, "memtool", "--mount", mnt, "--scope", "accounts/bench/users/u"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    for i in range(n):
+        cmd = {"command": "str_replace", "path": f"/memories/tool/n{i}.md",
+               "old_str": "memtool row", "new_str": "edited row"}
+        p.stdin.write(json.dumps(cmd) + "\n")
+        p.stdin.flush()
+        a = json.loads(p.stdout.readline())
+        assert a["ok"], a
+    p.stdin.close()
+    p.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/ctxfs")
@@ -109,7 +127,8 @@ def main():
         rows = []
         for name, work in (("recipe", lambda: recipe(mnt, args.nodes)),
                            ("recipe-at", lambda: recipe_at(mnt, args.nodes)),
-                           ("memtool", lambda: memtool(bin_path, mnt, args.nodes))):
+                           ("memtool", lambda: memtool(bin_path, mnt, args.nodes)),
+                           ("memtool-edit", lambda: memtool_edit(bin_path, mnt, args.nodes))):
             before = metrics(mnt)
             t = time.perf_counter()
             work()
