@@ -497,6 +497,15 @@ for i in range(30):
         &format!("cat \"{dir}/.search/kettle?budget=200\""),
         "Permission denied",
     );
+    // `ctxfs search --budget` asks the same.
+    let cli = m.ok(
+        READER,
+        &format!("{BIN} search --dir {dir} --budget 200 'kettle boils'"),
+    );
+    assert!(
+        tokens(&cli) <= 200 && cli.starts_with("# memory for"),
+        "{cli}"
+    );
     // The memory map and the prompt header take a budget too.
     for (file, budget) in [
         ("README.md", 128usize),

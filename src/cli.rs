@@ -89,6 +89,10 @@ pub enum Cmd {
         /// hybrid (default), vector or lexical.
         #[arg(long)]
         mode: Option<String>,
+        /// Pack the results into at most this many tokens, summary first
+        /// (128 to 1,000,000).
+        #[arg(long)]
+        budget: Option<usize>,
     },
     /// Unmount cleanly: everything acknowledged is durable, the daemon exits 0. Refused while busy unless --lazy.
     Umount {
@@ -506,7 +510,8 @@ pub fn run() -> i32 {
             k,
             json,
             mode,
-        } => crate::cmd::search(&dir, &query, k, json, mode.as_deref()),
+            budget,
+        } => crate::cmd::search(&dir, &query, k, json, mode.as_deref(), budget),
         Cmd::Repair { data, store, grace } => crate::cmd::repair(
             Some(&data),
             store.as_deref(),

@@ -385,6 +385,7 @@ pub fn search(
     k: Option<usize>,
     json: bool,
     mode: Option<&str>,
+    budget: Option<usize>,
 ) -> Result<i32> {
     if query.contains('/') {
         bail!("a query cannot contain '/' (it is a file name)");
@@ -398,6 +399,9 @@ pub fn search(
     }
     if let Some(m) = mode {
         opts.push(format!("mode={m}"));
+    }
+    if let Some(b) = budget {
+        opts.push(format!("budget={b}"));
     }
     // The options start at the file name's last '?': a query holding one
     // ("what?k=0") always gets the options written after it.
