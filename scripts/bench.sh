@@ -3,6 +3,7 @@
 #   scripts/bench.sh            tree/commit benchmarks, search benchmarks, ANN on GloVe
 #   scripts/bench.sh tree ...   only scripts/bench.py, arguments passed through
 #   scripts/bench.sh search ... only scripts/bench_search.py
+#   scripts/bench.sh budget ... only scripts/bench_budget.py (search within a budget)
 #   scripts/bench.sh ann        only the graph against exact search on GloVe-50
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,10 +21,12 @@ ann() {
 case "${1:-all}" in
   tree) shift; exec python3 scripts/bench.py "$@" ;;
   search) shift; exec python3 scripts/bench_search.py "$@" ;;
+  budget) shift; exec python3 scripts/bench_budget.py "$@" ;;
   ann) ann ;;
   all)
     python3 scripts/bench.py
     python3 scripts/bench_search.py
+    python3 scripts/bench_budget.py
     ann
     ;;
   *) exec python3 scripts/bench.py "$@" ;;
