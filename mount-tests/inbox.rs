@@ -1235,6 +1235,18 @@ fn readers_read_no_secret_of_the_inbox_and_a_large_conversation_says_so() {
     }
     let stored = m.ok(READER, &format!("cat \"$M/{INBOX}/c1.json\""));
     assert!(stored.contains("[REDACTED]"), "{stored}");
+    // A search within a budget shows a message whole, redacted as indexed.
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let packed = m.ok(
+        READER,
+        "cat \"$M/accounts/acme/users/priya/.search/deploy key?budget=300\"",
+    );
+    assert!(
+        packed.contains("#0 user: My deploy key is [REDACTED]")
+            && !packed.contains(secret)
+            && !packed.contains("hunter2"),
+        "{packed}"
+    );
     // Past 1 MiB: too large, said as such.
     let big = m.shared_file("big.json");
     std::fs::write(&big, vec![b' '; (1 << 20) + 1]).unwrap();

@@ -22,6 +22,8 @@ Rows, the same questions and the same answer prompt:
   turns      ctxfs search over every turn as a plain node, top 10
   messages   ctxfs search over the stored conversations alone (the inbox), top 10
   mem+conv   ctxfs search over the user's directory: memories and messages, top 10
+  packed     the same search within a budget (`?budget=600`, about the tokens
+             the mem+conv row gives): the answer as ctxfs packs it, summary first
   whole      the whole history in the prompt, only where it fits the model
              (the row is scored over the questions where it fits)
 
@@ -46,10 +48,13 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from eval_inbox import bm25_rank, provenance, wait_status  # noqa: E402
 from eval_qa import Model, f1, node_body, search  # noqa: E402
-from mountutil import mount_with_llm, wait_sync  # noqa: E402
+from mountutil import mount_with_llm, query_name, wait_sync  # noqa: E402
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-ROWS = ["none", "bm25", "turns", "messages", "mem+conv", "whole"]
+ROWS = ["none", "bm25", "turns", "messages", "mem+conv", "packed", "whole"]
+# The budget of the packed row, in ctxfs's tokens (bytes / 3): about the
+# size of the mem+conv row's context.
+PACKED_BUDGET = 600
 MSG = re.compile(r"/inbox/s(\d+)\.json#(\d+)$")
 # The whole history is offered only below this many estimated tokens
 # (characters / 4): the model's context is 8,192 with the prompt and answer.
@@ -257,6 +262,19 @@ def main():
                             ids |= {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, p)
                                     if re.fullmatch(r"s\d+\.json", f)}
                     got[row] = (texts, ids)
+                # Within a budget: ctxfs's own packing is the context.
+                with open(os.path.join(mnt, root, ".search", query_name(q["question"], f"budget={PACKED_BUDGET}"))) as f:
+                    packed = f.read()
+                ids = set()
+                for p in re.findall(r"^## \d+\. (\S+) ", packed, re.M):
+                    m = MSG.search(p)
+                    if m:
+                        ids.add((int(m[1]), int(m[2])))
+                    else:
+                        rel = p[len("accounts/"):] if p.startswith("accounts/") else p
+                        ids |= {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, "accounts/" + rel)
+                                if re.fullmatch(r"s\d+\.json", f)}
+                got["packed"] = ([packed], ids)
                 if fits:
                     got["whole"] = ([whole], {t for t, _ in turns})
                 for row in ROWS:
@@ -272,7 +290,7 @@ def main():
                                   file=sys.stderr)
                     if args.no_answers or row not in rows:
                         continue
-                    context = whole if row == "whole" else "\n".join(f"- {t}" for t in texts)
+                    context = texts[0] if row in ("whole", "packed") else "\n".join(f"- {t}" for t in texts)
                     ans = model.answer(me, other, context, q["question"])
                     gold = "unknown" if cat == 5 else str(q.get("answer", ""))
                     s = f1(ans, gold)
@@ -292,7 +310,7 @@ def main():
         print("\nEvidence recall@10:\n")
         print("| searched | " + " | ".join(CATEGORIES[k] for k in cats) + " | **all** |")
         print("|---|" + "---|" * (len(cats) + 1))
-        for row in ("bm25", "turns", "messages", "mem+conv"):
+        for row in ("bm25", "turns", "messages", "mem+conv", "packed"):
             cells = []
             for k in cats + ["all"]:
                 v = recall[(row, k)]

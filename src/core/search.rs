@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// Characters of a message a budgeted answer shows at most.
+const MESSAGE_CHARS: usize = 1_200;
+
 /// Results when the query name asks for no number.
 pub const DEFAULT_K: usize = 10;
 
@@ -370,7 +373,25 @@ impl Fs {
                 overview: None,
                 lines: Vec::new(),
             };
-            if crate::schema::event::message_of(path).is_none() {
+            if let Some((conv, n)) = crate::schema::event::message_of(path) {
+                // A message whole (its result's abstract is cut at 160
+                // characters), redacted as the index holds it.
+                let stored = self.stored_conversation(conv)?;
+                if let Some(m) = stored.as_ref().and_then(|c| c.messages.get(n as usize)) {
+                    let redactor = self.redaction().for_account(Self::account_of(conv));
+                    let text = match &redactor {
+                        Some(r) => r.redact_text(&m.content).0,
+                        None => m.content.clone(),
+                    };
+                    let ts = match &m.ts {
+                        Some(Value::String(t)) => format!(" {t}"),
+                        Some(Value::Number(t)) => format!(" {t}"),
+                        _ => String::new(),
+                    };
+                    let text = crate::schema::clip(&text, MESSAGE_CHARS);
+                    it.abstract_ = format!("#{n} {}{ts}: {text}", m.role);
+                }
+            } else {
                 if let Some(rec) = self.store.get_node(path)? {
                     let text = |name: &str| -> Result<Option<String>> {
                         Ok(self
