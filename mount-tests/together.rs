@@ -447,7 +447,7 @@ for i in range(30):
             "{out}"
         );
         assert!(
-            out.contains("\n## 1. accounts/acme/users/alice/memories/kitchen/k"),
+            out.contains("; paths under accounts/acme/users/alice/\n## 1. memories/kitchen/k"),
             "{out}"
         );
         let last = out.lines().last().unwrap();

@@ -267,6 +267,8 @@ def main():
                     packed = f.read()
                 ids = set()
                 for p in re.findall(r"^## \d+\. (\S+) ", packed, re.M):
+                    # Paths are relative to the directory searched.
+                    p = p if p.startswith("accounts/") else f"{root}/{p}"
                     m = MSG.search(p)
                     if m:
                         ids.add((int(m[1]), int(m[2])))

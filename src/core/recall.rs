@@ -79,10 +79,12 @@ fn closing(results: usize, overviews: usize, lines: usize) -> String {
     )
 }
 
-/// Pack `items` (best first) for `query` into `budget` tokens.
-pub fn pack(query: &str, budget: usize, items: &[Item]) -> Packed {
+/// Pack `items` (best first) for `query` into `budget` tokens. Their
+/// paths are given relative to `base`, the searched directory, which the
+/// first line names once (a path repeated ten times costs a result).
+pub fn pack(query: &str, budget: usize, base: &str, items: &[Item]) -> Packed {
     let head = format!(
-        "# memory for {:?} within {budget} tokens\n",
+        "# memory for {:?} within {budget} tokens; paths under {base}/\n",
         crate::index::text::one_line(query)
     );
     // The closing line at its longest, kept aside from the start.
@@ -181,7 +183,7 @@ mod tests {
         let items: Vec<Item> = (0..10).map(|i| item(i, 6)).collect();
         let mut last_shown = 0;
         for budget in [MIN_BUDGET, 150, 300, 600, 1_000, 5_000] {
-            let p = pack("what did alice say", budget, &items);
+            let p = pack("what did alice say", budget, "accounts/acme", &items);
             assert!(p.used <= budget, "{budget}: used {}", p.used);
             assert_eq!(p.used, estimate_tokens(&p.text));
             assert!(
@@ -197,7 +199,7 @@ mod tests {
             assert!(p.text.ends_with('\n') && p.text.lines().last().unwrap().starts_with("# "));
             assert_eq!(p.results_left, 10 - p.shown);
         }
-        let all = pack("what did alice say", 5_000, &items);
+        let all = pack("what did alice say", 5_000, "accounts/acme", &items);
         assert_eq!(
             (all.results_left, all.overviews_left, all.lines_left),
             (0, 0, 0)
@@ -207,7 +209,7 @@ mod tests {
             .text
             .contains("## 1. accounts/acme/users/alice/memories/notes/n0 (high)\n"));
         assert!(all.text.contains("L6: line 6 of note 9"));
-        let small = pack("what did alice say", 150, &items);
+        let small = pack("what did alice say", 150, "accounts/acme", &items);
         assert!(small.shown >= 1 && small.shown < 10, "{}", small.text);
         assert!(small.text.contains("# left out: "), "{}", small.text);
     }
@@ -216,7 +218,7 @@ mod tests {
     fn the_best_result_comes_first_and_ranks_count_what_is_shown() {
         let mut items: Vec<Item> = (0..3).map(|i| item(i, 1)).collect();
         items[1].abstract_ = "x".repeat(2_000);
-        let p = pack("q", 200, &items);
+        let p = pack("q", 200, "accounts/acme", &items);
         assert_eq!(p.shown, 2, "{}", p.text);
         assert!(p
             .text
@@ -225,7 +227,7 @@ mod tests {
             .text
             .contains("## 2. accounts/acme/users/alice/memories/notes/n2"));
         // Nothing at all: the heading and the closing line.
-        let none = pack("q", MIN_BUDGET, &[]);
+        let none = pack("q", MIN_BUDGET, "accounts/acme", &[]);
         assert!(none.used <= MIN_BUDGET);
         assert!(none.text.ends_with("# nothing left out\n"));
     }

@@ -277,7 +277,7 @@ impl Fs {
             .map(|t| json!({"query": t.query, "results": t.results, "best": t.best.map(|b| b.as_str())}))
             .collect();
         let packed = match qn.budget {
-            Some(b) => Some((b, self.pack_results(&qn.text, b, &judged)?)),
+            Some(b) => Some((b, self.pack_results(dir, &qn.text, b, &judged)?)),
             None => None,
         };
         let total_us = t.elapsed().as_micros() as u64;
@@ -358,16 +358,24 @@ impl Fs {
     /// text.
     fn pack_results(
         &self,
+        dir: &str,
         query: &str,
         budget: usize,
         judged: &[crate::index::answer::Judged],
     ) -> Result<super::recall::Packed> {
         use crate::schema::names::{CONTENT, OVERVIEW};
+        let base = crate::schema::place::mount_path(dir);
+        let under = format!("{base}/");
         let mut items = Vec::with_capacity(judged.len());
         for j in judged {
             let path = crate::schema::place::store_path(&j.hit.path);
             let mut it = super::recall::Item {
-                path: j.hit.path.clone(),
+                path: j
+                    .hit
+                    .path
+                    .strip_prefix(&under)
+                    .unwrap_or(&j.hit.path)
+                    .to_string(),
                 confidence: j.tier.as_str().to_string(),
                 abstract_: j.hit.abstract_.clone(),
                 overview: None,
@@ -415,7 +423,7 @@ impl Fs {
             }
             items.push(it);
         }
-        Ok(super::recall::pack(query, budget, &items))
+        Ok(super::recall::pack(query, budget, &base, &items))
     }
 
     /// When a result is from: a message's `ts` (its day's start when it
