@@ -35,6 +35,22 @@ pub fn model_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2"))
 }
 
+/// `program` run as `uid` (0 = root: as it is), for arguments that must
+/// not pass through a shell.
+pub fn command_as(uid: u32, program: &str) -> Command {
+    if uid == 0 {
+        return Command::new(program);
+    }
+    let mut c = Command::new("setpriv");
+    c.args([
+        &format!("--reuid={uid}"),
+        &format!("--regid={uid}"),
+        "--clear-groups",
+        program,
+    ]);
+    c
+}
+
 /// A config with acme (writer 1001, reader 1002) and other (writer 1003).
 pub const CONFIG: &str = r#"
 [[account]]
@@ -222,18 +238,7 @@ impl Mount {
     /// `/bin/sh -c script` as `uid` (0 = root), with `$M` set to the
     /// mountpoint, in /tmp.
     fn sh_cmd(&self, uid: u32, script: &str) -> Command {
-        let mut cmd = if uid == 0 {
-            Command::new("/bin/sh")
-        } else {
-            let mut c = Command::new("setpriv");
-            c.args([
-                &format!("--reuid={uid}"),
-                &format!("--regid={uid}"),
-                "--clear-groups",
-                "/bin/sh",
-            ]);
-            c
-        };
+        let mut cmd = command_as(uid, "/bin/sh");
         cmd.arg("-c")
             .arg(script)
             .env("M", &self.mnt)

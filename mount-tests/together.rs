@@ -28,13 +28,7 @@ fn put(m: &Mount, uid: u32, path: &str, text: &str) -> String {
     )
     .unwrap();
     let full = format!("{}/{path}", m.mnt.display());
-    let out = std::process::Command::new("setpriv")
-        .args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-            "/usr/bin/python3",
-        ])
+    let out = command_as(uid, "/usr/bin/python3")
         .arg(&py)
         .arg(&full)
         .arg(text)
@@ -45,7 +39,7 @@ fn put(m: &Mount, uid: u32, path: &str, text: &str) -> String {
 
 #[test]
 fn a_change_made_on_an_old_version_is_refused_with_estale() {
-    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
     let meta = |v: &str| format!("{NODE}/.meta.json{v}");
     m.ok(WRITER, &format!("mkdir -p $M/{NODE}"));
     assert_eq!(
@@ -171,8 +165,7 @@ fn a_change_made_on_an_old_version_is_refused_with_estale() {
         "cat $M/accounts/acme/users/alice/memories/notes/other/.meta.json",
     );
     assert_eq!(other["version"], 1);
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 /// Two agents (two writer uids) add to one counter node many times at
@@ -211,7 +204,7 @@ print(json.dumps({"done": done, "refused": refused}))
 
 #[test]
 fn two_agents_racing_over_one_node_lose_no_update() {
-    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
     let racer = m.shared_file("racer.py");
     std::fs::write(&racer, RACER).unwrap();
     m.ok(WRITER, &format!("mkdir -p $M/{NODE}"));
@@ -219,13 +212,7 @@ fn two_agents_racing_over_one_node_lose_no_update() {
     assert_eq!(put(&m, WRITER, &format!("{NODE}/.meta.json"), ACTIVE), "OK");
     let rounds = 150;
     let spawn = |uid: u32, who: &str| {
-        std::process::Command::new("setpriv")
-            .args([
-                &format!("--reuid={uid}"),
-                &format!("--regid={uid}"),
-                "--clear-groups",
-                "/usr/bin/python3",
-            ])
+        command_as(uid, "/usr/bin/python3")
             .arg(&racer)
             .arg(&m.mnt)
             .arg(who)
@@ -254,8 +241,7 @@ fn two_agents_racing_over_one_node_lose_no_update() {
     let meta = m.json(READER, &format!("cat $M/{NODE}/.meta.json"));
     assert_eq!(meta["version"], 2 * rounds + 1);
     eprintln!("{} increments, {refused} refusals redone", 2 * rounds);
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 /// The memory tool's `insert` by two agents at once: each insert is made
@@ -264,7 +250,7 @@ fn two_agents_racing_over_one_node_lose_no_update() {
 /// is refused with ESTALE.
 #[test]
 fn memory_tool_edits_of_two_agents_at_once_keep_every_line() {
-    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
     let scope = "accounts/acme/users/alice";
     let lines = 40;
     let file = |name: &str, cmds: Vec<Value>| {
@@ -280,15 +266,8 @@ fn memory_tool_edits_of_two_agents_at_once_keep_every_line() {
         file(&format!("memtool-{who}.jsonl"), cmds)
     };
     let run = |uid: u32, f: &std::path::Path| {
-        std::process::Command::new("setpriv")
-            .args([
-                &format!("--reuid={uid}"),
-                &format!("--regid={uid}"),
-                "--clear-groups",
-                BIN,
-                "memtool",
-                "--mount",
-            ])
+        command_as(uid, BIN)
+            .args(["memtool", "--mount"])
             .arg(&m.mnt)
             .args(["--scope", scope])
             .stdin(std::fs::File::open(f).unwrap())
@@ -329,8 +308,7 @@ fn memory_tool_edits_of_two_agents_at_once_keep_every_line() {
         }
     }
     assert_eq!(text.lines().count(), 2 * lines + 1, "{text}");
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 /// MCP `update` with `if_version`: made on the version read, refused with
@@ -339,7 +317,7 @@ fn memory_tool_edits_of_two_agents_at_once_keep_every_line() {
 fn mcp_update_with_a_stale_version_is_refused() {
     use crate::fronts::{session, tool};
     use serde_json::json;
-    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
+    let m = Mount::with_args(Some(TWO_WRITERS), &["--no-index"]);
     let scope = "accounts/acme/users/alice";
     let tea = "memories/prefs/tea";
     let w = session(
@@ -398,8 +376,7 @@ fn mcp_update_with_a_stale_version_is_refused() {
         (json!(4), json!(["tea"]))
     );
     assert_eq!(meta["committed_by"]["via"], "mcp", "{meta}");
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }
 
 /// Recall to a budget: `?budget=N` packs the best results into at most N
@@ -410,7 +387,7 @@ fn mcp_update_with_a_stale_version_is_refused() {
 fn a_search_within_a_budget_fits_it_summary_first() {
     use crate::fronts::{session, tool};
     use serde_json::json;
-    let mut m = Mount::with_args(Some(TWO_WRITERS), &["--embedder", "hash"]);
+    let m = Mount::with_args(Some(TWO_WRITERS), &["--embedder", "hash"]);
     let py = m.shared_file("kettles.py");
     std::fs::write(
         &py,
@@ -573,6 +550,5 @@ for i in range(30):
         "{}",
         w[1]
     );
-    m.umount();
-    m.fsck();
+    m.umount_and_fsck();
 }

@@ -77,34 +77,31 @@ def recipe_at(mnt, n):
         os.close(fd)
 
 
-def memtool(bin_path, mnt, n):
+def memtool_session(bin_path, mnt, cmds):
+    """One `ctxfs memtool` process fed `cmds` one at a time, each answered ok."""
     p = subprocess.Popen([bin_path, "memtool", "--mount", mnt, "--scope", "accounts/bench/users/u"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    for i in range(n):
-        cmd = {"command": "create", "path": f"/memories/tool/n{i}.md",
-               "file_text": f"Node {i} of the memtool row: a short memory of one line.\n"}
+    for cmd in cmds:
         p.stdin.write(json.dumps(cmd) + "\n")
         p.stdin.flush()
         a = json.loads(p.stdout.readline())
         assert a["ok"], a
     p.stdin.close()
     p.wait()
+
+
+def memtool(bin_path, mnt, n):
+    memtool_session(bin_path, mnt, ({"command": "create", "path": f"/memories/tool/n{i}.md",
+                                     "file_text": f"Node {i} of the memtool row: a short memory of one line.\n"}
+                                    for i in range(n)))
 
 
 def memtool_edit(bin_path, mnt, n):
     """`str_replace` on each node the memtool row made: read the committed
     version, commit the edit over it (one batch line with if_version)."""
-    p = subprocess.Popen([bin_path, "memtool", "--mount", mnt, "--scope", "accounts/bench/users/u"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    for i in range(n):
-        cmd = {"command": "str_replace", "path": f"/memories/tool/n{i}.md",
-               "old_str": "memtool row", "new_str": "edited row"}
-        p.stdin.write(json.dumps(cmd) + "\n")
-        p.stdin.flush()
-        a = json.loads(p.stdout.readline())
-        assert a["ok"], a
-    p.stdin.close()
-    p.wait()
+    memtool_session(bin_path, mnt, ({"command": "str_replace", "path": f"/memories/tool/n{i}.md",
+                                     "old_str": "memtool row", "new_str": "edited row"}
+                                    for i in range(n)))
 
 
 def main():

@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// Stored conversations by path, read once per search.
+type Conversations = std::collections::HashMap<String, Option<crate::extract::Conversation>>;
+
 /// Characters of a message a budgeted answer shows at most.
 const MESSAGE_CHARS: usize = 1_200;
 
@@ -253,9 +256,11 @@ impl Fs {
             answerable,
             first_search_us: search_us,
         } = ix.answer(dir, &q, &|node| !self.expired(node))?;
+        // The stored conversations read so far (a time range and a budget
+        // both read messages; several results come from one conversation).
+        let mut convs = std::collections::HashMap::new();
         if ranged {
             let mut kept = Vec::with_capacity(judged.len());
-            let mut convs = std::collections::HashMap::new();
             for j in judged {
                 let path = crate::schema::place::store_path(&j.hit.path);
                 let at = self.time_of_result(path, &mut convs)?;
@@ -277,7 +282,7 @@ impl Fs {
             .map(|t| json!({"query": t.query, "results": t.results, "best": t.best.map(|b| b.as_str())}))
             .collect();
         let packed = match qn.budget {
-            Some(b) => Some((b, self.pack_results(dir, &qn.text, b, &judged)?)),
+            Some(b) => Some((b, self.pack_results(dir, &qn.text, b, &judged, &mut convs)?)),
             None => None,
         };
         let total_us = t.elapsed().as_micros() as u64;
@@ -353,6 +358,23 @@ impl Fs {
         Ok(out.into_bytes())
     }
 
+    /// Message `n` of stored conversation `conv`, each conversation read
+    /// once per search (`convs`).
+    fn message<'c>(
+        &self,
+        conv: &str,
+        n: u32,
+        convs: &'c mut Conversations,
+    ) -> Result<Option<&'c crate::extract::Message>> {
+        if !convs.contains_key(conv) {
+            convs.insert(conv.to_string(), self.stored_conversation(conv)?);
+        }
+        Ok(convs
+            .get(conv)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.messages.get(n as usize)))
+    }
+
     /// The results packed into `budget` tokens, summary first: each node's
     /// abstract, overview and matching lines of `content.md`; a message's
     /// text.
@@ -362,8 +384,10 @@ impl Fs {
         query: &str,
         budget: usize,
         judged: &[crate::index::answer::Judged],
+        convs: &mut Conversations,
     ) -> Result<super::recall::Packed> {
         use crate::schema::names::{CONTENT, OVERVIEW};
+        let redactor = self.redaction().for_account(Self::account_of(dir));
         let base = crate::schema::place::mount_path(dir);
         let under = format!("{base}/");
         let mut items = Vec::with_capacity(judged.len());
@@ -384,9 +408,7 @@ impl Fs {
             if let Some((conv, n)) = crate::schema::event::message_of(path) {
                 // A message whole (its result's abstract is cut at 160
                 // characters), redacted as the index holds it.
-                let stored = self.stored_conversation(conv)?;
-                if let Some(m) = stored.as_ref().and_then(|c| c.messages.get(n as usize)) {
-                    let redactor = self.redaction().for_account(Self::account_of(conv));
+                if let Some(m) = self.message(conv, n, convs)? {
                     let text = match &redactor {
                         Some(r) => r.redact_text(&m.content).0,
                         None => m.content.clone(),
@@ -429,19 +451,9 @@ impl Fs {
     /// When a result is from: a message's `ts` (its day's start when it
     /// is a date); a node's `happened`, else its `valid_from`, else its
     /// last commit; `None` when unknown (a message without a time). `convs` keeps the conversations read so far.
-    fn time_of_result(
-        &self,
-        path: &str,
-        convs: &mut std::collections::HashMap<String, Option<crate::extract::Conversation>>,
-    ) -> Result<Option<i128>> {
+    fn time_of_result(&self, path: &str, convs: &mut Conversations) -> Result<Option<i128>> {
         if let Some((conv, n)) = crate::schema::event::message_of(path) {
-            if !convs.contains_key(conv) {
-                convs.insert(conv.to_string(), self.stored_conversation(conv)?);
-            }
-            let Some(c) = convs.get(conv).and_then(Option::as_ref) else {
-                return Ok(None);
-            };
-            let ts = c.messages.get(n as usize).and_then(|m| m.ts.clone());
+            let ts = self.message(conv, n, convs)?.and_then(|m| m.ts.clone());
             return Ok(match ts {
                 Some(Value::String(t)) => time_bound(&t, false),
                 Some(Value::Number(x)) => x.as_i64().map(|s| s as i128 * 1_000_000_000),

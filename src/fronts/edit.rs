@@ -221,6 +221,36 @@ impl Front {
     }
 }
 
+impl Front {
+    /// A new version of an existing node: the files given replace the
+    /// committed ones, the others are kept; `.meta.json`'s own fields are
+    /// kept unless given. Committed only over the version it was made on
+    /// (`if_version` when given, else the one read, and then made again on
+    /// a fresh read when another writer committed in between).
+    /// Returns `{path, uri, version, status}`.
+    pub fn update(&self, node: &str, w: &NodeWrite, if_version: Option<u32>) -> FrontResult<Value> {
+        let stale = |want: u32, have: u32| FrontError {
+            errno: Some(libc::ESTALE),
+            message: format!(
+                "{node} is at version {have}, not {want}: it changed since version {want} was read \
+                 (read it again, or see .versions/{have}/)"
+            ),
+        };
+        let done = self.edit(node, |cur| match if_version {
+            Some(want) if want != cur.version => Err(stale(want, cur.version)),
+            _ => Ok(w.clone()),
+        });
+        let version = match done {
+            Ok(v) => v,
+            Err(EditError::Edit(e) | EditError::Conflict { why: e, .. }) => return Err(e),
+            Err(EditError::Front(e)) => return Err(e),
+        };
+        let mut info = self.node_info(node)?;
+        info["version"] = json!(version);
+        Ok(info)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -442,6 +442,20 @@ mod tests {
         })
     }
 
+    /// The committed record of node `N` at version 3.
+    fn at_version_3() -> NodeRec {
+        NodeRec {
+            id: 9,
+            path: N.into(),
+            status: Status::Active,
+            version: 3,
+            created_at: "2020-01-01T00:00:00Z".into(),
+            updated_at: String::new(),
+            updated_ns: 0,
+            files: Vec::new(),
+        }
+    }
+
     fn view(files: Vec<(&'static str, Content)>) -> View<'static> {
         View {
             by: None,
@@ -631,24 +645,16 @@ mod tests {
     /// the condition is never stored.
     #[test]
     fn if_version_lands_only_over_its_version() {
-        let rec = NodeRec {
-            id: 9,
-            path: N.into(),
-            status: Status::Active,
-            version: 3,
-            created_at: "2020-01-01T00:00:00Z".into(),
-            updated_at: String::new(),
-            updated_ns: 0,
-            files: Vec::new(),
-        };
-        let at = |committed: Option<&'static NodeRec>, want: &str| {
-            let mut v = view(full(&format!(
-                r#"{{"status":"ACTIVE","if_version":{want}}}"#
-            )));
-            v.committed = committed;
+        let rec = &at_version_3();
+        let at = |committed: Option<&NodeRec>, want: &str| {
+            let v = View {
+                committed,
+                ..view(full(&format!(
+                    r#"{{"status":"ACTIVE","if_version":{want}}}"#
+                )))
+            };
             build(v, Intent::Close)
         };
-        let rec: &'static NodeRec = Box::leak(Box::new(rec));
         for (committed, want, outcome) in [
             (Some(rec), "3", Ok(4)),
             (None, "0", Ok(1)),
@@ -684,16 +690,7 @@ mod tests {
 
     #[test]
     fn a_new_version_over_a_committed_one() {
-        let rec = NodeRec {
-            id: 9,
-            path: N.into(),
-            status: Status::Active,
-            version: 3,
-            created_at: "2020-01-01T00:00:00Z".into(),
-            updated_at: String::new(),
-            updated_ns: 0,
-            files: Vec::new(),
-        };
+        let rec = at_version_3();
         // Only .meta.json rewritten; the rest kept, the abstract derived before.
         let v = View {
             by: None,
