@@ -54,14 +54,19 @@ fn llm_url() -> String {
     .clone()
 }
 
+/// A canned server's config: its replies are written memories (`{"kind",
+/// "topic", "text", "messages"}`), so `memories = "written"`.
 fn config(url: &str, extra: &str) -> String {
     format!(
-        "{CONFIG}\n{extra}\n[llm]\nurl = \"{url}\"\nmodel = \"test\"\ntimeout_s = 5\nmax_attempts = 3\nretry_backoff_ms = 100\nsummaries = false\n"
+        "{CONFIG}\n{extra}\n[llm]\nurl = \"{url}\"\nmodel = \"test\"\ntimeout_s = 5\nmax_attempts = 3\nretry_backoff_ms = 100\nsummaries = false\nmemories = \"written\"\n"
     )
 }
 
+/// The real model's config: the default, quoted memories.
 fn real_config(extra: &str) -> String {
-    config(&llm_url(), extra).replace("timeout_s = 5", "timeout_s = 300")
+    config(&llm_url(), extra)
+        .replace("timeout_s = 5", "timeout_s = 300")
+        .replace("memories = \"written\"\n", "")
 }
 
 /// Write `text` as `uid` to `path` (under the mount) with `cp`.
@@ -1019,6 +1024,94 @@ fn memories_hold_only_what_their_messages_say() {
     );
     let meta = meta(&m, "users/priya/memories/profile");
     assert_eq!(meta["version"], 1, "the true version stays: {meta}");
+}
+
+/// Quoted memories (the default): the model picks sentences, the daemon
+/// finds them again in their message and writes who said them and when.
+/// A quote that recombines true words, or a profile from the other side,
+/// is dropped with its reason; a later quote merges as a new line (no
+/// model call), the version before kept.
+#[test]
+fn quoted_memories_are_the_messages_words_with_speaker_and_day() {
+    let first = serde_json::json!({"memories": [
+        {"message": 0, "quote": "I work as a data engineer at a logistics startup in Austin.", "kind": "profile", "topic": "job"},
+        {"message": 1, "quote": "Nice to meet you, I'm a pharmacist here.", "kind": "profile", "topic": "job"},
+        {"message": 2, "quote": "My dog Biscuit bit the mail carrier on Sunday.", "kind": "entity", "topic": "Biscuit"},
+        {"message": 1, "quote": "My dog Biscuit is a golden retriever, he turns 3 next week.", "kind": "entity", "topic": "Biscuit"},
+        {"message": 2, "quote": "See you soon!", "kind": "event", "topic": "bye"},
+    ]});
+    let second = serde_json::json!({"memories": [
+        {"message": 0, "quote": "I now work at a bank in Denver.", "kind": "profile", "topic": "job"},
+        {"message": 0, "quote": "I work as a data engineer at a logistics startup in Austin.", "kind": "profile", "topic": "job"},
+    ]});
+    let replies =
+        serde_json::json!([{"content": first.to_string()}, {"content": second.to_string()}]);
+    let (server, m) = canned_mount(replies, |c| c.replace("memories = \"written\"\n", ""));
+    let c1 = r#"[{"role":"user","name":"Priya","ts":"2026-03-19T10:00:00Z","content":"Hi! I'm Priya Raman. I work as a data engineer at a logistics startup in Austin."},
+      {"role":"assistant","content":"Nice to meet you, I'm a pharmacist here."},
+      {"role":"user","name":"Priya","ts":"2026-03-19T10:02:00Z","content":"My dog Biscuit is a golden retriever, he turns 3 next week. See you soon!"}]"#;
+    let s = ingest(&m, "c1", c1, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    // The model saw the speakers' names and the quoting prompt.
+    let asked = server.requests()[0].to_string();
+    assert!(
+        asked.contains("Priya (user)") && asked.contains("word for word"),
+        "{asked}"
+    );
+    let profile = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/profile/content.md\"",
+    );
+    assert_eq!(
+        profile,
+        "# Profile\n\nPriya (the user) said on 2026-03-19: \"I work as a data engineer at a logistics startup in Austin.\"\n"
+    );
+    // Found again in message 2 although the model named 1; the relative
+    // time carries its date.
+    let dog = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/entities/biscuit/content.md\"",
+    );
+    assert!(
+        dog.contains("Priya (the user) said on 2026-03-19: \"My dog Biscuit is a golden retriever, he turns 3 next week [week of 2026-03-23].\""),
+        "{dog}"
+    );
+    assert_eq!(
+        meta(&m, "users/priya/memories/entities/biscuit")["provenance"]["messages"],
+        serde_json::json!([2])
+    );
+    let dropped = s["dropped"].to_string();
+    assert!(dropped.contains("says it word for word"), "{dropped}");
+    assert!(
+        dropped.contains("which the user did not write"),
+        "{dropped}"
+    );
+    assert!(dropped.contains("no fact"), "{dropped}");
+    m.fails(
+        WRITER,
+        "grep -rl -e \"mail carrier\" -e pharmacist \"$M/accounts/acme/users/priya/memories\"",
+        "",
+    );
+    // A later conversation: the new quote is a new line of version 2,
+    // the one already there is not repeated, version 1 stays.
+    m.ok(WRITER, "cat \"$M/.ctxfs/sync\" >/dev/null");
+    let c2 = r#"[{"role":"user","name":"Priya","ts":"2026-04-02T09:00:00Z","content":"Quick update: I now work at a bank in Denver. I work as a data engineer at a logistics startup in Austin."}]"#;
+    let s = ingest(&m, "c2", c2, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    let p = meta(&m, "users/priya/memories/profile");
+    assert_eq!(p["version"], 2, "{s:#}");
+    assert_eq!(p["changed"], "1 new quote", "{p:#}");
+    let now = m.ok(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/memories/profile/content.md\"",
+    );
+    assert_eq!(
+        now,
+        "# Profile\n\nPriya (the user) said on 2026-03-19: \"I work as a data engineer at a logistics startup in Austin.\"\n\
+         Priya (the user) said on 2026-04-02: \"Quick update: I now work at a bank in Denver.\"\n"
+    );
+    assert_eq!(server.requests().len(), 2, "a quoted merge asks no model");
+    m.umount_and_fsck();
 }
 
 /// Memory poisoning: a message that tells the assistant what it may do

@@ -124,6 +124,8 @@ def main():
     ap.add_argument("--no-answers", action="store_true", help="extraction and evidence recall only")
     ap.add_argument("--audit", help="write every memory with its cited messages here (JSON lines)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--memories", choices=["quoted", "written"],
+                    help="[llm] memories of the mount (the daemon's default when not given)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir (its path is printed)")
     ap.add_argument("--reuse", help="a directory kept by --keep: search and answer again without extracting")
     args = ap.parse_args()
@@ -168,7 +170,8 @@ def main():
                     break
             time.sleep(0.1)
     else:
-        tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-locomo-", ["eval", "turns"], url)
+        tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-locomo-", ["eval", "turns"], url,
+                                  memories=args.memories)
     ext = {"jobs": 0, "tokens": 0, "prompt": [], "secs": [], "failed": 0, "memories": 0, "dropped": 0,
            "messages": 0}
     t0 = time.time()
@@ -180,7 +183,7 @@ def main():
                     inbox = os.path.join(mnt, "accounts", "eval", "users", u, "inbox")
                     os.makedirs(inbox, exist_ok=True)
                     doc = {"session": f"{c['id']}-s{n}", "messages": [
-                        {"role": "user" if who == me else "assistant", "content": text,
+                        {"role": "user" if who == me else "assistant", "name": who, "content": text,
                          "ts": (when + dt.timedelta(minutes=i)).strftime("%Y-%m-%dT%H:%M:%SZ")}
                         for i, (who, text) in enumerate(turns)]}
                     t = time.time()
@@ -371,10 +374,38 @@ def message_line(mnt, path, me, other):
     return f"[{m['ts'][:10]}] {me if m['role'] == 'user' else other}: {m['content']}"
 
 
+QUOTED = re.compile(r'^(?P<who>.+?) said(?: on (?P<day>\d{4}-\d{2}-\d{2}))?: "(?P<span>.*)"$')
+
+
+def _plain(text):
+    """Lower-case words of `text` without its [brackets], for comparing."""
+    return " ".join(re.findall(r"\w+", re.sub(r"\[[^\]]*\]", " ", text).lower()))
+
+
+def quote_check(me, text, cited):
+    """For a quoted memory's lines: (lines, found word for word in a cited
+    message of the speaker the line names, "(the user)" exactly on the
+    owner's lines). A written memory's lines count as neither."""
+    lines = verbatim = owner = 0
+    for line in text.splitlines():
+        m = QUOTED.match(line.strip())
+        if not m:
+            continue
+        lines += 1
+        who = m["who"].removesuffix(" (the user)")
+        owner += (m["who"].endswith(" (the user)")) == (who == me)
+        span = _plain(m["span"])
+        verbatim += any(c.split(" ", 2)[1].rstrip(":") == who and span in _plain(c.split(" ", 2)[2])
+                        for c in cited if len(c.split(" ", 2)) == 3)
+    return lines, verbatim, owner
+
+
 def audit(mnt, convs, out_path):
     """Every memory of every copy with its sentences and cited messages, for
-    the faithfulness audit (one JSON object a line)."""
+    the faithfulness audit (one JSON object a line); a quoted memory's
+    lines are checked word for word against the messages it cites."""
     n = 0
+    tally = [0, 0, 0]
     with open(out_path, "w") as out:
         for c in convs:
             by_session = {n: turns for n, _, turns in c["sessions"]}
@@ -390,10 +421,19 @@ def audit(mnt, convs, out_path):
                         if m and int(m[1]) in by_session and i < len(by_session[int(m[1])]):
                             who, text = by_session[int(m[1])][i]
                             cited.append(f"D{m[1]}:{i + 1} {who}: {text}")
+                    text = node_body(mnt, rel)
+                    check = quote_check(me, text, cited)
+                    tally = [x + y for x, y in zip(tally, check)]
                     out.write(json.dumps({"user": me, "other": c["b"] if me == c["a"] else c["a"],
-                                          "node": rel, "text": node_body(mnt, rel), "cited": cited}) + "\n")
+                                          "node": rel, "text": text, "cited": cited,
+                                          "quoted_lines": check[0], "verbatim": check[1],
+                                          "speaker_right": check[2]}) + "\n")
                     n += 1
     print(f"audit: {n} memories written to {out_path}", file=sys.stderr)
+    if tally[0]:
+        print(f"audit: {tally[0]} quoted lines, {tally[1]} found word for word in a cited message "
+              f"of the speaker they name, {tally[2]} with \"(the user)\" exactly on the owner's",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

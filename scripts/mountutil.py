@@ -27,11 +27,13 @@ def query_name(q, opts):
     return name
 
 
-def mount_with_llm(bin_path, model_dir, prefix, accounts, url, summaries=False):
+def mount_with_llm(bin_path, model_dir, prefix, accounts, url, summaries=False, memories=None):
     """Mount ctxfs in a new temporary directory, with `accounts` (each
     writable by root) and the LLM server at `url`; returns (tmp, mnt).
     Directory summaries by the LLM are off unless asked for: the model's
-    one slot is the extraction's, whose time the evaluations report."""
+    one slot is the extraction's, whose time the evaluations report.
+    `memories` sets `[llm] memories` ("quoted", "written"; the daemon's
+    default when None)."""
     import subprocess
     import tempfile
     tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
@@ -43,6 +45,8 @@ def mount_with_llm(bin_path, model_dir, prefix, accounts, url, summaries=False):
             f.write(f'[[account]]\nid = "{a}"\nwriters = [0]\n')
         f.write(f'[llm]\nurl = "{url}"\nmodel = "eval"\ntimeout_s = 600\n'
                 f'summaries = {"true" if summaries else "false"}\n')
+        if memories:
+            f.write(f'memories = "{memories}"\n')
     subprocess.run([bin_path, "mount", mnt, "--data", data, "--config", cfg,
                     "--model-dir", os.path.abspath(model_dir)], check=True)
     return tmp, mnt

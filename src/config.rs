@@ -63,6 +63,11 @@ pub struct LlmSection {
     /// Seconds a directory stays unchanged before its summary is written
     /// again (default 10).
     pub summary_delay_s: Option<u64>,
+    /// How memories are written: `"quoted"` (default: the model picks
+    /// sentences of the messages, each memory is their words with who said
+    /// them and when) or `"written"` (the model writes sentences of its own,
+    /// checked against the messages they cite).
+    pub memories: Option<String>,
 }
 
 /// The `[store]` table: where the namespace lives. Without `url`, the

@@ -419,7 +419,7 @@ impl Fs {
                         _ => String::new(),
                     };
                     let text = crate::schema::clip(&text, MESSAGE_CHARS);
-                    it.abstract_ = format!("#{n} {}{ts}: {text}", m.role);
+                    it.abstract_ = format!("#{n} {}{ts}: {text}", m.speaker());
                 }
             } else {
                 if let Some(rec) = self.store.get_node(path)? {

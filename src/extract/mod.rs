@@ -11,6 +11,7 @@ mod attribution;
 pub mod llm;
 pub mod policy;
 pub mod prompt;
+pub mod quote;
 pub mod support;
 pub mod when;
 
@@ -30,6 +31,23 @@ pub struct Message {
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ts: Option<Value>,
+    /// Who spoke (`"name"`, as in the chat-completions format): memories
+    /// and search results name the speaker by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// Bytes of a speaker's `name`.
+pub const MAX_NAME: usize = 64;
+
+impl Message {
+    /// Who said it, for a reader: `Audrey (user)`, or the role alone.
+    pub fn speaker(&self) -> String {
+        match &self.name {
+            Some(n) => format!("{n} ({})", self.role),
+            None => self.role.clone(),
+        }
+    }
 }
 
 /// A conversation as written to the inbox.
@@ -77,10 +95,24 @@ fn message_of(i: usize, v: &Value) -> Result<Message, String> {
         .get("content")
         .and_then(Value::as_str)
         .ok_or_else(|| format!("message {i} has no string \"content\""))?;
+    let name = match obj.get("name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(n)) => {
+            let n = n.trim();
+            if n.len() > MAX_NAME || n.chars().any(char::is_control) {
+                return Err(format!(
+                    "message {i}: \"name\" is at most {MAX_NAME} bytes with no control characters"
+                ));
+            }
+            (!n.is_empty()).then(|| n.to_string())
+        }
+        Some(_) => return Err(format!("message {i}: \"name\" must be a string")),
+    };
     Ok(Message {
         role: role.to_string(),
         content: content.to_string(),
         ts: obj.get("ts").cloned(),
+        name,
     })
 }
 

@@ -86,7 +86,7 @@ pub fn transcript_of(conv: &Conversation, range: std::ops::Range<usize>) -> Stri
         };
         out.push_str(&format!(
             "[{i}] {}{ts}: {}\n",
-            m.role,
+            m.speaker(),
             m.content.replace('\n', " ")
         ));
     }
@@ -127,8 +127,9 @@ pub fn windows(
     conv: &Conversation,
     context: usize,
     answer: usize,
+    overhead: usize,
 ) -> Result<Vec<std::ops::Range<usize>>, String> {
-    let room = context.saturating_sub(answer + extract_overhead());
+    let room = context.saturating_sub(answer + overhead);
     let mut out = Vec::new();
     let (mut start, mut used) = (0, 0);
     for i in 0..conv.messages.len() {
@@ -153,19 +154,19 @@ pub fn windows(
     Ok(out)
 }
 
+/// Every kind, in the order the prompts name them.
+pub const KINDS: [Kind; 7] = [
+    Kind::Profile,
+    Kind::Preference,
+    Kind::Entity,
+    Kind::Event,
+    Kind::Case,
+    Kind::Pattern,
+    Kind::Skill,
+];
+
 pub fn extract_schema(n_messages: usize) -> Value {
-    let kinds: Vec<&str> = [
-        Kind::Profile,
-        Kind::Preference,
-        Kind::Entity,
-        Kind::Event,
-        Kind::Case,
-        Kind::Pattern,
-        Kind::Skill,
-    ]
-    .iter()
-    .map(|k| k.as_str())
-    .collect();
+    let kinds: Vec<&str> = KINDS.iter().map(|k| k.as_str()).collect();
     json!({
         "type": "object",
         "properties": {
@@ -286,16 +287,20 @@ mod tests {
             .into(),
             content: format!("message {i} ") + &"word ".repeat(60),
             ts: None,
+            name: None,
         };
         let conv = Conversation {
             messages: (0..40).map(msg).collect(),
             ..Default::default()
         };
         // All of it fits a large context: one window.
-        assert_eq!(windows(&conv, 100_000, 1024).unwrap(), vec![0..40]);
+        assert_eq!(
+            windows(&conv, 100_000, 1024, extract_overhead()).unwrap(),
+            vec![0..40]
+        );
         // A small one: consecutive windows covering every message once,
         // each request within the context.
-        let w = windows(&conv, 4096, 1024).unwrap();
+        let w = windows(&conv, 4096, 1024, extract_overhead()).unwrap();
         assert!(w.len() > 1, "{w:?}");
         assert_eq!(w.first().unwrap().start, 0);
         assert_eq!(w.last().unwrap().end, 40);
@@ -314,7 +319,7 @@ mod tests {
         // A message that cannot fit alone is named, not cut.
         let mut huge = conv.clone();
         huge.messages[7].content = "x".repeat(20_000);
-        let e = windows(&huge, 4096, 1024).unwrap_err();
+        let e = windows(&huge, 4096, 1024, extract_overhead()).unwrap_err();
         assert!(e.contains("message 7"), "{e}");
     }
 
@@ -326,11 +331,13 @@ mod tests {
                     role: "user".into(),
                     content: "a\nb".into(),
                     ts: Some(json!("2026-05-01")),
+                    name: None,
                 },
                 Message {
                     role: "assistant".into(),
                     content: "c".into(),
                     ts: None,
+                    name: None,
                 },
             ],
             ..Default::default()

@@ -41,9 +41,10 @@ pub fn sentences(text: &str) -> Vec<String> {
         for i in 0..b.len() {
             let end = matches!(b[i], b'.' | b'!' | b'?')
                 && (i + 1 == b.len() || b[i + 1] == b' ')
-                // "e.g." and "3.5" stay whole: a cut needs a word before it.
+                // "e.g." and "3.5" stay whole: a cut needs a word (or a
+                // closing bracket or quote) before it.
                 && i > 0
-                && b[i - 1].is_ascii_alphanumeric()
+                && (b[i - 1].is_ascii_alphanumeric() || matches!(b[i - 1], b']' | b')' | b'"'))
                 && !(i >= 2 && b[i - 2] == b'.');
             if end {
                 let s = line[start..=i].trim();
@@ -537,6 +538,16 @@ mod tests {
                 "The user is Ann.",
                 "She likes tea, e.g. sencha 2.5 times a day!",
                 "No end"
+            ]
+        );
+        // A resolved date or a quote closes a sentence too.
+        assert_eq!(
+            sentences("He turns 3 next week [week of 2026-03-23]. See you! She said \"hi\". Bye"),
+            vec![
+                "He turns 3 next week [week of 2026-03-23].",
+                "See you!",
+                "She said \"hi\".",
+                "Bye"
             ]
         );
     }

@@ -327,16 +327,19 @@ mod tests {
                     role: "user".into(),
                     content: "a".into(),
                     ts: Some(json!("2026-03-19T10:00:00Z")),
+                    name: None,
                 },
                 super::super::Message {
                     role: "user".into(),
                     content: "b".into(),
                     ts: None,
+                    name: None,
                 },
                 super::super::Message {
                     role: "user".into(),
                     content: "c".into(),
                     ts: Some(json!("2026-01-02")),
+                    name: None,
                 },
             ],
             ..Default::default()

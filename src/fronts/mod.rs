@@ -259,7 +259,7 @@ impl Front {
                 })?;
                 return Ok(json!({
                     "path": format!("{rel}#{n}"), "message": n, "role": m.role,
-                    "ts": m.ts, "text": m.content,
+                    "name": m.name, "ts": m.ts, "text": m.content,
                 }));
             }
         }

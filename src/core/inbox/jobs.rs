@@ -335,10 +335,18 @@ fn extract_job(
     let account = Fs::account_of(inbox).to_string();
     // `{a}/users/{u}/inbox`
     let user = place::split(inbox)[2].to_string();
-    let schema = prompt::extract_schema(conv.messages.len());
+    let (schema, overhead) = if ib.quoted {
+        (quote::schema(conv.messages.len()), quote::overhead())
+    } else {
+        (
+            prompt::extract_schema(conv.messages.len()),
+            prompt::extract_overhead(),
+        )
+    };
     // A conversation longer than the model's context is extracted a window
     // of whole messages at a time, never cut.
-    let windows = match prompt::windows(conv, ib.context_tokens, ib.client.max_tokens() as usize) {
+    let answer_room = ib.client.max_tokens() as usize;
+    let windows = match prompt::windows(conv, ib.context_tokens, answer_room, overhead) {
         Ok(w) => w,
         Err(e) => return Outcome::Fail(e),
     };
@@ -346,23 +354,34 @@ fn extract_job(
     let mut cands = Vec::new();
     job.dropped.clear();
     for w in windows {
-        let answer = match ib
-            .client
-            .chat_json(prompt::extract_window(conv, w), &schema, spent)
-        {
+        let request = if ib.quoted {
+            quote::request(conv, w.clone())
+        } else {
+            prompt::extract_window(conv, w.clone())
+        };
+        let answer = match ib.client.chat_json(request, &schema, spent) {
             Ok(v) => v,
             Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
             Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
         };
-        let (found, dropped) = match extract::candidates(&answer, conv.messages.len()) {
+        let found = if ib.quoted {
+            quote::candidates(&answer, conv, w)
+        } else {
+            extract::candidates(&answer, conv.messages.len())
+        };
+        let (found, dropped) = match found {
             Ok(x) => x,
             Err(e) => return Outcome::Retry(e),
         };
         cands.extend(found);
         job.dropped.extend(dropped);
     }
-    for c in &mut cands {
-        extract::ground(c, conv);
+    // A written memory cites the messages that say it; a quoted one cites
+    // the message it was found in.
+    if !ib.quoted {
+        for c in &mut cands {
+            extract::ground(c, conv);
+        }
     }
     job.changes.clear();
     let mut placed = Vec::new();
@@ -401,7 +420,13 @@ fn extract_job(
             _ => None,
         };
         let (kind, messages) = (c.kind, c.messages.clone());
-        let Some(c) = extract::faithful(c, conv, known, &mut job.dropped) else {
+        // A quote is its message's own words: nothing to check it against.
+        let c = if ib.quoted {
+            Some(c)
+        } else {
+            extract::faithful(c, conv, known, &mut job.dropped)
+        };
+        let Some(c) = c else {
             job.changes.push(ChangeRec {
                 action: "skipped".into(),
                 kind: kind.as_str().into(),
@@ -432,7 +457,12 @@ fn extract_job(
         let mut supersedes: Option<String> = None;
         let (content, action, why) = match (t.mode, found) {
             (policy::Mode::Append, Existing::Same(other, sim, stored)) => {
-                match policy::update_of(&c.text, policy::body(&stored)) {
+                let (new, old) = if ib.quoted {
+                    (quote::quoted(&c.text), quote::quoted(policy::body(&stored)))
+                } else {
+                    (c.text.clone(), policy::body(&stored).to_string())
+                };
+                match policy::update_of(&new, &old) {
                     // The same event told again with a new date or number:
                     // what changed is a new node that supersedes the old
                     // one, which stays (what was planned then) but ranks
@@ -482,6 +512,26 @@ fn extract_job(
                     "merged with another memory of this conversation".into(),
                 )
             }
+            (policy::Mode::Merge, Existing::Node(node, stored, sources, version)) if ib.quoted => {
+                // Quotes are merged without a model: the new ones added.
+                earlier = sources;
+                base = version;
+                t.node = node.clone();
+                change.path = node;
+                let old = policy::body(&stored);
+                match quote::merge(old, &c.text) {
+                    Some((text, n)) => (
+                        Some(policy::content(&title_of(&stored, &c.topic), c.kind, &text)),
+                        "merged",
+                        format!("{n} new quote{}", if n == 1 { "" } else { "s" }),
+                    ),
+                    None => (
+                        None,
+                        "skipped",
+                        format!("already known: {}", crate::schema::excerpt(old)),
+                    ),
+                }
+            }
             (policy::Mode::Merge, Existing::Node(node, stored, sources, version)) => {
                 earlier = sources;
                 base = version;
@@ -529,13 +579,8 @@ fn extract_job(
                                 format!("already known: {}", crate::schema::excerpt(&old)),
                             )
                         } else {
-                            let title = stored
-                                .strip_prefix("# ")
-                                .and_then(|r| r.split_once('\n'))
-                                .map(|(t, _)| t.to_string())
-                                .unwrap_or_else(|| c.topic.clone());
                             (
-                                Some(policy::content(&title, c.kind, &text)),
+                                Some(policy::content(&title_of(&stored, &c.topic), c.kind, &text)),
                                 "merged",
                                 if dup {
                                     format!("near-duplicate of this memory; {changed}")
@@ -649,6 +694,15 @@ fn extract_job(
     }
     job.state = State::Done;
     Outcome::Finished
+}
+
+/// The `# title` of a stored `content.md`, or `topic` when it has none.
+fn title_of(stored: &str, topic: &str) -> String {
+    stored
+        .strip_prefix("# ")
+        .and_then(|r| r.split_once('\n'))
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_else(|| topic.to_string())
 }
 
 /// What a candidate meets at its place.

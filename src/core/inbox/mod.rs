@@ -21,7 +21,7 @@
 use super::{inodes::Key, lock, Attr, Caller, Fs, Handle, Kind, Opened};
 use crate::config::LlmSection;
 use crate::error::{Error, Result};
-use crate::extract::{self, llm, policy, prompt, Candidate, Conversation};
+use crate::extract::{self, llm, policy, prompt, quote, Candidate, Conversation};
 use crate::schema::counters::llm_tokens_key;
 use crate::schema::place;
 use crate::schema::time::{day_of, now_ns, rfc3339_ms};
@@ -238,6 +238,8 @@ pub struct Inbox {
     client: llm::Client,
     /// The model's context in tokens (`[llm] context_tokens`).
     context_tokens: usize,
+    /// `[llm] memories = "quoted"`: memories are the messages' own words.
+    quoted: bool,
     concurrency: usize,
     max_attempts: u32,
     backoff_ms: u64,
@@ -285,7 +287,15 @@ impl Inbox {
                 s.url
             );
         }
+        let quoted = match s.memories.as_deref() {
+            None | Some("quoted") => true,
+            Some("written") => false,
+            Some(other) => {
+                anyhow::bail!("[llm] memories is \"quoted\" or \"written\", not {other:?}")
+            }
+        };
         Ok(Inbox {
+            quoted,
             client: llm::Client::new(llm::LlmSettings {
                 url: s.url.clone(),
                 model: s.model.clone(),

@@ -1,0 +1,580 @@
+//! Quoted memories (`[llm] memories = "quoted"`, the default): the model
+//! picks what is worth remembering and copies its words; the system writes
+//! the memory. Each memory is whole sentences of one message, found again
+//! in that message word for word, named with who said it (the message's
+//! role and `name`) and when (its `ts`, relative times resolved):
+//!
+//! ```text
+//! Audrey (the user) said on 2023-03-27: "Their names are Pepper, Precious and Panda."
+//! ```
+//!
+//! A small model that writes its own sentences recombines true words into
+//! false facts and gives one speaker's facts to the other; a copied and
+//! re-found quote cannot, and who said it comes from the message, not from
+//! the model. What the model still decides (which sentences, the kind, the
+//! topic) is checked: a profile or preference is the user's own words, an
+//! entity is named by its quote or speaks it, a quote must state something
+//! (questions, greetings and thanks are not kept).
+
+use super::{Candidate, Conversation, Kind};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+
+/// Share of the quote's words the sentences found must hold: a quote may
+/// drop a word or a bracketed date, not invent a clause.
+const MIN_COVER: f32 = 0.75;
+/// Share of a message sentence's words the quote must hold for the
+/// sentence to be taken (a quote of part of it takes it whole: what is
+/// stored is always the message's sentences).
+const MIN_SENTENCE: f32 = 0.5;
+/// Words a quote needs to state something: of three letters or more, not
+/// stopwords, not the words of chat ("See you soon!" has none).
+const MIN_FACT_WORDS: usize = 2;
+
+/// The words of greetings, thanks and reactions.
+const CHAT: &[&str] = &[
+    "amazing",
+    "awesome",
+    "bye",
+    "cheers",
+    "congrats",
+    "congratulations",
+    "cool",
+    "glad",
+    "good",
+    "great",
+    "haha",
+    "hello",
+    "hey",
+    "hope",
+    "lol",
+    "nice",
+    "okay",
+    "right",
+    "see",
+    "soon",
+    "sounds",
+    "sure",
+    "thank",
+    "thanks",
+    "wow",
+    "yeah",
+    "yes",
+];
+
+/// The words of `text` that can carry a fact.
+fn fact_words(text: &str) -> usize {
+    words(&unbracketed(text))
+        .iter()
+        .filter(|w| {
+            w.chars().count() >= 3
+                && !crate::schema::words::is_stopword(w)
+                && !CHAT.contains(&w.as_str())
+        })
+        .count()
+}
+
+pub const SYSTEM: &str = "You pick, from a conversation, what is worth remembering in later conversations, \
+and copy it word for word. \
+Worth remembering: facts about the speakers and the people, pets, places and things in their lives \
+(names, jobs, family, where they live, what they have, did or plan to do and when, what they like or dislike, \
+and for an assistant's work, problems solved and how). \
+Not worth it: greetings, thanks, compliments, small talk, questions, and what is only true during this conversation. \
+For each memory give: message, the number of one message; quote, one or two whole sentences copied exactly \
+from that message that state the fact; kind; topic. Kinds:\n\
+- profile: who the user is (name, job, where they live, family), from the user's own messages.\n\
+- preference: what the user likes, dislikes or wants, from the user's own messages; topic = the subject.\n\
+- entity: another person, a pet, project, company or place; topic = its name.\n\
+- event: something that happened or is planned; topic = a short title.\n\
+- case: a problem the assistant solved for the user and how.\n\
+- pattern: a way of working that worked well with this user.\n\
+- skill: a procedure the assistant can repeat; topic = the procedure's name.";
+
+const EXAMPLE_USER: &str =
+    "[0] Dana (user): hey Ruth! big news, I switched jobs, I teach chemistry in Leeds now.\n\
+[1] Ruth (assistant): Dana! congrats! I'm still a pharmacist at the hospital.\n\
+[2] Dana (user): I hate long emails, keep replies short. My cat Miso is sick, vet visit on 3 May.\n\
+[3] Ruth (assistant): Sorry to hear that. Short replies it is.";
+
+fn example_answer() -> Value {
+    json!({"memories": [
+        {"message": 0, "quote": "I switched jobs, I teach chemistry in Leeds now.", "kind": "profile", "topic": "job"},
+        {"message": 1, "quote": "I'm still a pharmacist at the hospital.", "kind": "entity", "topic": "Ruth"},
+        {"message": 2, "quote": "I hate long emails, keep replies short.", "kind": "preference", "topic": "reply length"},
+        {"message": 2, "quote": "My cat Miso is sick, vet visit on 3 May.", "kind": "event", "topic": "Miso's vet visit"}
+    ]})
+}
+
+/// The chat messages of a quoting request for messages `range`.
+pub fn request(conv: &Conversation, range: std::ops::Range<usize>) -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": SYSTEM}),
+        json!({"role": "user", "content": EXAMPLE_USER}),
+        json!({"role": "assistant", "content": example_answer().to_string()}),
+        json!({"role": "user", "content": super::prompt::transcript_of(conv, range)}),
+    ]
+}
+
+/// Tokens of a quoting request before its transcript.
+pub fn overhead() -> usize {
+    use crate::schema::estimate_tokens;
+    estimate_tokens(SYSTEM)
+        + estimate_tokens(EXAMPLE_USER)
+        + estimate_tokens(&example_answer().to_string())
+        + 64
+}
+
+pub fn schema(n_messages: usize) -> Value {
+    let kinds: Vec<&str> = super::prompt::KINDS.iter().map(|k| k.as_str()).collect();
+    json!({
+        "type": "object",
+        "properties": {
+            "memories": {
+                "type": "array",
+                "maxItems": super::prompt::MAX_CANDIDATES,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "message": {"type": "integer", "minimum": 0, "maximum": n_messages.saturating_sub(1)},
+                        "quote": {"type": "string", "maxLength": super::prompt::MAX_TEXT},
+                        "kind": {"type": "string", "enum": kinds},
+                        "topic": {"type": "string", "maxLength": 40}
+                    },
+                    "required": ["message", "quote", "kind", "topic"]
+                }
+            }
+        },
+        "required": ["memories"]
+    })
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// The words of `text` that say something (stopwords aside), or all of
+/// them when none does ("Me too!").
+fn content_words(text: &str) -> Vec<String> {
+    let all = words(text);
+    let some: Vec<String> = all
+        .iter()
+        .filter(|w| !crate::schema::words::is_stopword(w))
+        .cloned()
+        .collect();
+    if some.is_empty() {
+        all
+    } else {
+        some
+    }
+}
+
+/// `text` without its `[…]` parts.
+fn unbracketed(text: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0usize;
+    for c in text.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The sentences of `content` that `quote` copies, in their order and
+/// word for word as the message has them, with the share of the quote's
+/// words they hold; `None` when the quote copies no sentence of it.
+fn locate(quote: &str, content: &str) -> Option<(String, f32)> {
+    let q: HashSet<String> = content_words(&unbracketed(quote)).into_iter().collect();
+    if q.is_empty() {
+        return None;
+    }
+    let mut found = Vec::new();
+    let mut held: HashSet<String> = HashSet::new();
+    for s in super::support::sentences(content) {
+        // A bracket (a date resolved, a photo described) is not the
+        // speaker's words: a quote may leave it out.
+        let w = content_words(&unbracketed(&s));
+        if w.is_empty() {
+            continue;
+        }
+        let inside = w.iter().filter(|x| q.contains(*x)).count();
+        if inside as f32 >= MIN_SENTENCE * w.len() as f32 {
+            held.extend(words(&s));
+            found.push(s);
+        }
+    }
+    let share = q.iter().filter(|x| held.contains(*x)).count() as f32 / q.len() as f32;
+    (!found.is_empty()).then(|| (found.join(" "), share))
+}
+
+/// Who said message `i`, for a memory: its `name`, and "the user" for the
+/// user's side.
+pub fn speaker(conv: &Conversation, i: usize) -> String {
+    let m = &conv.messages[i];
+    match (&m.name, m.role.as_str()) {
+        (Some(n), "user") => format!("{n} (the user)"),
+        (Some(n), _) => n.clone(),
+        (None, "user") => "The user".into(),
+        (None, _) if conv.agent.is_some() => "The assistant".into(),
+        (None, _) => "The other speaker".into(),
+    }
+}
+
+/// The memory's line for `quote` of message `i`.
+pub fn statement(conv: &Conversation, i: usize, quote: &str) -> String {
+    let who = speaker(conv, i);
+    match conv.messages[i].ts.as_ref().and_then(super::when::day_of) {
+        Some(day) => format!("{who} said on {day}: \"{quote}\""),
+        None => format!("{who} said: \"{quote}\""),
+    }
+}
+
+/// The quoted words of a memory's lines (what a line says, without who
+/// said it and when), for comparing two memories.
+pub fn quoted(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.split_once(": \"") {
+            Some((_, q)) => q.trim_end_matches('"'),
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The statements of a question-free quote: its questions cut away.
+fn statements_only(span: &str) -> String {
+    super::support::sentences(span)
+        .into_iter()
+        .filter(|s| !s.trim_end().ends_with('?'))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Does `topic` occur in `text` as a proper name (each of its words
+/// there capitalised: "Fox Hollow", not "job")?
+fn names_proper(text: &str, topic: &str) -> bool {
+    let caps: HashSet<String> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .map(str::to_lowercase)
+        .collect();
+    let n = words(topic);
+    !n.is_empty() && n.iter().all(|w| caps.contains(w))
+}
+
+/// Does `name` (a topic) occur in `text` as words?
+fn names(text: &str, name: &str) -> bool {
+    let t: HashSet<String> = words(text).into_iter().collect();
+    let n = words(name);
+    !n.is_empty() && n.iter().all(|w| t.contains(w))
+}
+
+/// Check the model's `{"memories": [{message, quote, kind, topic}]}`
+/// against messages `range` of the conversation: each quote found again in
+/// its message (or, when the model numbered it wrong, in the one message
+/// of the range that holds it), made a memory line; what is dropped says why.
+pub fn candidates(
+    v: &Value,
+    conv: &Conversation,
+    range: std::ops::Range<usize>,
+) -> Result<(Vec<Candidate>, Vec<String>), String> {
+    let list = v
+        .get("memories")
+        .and_then(Value::as_array)
+        .ok_or("the model's answer has no \"memories\" array")?;
+    let mut out = Vec::new();
+    let mut dropped = Vec::new();
+    if v.get("truncated") == Some(&Value::Bool(true)) {
+        dropped.push(format!(
+            "the model's answer was cut at [llm] max_tokens: its {} complete memories are kept, \
+             the one it was writing is lost",
+            list.len()
+        ));
+    }
+    let speakers: HashSet<&str> = conv
+        .messages
+        .iter()
+        .filter_map(|m| m.name.as_deref())
+        .collect();
+    let max = super::prompt::MAX_CANDIDATES;
+    if list.len() > max {
+        dropped.push(format!(
+            "memories {max}..{}: at most {max} are taken from one request",
+            list.len() - 1
+        ));
+    }
+    for (n, m) in list.iter().enumerate().take(max) {
+        let quote = m["quote"].as_str().unwrap_or("").trim();
+        let topic = m["topic"].as_str().unwrap_or("").trim().to_string();
+        let Ok(mut kind) = serde_json::from_value::<Kind>(m["kind"].clone()) else {
+            dropped.push(format!("memory {n}: unknown kind {}", m["kind"]));
+            continue;
+        };
+        if quote.is_empty() {
+            dropped.push(format!("memory {n}: empty quote"));
+            continue;
+        }
+        let said = m["message"].as_u64().map(|x| x as usize);
+        let at = |i: usize| {
+            locate(quote, &conv.messages[i].content)
+                .filter(|(_, share)| *share >= MIN_COVER)
+                .map(|(span, share)| (i, span, share))
+        };
+        // The message the model names, else the range's best holder.
+        let hit = said.filter(|i| range.contains(i)).and_then(at).or_else(|| {
+            range
+                .clone()
+                .filter_map(at)
+                .max_by(|a, b| a.2.total_cmp(&b.2))
+        });
+        let Some((i, span, _)) = hit else {
+            dropped.push(format!(
+                "memory {n} ({}): no message{} says it word for word",
+                crate::schema::excerpt(quote),
+                said.map(|i| format!(" (it named {i})")).unwrap_or_default()
+            ));
+            continue;
+        };
+        let span = statements_only(&span);
+        if fact_words(&span) < MIN_FACT_WORDS {
+            dropped.push(format!(
+                "memory {n} ({}): a question or small talk, no fact",
+                crate::schema::excerpt(quote)
+            ));
+            continue;
+        }
+        let msg = &conv.messages[i];
+        let mut topic = topic;
+        // What the other side says of itself is theirs: a profile,
+        // preference or entity from their message goes to the entity of
+        // their name (unless its quote names it: "Fox Hollow"); a profile or
+        // preference of a speaker with no name is dropped.
+        if msg.role != "user"
+            && (matches!(kind, Kind::Profile | Kind::Preference)
+                || (kind == Kind::Entity && !names_proper(&span, &topic)))
+        {
+            match &msg.name {
+                Some(name) => {
+                    kind = Kind::Entity;
+                    topic = name.clone();
+                }
+                None if kind != Kind::Entity => {
+                    dropped.push(format!(
+                        "memory {n} ({}): a {} from message {i}, which the user did not write",
+                        crate::schema::excerpt(quote),
+                        kind.as_str()
+                    ));
+                    continue;
+                }
+                None => {}
+            }
+        }
+        // An entity that is one of the speakers is named by its quote or
+        // speaks it: no one's words are filed under the other.
+        if kind == Kind::Entity
+            && speakers.iter().any(|s| names(s, &topic))
+            && !names(&span, &topic)
+            && !msg.name.as_deref().is_some_and(|s| names(s, &topic))
+        {
+            dropped.push(format!(
+                "memory {n} ({}): the entity {topic:?} is neither named in it nor its speaker",
+                crate::schema::excerpt(quote)
+            ));
+            continue;
+        }
+        out.push(Candidate {
+            kind,
+            topic,
+            text: statement(conv, i, &span),
+            messages: vec![i],
+        });
+    }
+    Ok((out, dropped))
+}
+
+/// A merge without a model: `old`'s lines, then each line of `new` whose
+/// quote `old` does not hold yet; `None` when every one is there.
+pub fn merge(old: &str, new: &str) -> Option<(String, usize)> {
+    let have = quoted(old);
+    let added: Vec<&str> = new
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !have.contains(&quoted(l)))
+        .collect();
+    if added.is_empty() {
+        return None;
+    }
+    let mut text = old.trim_end().to_string();
+    for l in &added {
+        text.push('\n');
+        text.push_str(l);
+    }
+    Some((text, added.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extract::Message;
+
+    fn conv() -> Conversation {
+        let m = |role: &str, name: &str, content: &str| Message {
+            role: role.into(),
+            content: content.into(),
+            ts: Some(json!("2023-05-08T13:56:00Z")),
+            name: Some(name.into()),
+        };
+        Conversation {
+            messages: vec![
+                m("user", "Audrey", "Hey Andrew! We adopted another puppy called Pixie. Isn't she cute?"),
+                m("assistant", "Andrew", "Congrats! I started a new job as a Financial Analyst last week [week of 2023-05-01]."),
+                m("user", "Audrey", "Thanks! See you soon!"),
+                m("user", "Audrey", "I've had them for 3 years! Their names are Pepper, Precious and Panda."),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn one(v: Value) -> (Vec<Candidate>, Vec<String>) {
+        let c = conv();
+        candidates(&json!({ "memories": [v] }), &c, 0..c.messages.len()).unwrap()
+    }
+
+    #[test]
+    fn a_quote_becomes_its_messages_own_words_with_speaker_and_day() {
+        let (c, d) = one(
+            json!({"message": 0, "quote": "we adopted another puppy called Pixie",
+                               "kind": "event", "topic": "new puppy"}),
+        );
+        assert!(d.is_empty(), "{d:?}");
+        assert_eq!(
+            c[0].text,
+            "Audrey (the user) said on 2023-05-08: \"We adopted another puppy called Pixie.\""
+        );
+        assert_eq!(c[0].messages, [0]);
+    }
+
+    #[test]
+    fn a_wrong_message_number_is_found_again_and_invented_words_are_not() {
+        let (c, _) = one(json!({"message": 0, "quote": "Pepper, Precious and Panda.",
+                               "kind": "entity", "topic": "Pepper"}));
+        assert_eq!(c[0].messages, [3]);
+        // Part of a sentence quoted takes the sentence whole.
+        assert!(
+            c[0].text
+                .ends_with(": \"Their names are Pepper, Precious and Panda.\""),
+            "{}",
+            c[0].text
+        );
+        // Recombined: true words, a fact no message says.
+        let (c, d) = one(
+            json!({"message": 0, "quote": "Pixie and Pepper adopted a puppy called Panda.",
+                               "kind": "event", "topic": "puppy"}),
+        );
+        assert!(c.is_empty(), "{c:?}");
+        assert!(d[0].contains("word for word"), "{d:?}");
+    }
+
+    #[test]
+    fn the_other_speakers_facts_stay_theirs_and_chat_is_not_kept() {
+        // A "profile" in Andrew's words is Andrew's, as an entity.
+        let (c, _) = one(
+            json!({"message": 1, "quote": "I started a new job as a Financial Analyst last week.",
+                               "kind": "profile", "topic": "job"}),
+        );
+        assert_eq!(c[0].kind, Kind::Entity);
+        assert_eq!(c[0].topic, "Andrew");
+        assert!(
+            c[0].text
+                .starts_with("Andrew said on 2023-05-08: \"I started"),
+            "{}",
+            c[0].text
+        );
+        assert!(c[0].text.contains("[week of 2023-05-01]"), "{}", c[0].text);
+        // Thanks and goodbyes; a question alone.
+        for (i, q) in [(2, "See you soon!"), (0, "Isn't she cute?")] {
+            let (c, d) = one(json!({"message": i, "quote": q, "kind": "event", "topic": "x"}));
+            assert!(c.is_empty(), "{q}: {c:?}");
+            assert!(d[0].contains("no fact"), "{d:?}");
+        }
+        // An entity its quote does not name, said by someone else.
+        let (c, d) = one(
+            json!({"message": 0, "quote": "We adopted another puppy called Pixie.",
+                               "kind": "entity", "topic": "Andrew"}),
+        );
+        assert!(c.is_empty() && d[0].contains("neither named"), "{d:?}");
+        // A subject that is no name files the quote under it.
+        let (c, _) = one(
+            json!({"message": 3, "quote": "Their names are Pepper, Precious and Panda.",
+                               "kind": "entity", "topic": "dogs"}),
+        );
+        assert_eq!(c[0].topic, "dogs");
+        // The other side's subject is theirs.
+        let (c, _) = one(
+            json!({"message": 1, "quote": "I started a new job as a Financial Analyst.",
+                               "kind": "entity", "topic": "job"}),
+        );
+        assert_eq!((c[0].kind, c[0].topic.as_str()), (Kind::Entity, "Andrew"));
+    }
+
+    #[test]
+    fn without_names_the_roles_speak() {
+        let mut c = conv();
+        for m in &mut c.messages {
+            m.name = None;
+        }
+        assert_eq!(speaker(&c, 0), "The user");
+        assert_eq!(speaker(&c, 1), "The other speaker");
+        c.agent = Some("helper".into());
+        assert_eq!(speaker(&c, 1), "The assistant");
+        // A preference from the other side has no owner to give it to.
+        let (got, d) = candidates(
+            &json!({"memories": [{"message": 1, "quote": "I started a new job as a Financial Analyst.",
+                                   "kind": "preference", "topic": "job"}]}),
+            &c,
+            0..4,
+        )
+        .unwrap();
+        assert!(got.is_empty() && d[0].contains("did not write"), "{d:?}");
+    }
+
+    #[test]
+    fn a_described_photo_in_the_quote_is_no_invented_word() {
+        let mut c = conv();
+        c.messages[3]
+            .content
+            .push_str(" [shares a photo: two dogs on a lawn]");
+        let (got, d) = candidates(
+            &json!({"memories": [{"message": 3, "kind": "event", "topic": "dogs",
+                "quote": "I can't live without them! [shares a photo: two dogs on a lawn]"}]}),
+            &c,
+            0..4,
+        )
+        .unwrap();
+        assert!(got.is_empty(), "no sentence says it: {got:?} {d:?}");
+        let (got, _) = candidates(
+            &json!({"memories": [{"message": 3, "kind": "event", "topic": "dogs",
+                "quote": "Their names are Pepper, Precious and Panda. [shares a photo: two dogs on a lawn]"}]}),
+            &c,
+            0..4,
+        )
+        .unwrap();
+        assert!(got[0].text.contains("Panda."), "{got:?}");
+    }
+
+    #[test]
+    fn a_merge_adds_only_new_quotes() {
+        let old = "A said on 2023-05-08: \"x y z\"";
+        assert_eq!(merge(old, "A said on 2023-06-01: \"x y z\""), None);
+        let (text, n) = merge(old, "A said on 2023-06-01: \"new words\"").unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(text, format!("{old}\nA said on 2023-06-01: \"new words\""));
+        assert_eq!(quoted(&text), "x y z\nnew words");
+    }
+}
