@@ -394,8 +394,10 @@ def quote_check(me, text, cited):
         lines += 1
         who = m["who"].removesuffix(" (the user)")
         owner += (m["who"].endswith(" (the user)")) == (who == me)
-        span = _plain(m["span"])
-        verbatim += any(c.split(" ", 2)[1].rstrip(":") == who and span in _plain(c.split(" ", 2)[2])
+        # Each run of sentences between the cuts ("…") word for word.
+        parts = [_plain(p) for p in m["span"].split(" … ")]
+        verbatim += any(c.split(" ", 2)[1].rstrip(":") == who
+                        and all(p in _plain(c.split(" ", 2)[2]) for p in parts)
                         for c in cited if len(c.split(" ", 2)) == 3)
     return lines, verbatim, owner
 
@@ -422,7 +424,9 @@ def audit(mnt, convs, out_path):
                             who, text = by_session[int(m[1])][i]
                             cited.append(f"D{m[1]}:{i + 1} {who}: {text}")
                     text = node_body(mnt, rel)
-                    check = quote_check(me, text, cited)
+                    # Line by line, as stored (the body above joins them).
+                    with open(os.path.join(mnt, rel, "content.md")) as f:
+                        check = quote_check(me, f.read(), cited)
                     tally = [x + y for x, y in zip(tally, check)]
                     out.write(json.dumps({"user": me, "other": c["b"] if me == c["a"] else c["a"],
                                           "node": rel, "text": text, "cited": cited,

@@ -27,6 +27,9 @@ const MIN_COVER: f32 = 0.75;
 /// sentence to be taken (a quote of part of it takes it whole: what is
 /// stored is always the message's sentences).
 const MIN_SENTENCE: f32 = 0.5;
+/// Characters of one quote line's quoted words: a longer run of sentences
+/// is cut, marked with "…" (its message stays whole in the inbox).
+pub const MAX_QUOTE_CHARS: usize = 1200;
 /// Words a quote needs to state something: of three letters or more, not
 /// stopwords, not the words of chat ("See you soon!" has none).
 const MIN_FACT_WORDS: usize = 2;
@@ -61,6 +64,41 @@ const CHAT: &[&str] = &[
     "yeah",
     "yes",
 ];
+
+/// Does `span` say something of someone: a sentence in the first person
+/// ("I", "my", "we", "our"; "me" and "us" but in "let me know", "keep us
+/// posted"), or with a number, or a name inside it (a capitalised word
+/// after the first that no one is greeted by)? "It is truly inspiring!",
+/// "Take care!", "Hey Jolene, nice to meet you!" are not.
+fn says_something(span: &str) -> bool {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| {
+        regex::Regex::new(r"(?i)\b(?:i|i'm|i've|i'd|i'll|my|mine|myself|we|we're|we've|we'd|we'll|our|ours)\b|\b(?:me|us)\b|\d")
+            .expect("the first-person pattern compiles")
+    });
+    static CHAT: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let chat = CHAT.get_or_init(|| {
+        regex::Regex::new(
+            r"(?i)\b(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b",
+        )
+        .expect("the chat pattern compiles")
+    });
+    let plain = unbracketed(span);
+    let plain = chat.replace_all(&plain, " ");
+    let greeted: HashSet<String> = super::support::vocatives(span).into_iter().collect();
+    super::support::sentences(&plain).iter().any(|s| {
+        re.is_match(s)
+            || s.split(|c: char| !c.is_alphanumeric() && c != '\'')
+                .filter(|w| !w.is_empty())
+                .skip(1)
+                .any(|w| {
+                    w.chars().next().is_some_and(char::is_uppercase)
+                        && w != "I"
+                        && !w.starts_with("I'")
+                        && !greeted.contains(w)
+                })
+    })
+}
 
 /// The words of `text` that can carry a fact.
 fn fact_words(text: &str) -> usize {
@@ -194,9 +232,10 @@ fn locate(quote: &str, content: &str) -> Option<(String, f32)> {
     if q.is_empty() {
         return None;
     }
-    let mut found = Vec::new();
+    let mut found = String::new();
+    let mut last = None;
     let mut held: HashSet<String> = HashSet::new();
-    for s in super::support::sentences(content) {
+    for (k, s) in super::support::sentences(content).into_iter().enumerate() {
         // A bracket (a date resolved, a photo described) is not the
         // speaker's words: a quote may leave it out.
         let w = content_words(&unbracketed(&s));
@@ -206,11 +245,16 @@ fn locate(quote: &str, content: &str) -> Option<(String, f32)> {
         let inside = w.iter().filter(|x| q.contains(*x)).count();
         if inside as f32 >= MIN_SENTENCE * w.len() as f32 {
             held.extend(words(&s));
-            found.push(s);
+            // Sentences apart in the message are shown apart: "A. … C."
+            if let Some(l) = last {
+                found.push_str(if k == l + 1 { " " } else { " … " });
+            }
+            found.push_str(&s);
+            last = Some(k);
         }
     }
     let share = q.iter().filter(|x| held.contains(*x)).count() as f32 / q.len() as f32;
-    (!found.is_empty()).then(|| (found.join(" "), share))
+    (!found.is_empty()).then_some((found, share))
 }
 
 /// Who said message `i`, for a memory: its `name`, and "the user" for the
@@ -247,13 +291,23 @@ pub fn quoted(text: &str) -> String {
         .join("\n")
 }
 
-/// The statements of a question-free quote: its questions cut away.
+/// The statements of a quote: its questions cut away, a cut between two
+/// statements marked "…".
 fn statements_only(span: &str) -> String {
-    super::support::sentences(span)
-        .into_iter()
-        .filter(|s| !s.trim_end().ends_with('?'))
-        .collect::<Vec<_>>()
-        .join(" ")
+    let mut out = String::new();
+    let mut cut = false;
+    for s in super::support::sentences(span) {
+        if s.trim_end().ends_with('?') {
+            cut = true;
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(if cut { " … " } else { " " });
+        }
+        out.push_str(&s);
+        cut = false;
+    }
+    out
 }
 
 /// Does `topic` occur in `text` as a proper name (each of its words
@@ -341,8 +395,8 @@ pub fn candidates(
             ));
             continue;
         };
-        let span = statements_only(&span);
-        if fact_words(&span) < MIN_FACT_WORDS {
+        let span = crate::schema::clip(&statements_only(&span), MAX_QUOTE_CHARS);
+        if fact_words(&span) < MIN_FACT_WORDS || !says_something(&span) {
             dropped.push(format!(
                 "memory {n} ({}): a question or small talk, no fact",
                 crate::schema::excerpt(quote)
@@ -497,6 +551,20 @@ mod tests {
             c[0].text
         );
         assert!(c[0].text.contains("[week of 2023-05-01]"), "{}", c[0].text);
+        // A question between two statements is cut, and the cut shown.
+        assert_eq!(
+            statements_only("I love it. Do you? We go every week."),
+            "I love it. … We go every week."
+        );
+        assert_eq!(
+            locate(
+                "I love it. We go every week.",
+                "I love it. Do you? We go every week."
+            )
+            .unwrap()
+            .0,
+            "I love it. … We go every week."
+        );
         // Thanks and goodbyes; a question alone.
         for (i, q) in [(2, "See you soon!"), (0, "Isn't she cute?")] {
             let (c, d) = one(json!({"message": i, "quote": q, "kind": "event", "topic": "x"}));
@@ -566,6 +634,30 @@ mod tests {
         )
         .unwrap();
         assert!(got[0].text.contains("Panda."), "{got:?}");
+    }
+
+    #[test]
+    fn chat_says_nothing_of_anyone() {
+        for s in [
+            "It is truly inspiring!",
+            "Take care and keep spreading those good vibes!",
+            "Hey Jolene, nice to meet you!",
+            "Looking forward to the next chat!",
+            "No problem, John! Let me know whenever you need assistance. Take care!",
+            "Pets bring so much happiness!",
+        ] {
+            assert!(!says_something(s), "{s}");
+        }
+        for s in [
+            "Eagles have always mesmerized me; they're so strong and graceful!",
+            "Their names are Pepper, Precious and Panda.",
+            "Fox Hollow is a great trail to hike on weekends.",
+            "It was my mother's old house.",
+            "We went there in 2019.",
+            "I've had them for 3 years!",
+        ] {
+            assert!(says_something(s), "{s}");
+        }
     }
 
     #[test]

@@ -406,7 +406,7 @@ fn extract_job(
     let mut lines = Vec::new();
     for (mut t, c) in policy::combine(placed) {
         // Where it lands: the slug's node, or a near-duplicate's.
-        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c));
+        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c, ib.quoted));
         let Some(found) = found else {
             return Outcome::Retry("the daemon is stopping".into());
         };
@@ -750,7 +750,22 @@ impl Fs {
 
     /// What candidate `c`, placed at `t`, meets: the node at its place, or
     /// the most similar memory of its category when that is close enough.
-    fn existing_for(&self, account: &str, t: &policy::Target, c: &Candidate) -> Result<Existing> {
+    /// `quoted`: memories are quote lines, compared by their quoted words
+    /// alone (every line of a speaker opens alike: "Audrey said on …").
+    fn existing_for(
+        &self,
+        account: &str,
+        t: &policy::Target,
+        c: &Candidate,
+        quoted: bool,
+    ) -> Result<Existing> {
+        let words = |text: &str| {
+            if quoted {
+                quote::quoted(text)
+            } else {
+                text.to_string()
+            }
+        };
         if t.mode == policy::Mode::Merge {
             if let Some((content, sources, v)) = self.active_content(account, &t.node)? {
                 return Ok(Existing::Node(t.node.clone(), content, sources, v));
@@ -764,7 +779,7 @@ impl Fs {
         };
         let scope = format!("{account}/{}", t.category_dir);
         let q = crate::index::Query {
-            text: c.text.clone(),
+            text: words(&c.text),
             k: 3,
             mode: crate::index::Mode::Vector,
             expand: false,
@@ -796,7 +811,7 @@ impl Fs {
                         // Sentences about the user are alike to a small
                         // embedder whatever they say: a near-duplicate must
                         // also share a word that carries the subject.
-                        if policy::share_subject(&c.text, &content) {
+                        if policy::share_subject(&words(&c.text), &words(&content)) {
                             return Ok(Existing::Node(node.to_string(), content, sources, v));
                         }
                     }
