@@ -76,16 +76,33 @@ fn says_something(span: &str) -> bool {
         regex::Regex::new(r"(?i)\b(?:i|i'm|i've|i'd|i'll|my|mine|myself|we|we're|we've|we'd|we'll|our|ours)\b|\b(?:me|us)\b|\d")
             .expect("the first-person pattern compiles")
     });
+    // The first person of chat: "let me know", "I'll keep that in mind",
+    // "I hope so", "I can help".
     static CHAT: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let chat = CHAT.get_or_init(|| {
         regex::Regex::new(
-            r"(?i)\b(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b",
+            r"(?i)\b(?:(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b|i'll keep (?:that|it|this) in mind|i (?:really )?appreciate|i agree|i hope|i'm (?:so )?glad|i'm sure|i'm sorry to hear|i know,? right|i can help|i can't wait|i'd love to|i bet|i think so|i see)",
         )
         .expect("the chat pattern compiles")
     });
+    // Names greeted ("Thanks, Deb!", "hey Jolene"), no subject.
+    static GREETED: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let greeting = GREETED.get_or_init(|| {
+        regex::Regex::new(
+            r"(?i:\b(?:hi|hey|hello|thanks|thank you|cheers|congrats|congratulations|bye|dear|yo))[,!]?\s+(?P<a>\p{Lu}\p{L}+)|,\s*(?P<b>\p{Lu}\p{L}+)\s*[!.?,]",
+        )
+        .expect("the greeting pattern compiles")
+    });
     let plain = unbracketed(span);
-    let plain = chat.replace_all(&plain, " ");
-    let greeted: HashSet<String> = super::support::vocatives(span).into_iter().collect();
+    // (A word in its place, so the sentence still ends where it did.)
+    let plain = chat.replace_all(&plain, "ok");
+    let mut greeted: HashSet<String> = super::support::vocatives(span).into_iter().collect();
+    greeted.extend(
+        greeting
+            .captures_iter(span)
+            .filter_map(|c| c.name("a").or(c.name("b")))
+            .map(|m| m.as_str().to_string()),
+    );
     super::support::sentences(&plain).iter().any(|s| {
         re.is_match(s)
             || s.split(|c: char| !c.is_alphanumeric() && c != '\'')
@@ -645,6 +662,10 @@ mod tests {
             "Looking forward to the next chat!",
             "No problem, John! Let me know whenever you need assistance. Take care!",
             "Pets bring so much happiness!",
+            "Thanks, Deb! You too, take care. See ya!",
+            "Cheers, James! Yeah, I'll keep that in mind. Appreciate the offer.",
+            "A pet would truly be great for you! They bring so much love and companionship. \
+             If you're interested, I can help find the perfect one for you - you'd make a great pet parent!",
         ] {
             assert!(!says_something(s), "{s}");
         }
