@@ -160,11 +160,12 @@ fn a_conversation_becomes_memories_and_a_contradiction_a_new_version() {
             s["changes"].to_string().contains("held for review"),
             "{s:#}"
         );
-        m.fails(
+        // Not there (the agent's directory may be, for a committed case).
+        let held = m.ok(
             READER,
-            "ls \"$M/accounts/acme/agents/helper/skills\"",
-            "No such file",
+            "ls \"$M/accounts/acme/agents/helper/skills\" 2>/dev/null || true",
         );
+        assert!(held.trim().is_empty(), "{held}");
         m.ok(
             WRITER,
             &format!("echo accept > \"$M/{INBOX}/chat1.review\""),
