@@ -355,6 +355,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_speakers_name_is_kept_and_checked() {
+        let c = parse(
+            "c.json",
+            br#"[{"role":"user","name":" Audrey ","content":"hi"},{"role":"assistant","content":"yo"}]"#,
+        )
+        .unwrap();
+        assert_eq!(c.messages[0].name.as_deref(), Some("Audrey"));
+        assert_eq!(c.messages[0].speaker(), "Audrey (user)");
+        assert_eq!(c.messages[1].speaker(), "assistant");
+        let long = format!(
+            r#"[{{"role":"user","name":"{}","content":"x"}}]"#,
+            "a".repeat(65)
+        );
+        assert!(parse("c.json", long.as_bytes())
+            .unwrap_err()
+            .contains("at most 64 bytes"));
+        let e = parse("c.json", br#"[{"role":"user","name":7,"content":"x"}]"#).unwrap_err();
+        assert!(e.contains("\"name\" must be a string"), "{e}");
+    }
+
+    #[test]
     fn messages_become_redacted_labelled_index_events() {
         let c = parse(
             "c.json",
