@@ -282,15 +282,93 @@ pub struct Candidate {
     pub messages: Vec<usize>,
 }
 
-/// Check the LLM's `{"memories": [...]}` against the conversation: unknown
-/// kinds, empty texts and message indexes out of range are dropped (with
-/// the reason), never trusted.
-pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<String>), String> {
+/// How memories are written (`[llm] memories`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// The messages' own sentences, picked by the model (`quote.rs`).
+    Quoted,
+    /// The model's own sentences, checked against the messages they cite.
+    Written,
+}
+
+impl Style {
+    /// `[llm] memories`: `"quoted"` (the default) or `"written"`.
+    pub fn parse(s: Option<&str>) -> Result<Style, String> {
+        match s {
+            None | Some("quoted") => Ok(Style::Quoted),
+            Some("written") => Ok(Style::Written),
+            Some(other) => Err(format!(
+                "[llm] memories is \"quoted\" or \"written\", not {other:?}"
+            )),
+        }
+    }
+
+    /// The JSON schema of an answer about `n_messages` messages.
+    pub fn schema(self, n_messages: usize) -> Value {
+        match self {
+            Style::Quoted => quote::schema(n_messages),
+            Style::Written => prompt::extract_schema(n_messages),
+        }
+    }
+
+    /// Tokens of a request before its transcript.
+    pub fn overhead(self) -> usize {
+        match self {
+            Style::Quoted => quote::overhead(),
+            Style::Written => prompt::extract_overhead(),
+        }
+    }
+
+    /// The chat messages of a request for messages `range`.
+    pub fn request(self, conv: &Conversation, range: std::ops::Range<usize>) -> Vec<Value> {
+        match self {
+            Style::Quoted => quote::request(conv, range),
+            Style::Written => prompt::extract_window(conv, range),
+        }
+    }
+
+    /// The candidates of the model's answer to the request for `range`,
+    /// checked, and what was dropped. A written candidate's citation is
+    /// grounded in the messages that hold its words; a quoted one cites the
+    /// message it was found in.
+    pub fn candidates(
+        self,
+        answer: &Value,
+        conv: &Conversation,
+        range: std::ops::Range<usize>,
+    ) -> Result<(Vec<Candidate>, Vec<String>), String> {
+        match self {
+            Style::Quoted => quote::candidates(answer, conv, range),
+            Style::Written => {
+                let (mut found, dropped) = candidates(answer, conv.messages.len())?;
+                for c in &mut found {
+                    ground(c, conv);
+                }
+                Ok((found, dropped))
+            }
+        }
+    }
+
+    /// What of a memory's text tells two memories apart: a quoted one's
+    /// quoted words (every line of a speaker opens alike, "Audrey said on
+    /// …"), a written one's whole text.
+    pub fn comparable(self, text: &str) -> String {
+        match self {
+            Style::Quoted => quote::quoted(text),
+            Style::Written => text.to_string(),
+        }
+    }
+}
+
+/// The items of the model's `{"memories": [...]}`, at most
+/// `prompt::MAX_CANDIDATES`, and what was lost before checking them (an
+/// answer cut at `max_tokens`, items past the bound; `per`: "conversation"
+/// or "request", for the reason).
+fn answer_items<'a>(v: &'a Value, per: &str) -> Result<(&'a [Value], Vec<String>), String> {
     let list = v
         .get("memories")
         .and_then(Value::as_array)
         .ok_or("the model's answer has no \"memories\" array")?;
-    let mut out = Vec::new();
     let mut dropped = Vec::new();
     if v.get("truncated") == Some(&Value::Bool(true)) {
         dropped.push(format!(
@@ -299,15 +377,23 @@ pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<S
             list.len()
         ));
     }
-    if list.len() > prompt::MAX_CANDIDATES {
+    let max = prompt::MAX_CANDIDATES;
+    if list.len() > max {
         dropped.push(format!(
-            "memories {}..{}: at most {} are taken from one conversation",
-            prompt::MAX_CANDIDATES,
-            list.len() - 1,
-            prompt::MAX_CANDIDATES
+            "memories {max}..{}: at most {max} are taken from one {per}",
+            list.len() - 1
         ));
     }
-    for (i, m) in list.iter().enumerate().take(prompt::MAX_CANDIDATES) {
+    Ok((&list[..list.len().min(max)], dropped))
+}
+
+/// Check the LLM's `{"memories": [...]}` against the conversation: unknown
+/// kinds, empty texts and message indexes out of range are dropped (with
+/// the reason), never trusted.
+pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<String>), String> {
+    let (list, mut dropped) = answer_items(v, "conversation")?;
+    let mut out = Vec::new();
+    for (i, m) in list.iter().enumerate() {
         let kind = match serde_json::from_value::<Kind>(m["kind"].clone()) {
             Ok(k) => k,
             Err(_) => {

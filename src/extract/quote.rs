@@ -355,32 +355,14 @@ pub fn candidates(
     conv: &Conversation,
     range: std::ops::Range<usize>,
 ) -> Result<(Vec<Candidate>, Vec<String>), String> {
-    let list = v
-        .get("memories")
-        .and_then(Value::as_array)
-        .ok_or("the model's answer has no \"memories\" array")?;
+    let (list, mut dropped) = super::answer_items(v, "request")?;
     let mut out = Vec::new();
-    let mut dropped = Vec::new();
-    if v.get("truncated") == Some(&Value::Bool(true)) {
-        dropped.push(format!(
-            "the model's answer was cut at [llm] max_tokens: its {} complete memories are kept, \
-             the one it was writing is lost",
-            list.len()
-        ));
-    }
     let speakers: HashSet<&str> = conv
         .messages
         .iter()
         .filter_map(|m| m.name.as_deref())
         .collect();
-    let max = super::prompt::MAX_CANDIDATES;
-    if list.len() > max {
-        dropped.push(format!(
-            "memories {max}..{}: at most {max} are taken from one request",
-            list.len() - 1
-        ));
-    }
-    for (n, m) in list.iter().enumerate().take(max) {
+    for (n, m) in list.iter().enumerate() {
         let quote = m["quote"].as_str().unwrap_or("").trim();
         let topic = m["topic"].as_str().unwrap_or("").trim().to_string();
         let Ok(mut kind) = serde_json::from_value::<Kind>(m["kind"].clone()) else {

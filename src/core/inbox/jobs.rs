@@ -335,18 +335,12 @@ fn extract_job(
     let account = Fs::account_of(inbox).to_string();
     // `{a}/users/{u}/inbox`
     let user = place::split(inbox)[2].to_string();
-    let (schema, overhead) = if ib.quoted {
-        (quote::schema(conv.messages.len()), quote::overhead())
-    } else {
-        (
-            prompt::extract_schema(conv.messages.len()),
-            prompt::extract_overhead(),
-        )
-    };
+    let style = ib.style;
+    let schema = style.schema(conv.messages.len());
     // A conversation longer than the model's context is extracted a window
     // of whole messages at a time, never cut.
     let answer_room = ib.client.max_tokens() as usize;
-    let windows = match prompt::windows(conv, ib.context_tokens, answer_room, overhead) {
+    let windows = match prompt::windows(conv, ib.context_tokens, answer_room, style.overhead()) {
         Ok(w) => w,
         Err(e) => return Outcome::Fail(e),
     };
@@ -354,34 +348,20 @@ fn extract_job(
     let mut cands = Vec::new();
     job.dropped.clear();
     for w in windows {
-        let request = if ib.quoted {
-            quote::request(conv, w.clone())
-        } else {
-            prompt::extract_window(conv, w.clone())
-        };
-        let answer = match ib.client.chat_json(request, &schema, spent) {
+        let answer = match ib
+            .client
+            .chat_json(style.request(conv, w.clone()), &schema, spent)
+        {
             Ok(v) => v,
             Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
             Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
         };
-        let found = if ib.quoted {
-            quote::candidates(&answer, conv, w)
-        } else {
-            extract::candidates(&answer, conv.messages.len())
-        };
-        let (found, dropped) = match found {
+        let (found, dropped) = match style.candidates(&answer, conv, w) {
             Ok(x) => x,
             Err(e) => return Outcome::Retry(e),
         };
         cands.extend(found);
         job.dropped.extend(dropped);
-    }
-    // A written memory cites the messages that say it; a quoted one cites
-    // the message it was found in.
-    if !ib.quoted {
-        for c in &mut cands {
-            extract::ground(c, conv);
-        }
     }
     job.changes.clear();
     let mut placed = Vec::new();
@@ -406,7 +386,7 @@ fn extract_job(
     let mut lines = Vec::new();
     for (mut t, c) in policy::combine(placed) {
         // Where it lands: the slug's node, or a near-duplicate's.
-        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c, ib.quoted));
+        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c, style));
         let Some(found) = found else {
             return Outcome::Retry("the daemon is stopping".into());
         };
@@ -421,10 +401,9 @@ fn extract_job(
         };
         let (kind, messages) = (c.kind, c.messages.clone());
         // A quote is its message's own words: nothing to check it against.
-        let c = if ib.quoted {
-            Some(c)
-        } else {
-            extract::faithful(c, conv, known, &mut job.dropped)
+        let c = match style {
+            extract::Style::Quoted => Some(c),
+            extract::Style::Written => extract::faithful(c, conv, known, &mut job.dropped),
         };
         let Some(c) = c else {
             job.changes.push(ChangeRec {
@@ -457,12 +436,8 @@ fn extract_job(
         let mut supersedes: Option<String> = None;
         let (content, action, why) = match (t.mode, found) {
             (policy::Mode::Append, Existing::Same(other, sim, stored)) => {
-                let (new, old) = if ib.quoted {
-                    (quote::quoted(&c.text), quote::quoted(policy::body(&stored)))
-                } else {
-                    (c.text.clone(), policy::body(&stored).to_string())
-                };
-                match policy::update_of(&new, &old) {
+                let new = style.comparable(&c.text);
+                match policy::update_of(&new, &style.comparable(policy::body(&stored))) {
                     // The same event told again with a new date or number:
                     // what changed is a new node that supersedes the old
                     // one, which stays (what was planned then) but ranks
@@ -512,7 +487,9 @@ fn extract_job(
                     "merged with another memory of this conversation".into(),
                 )
             }
-            (policy::Mode::Merge, Existing::Node(node, stored, sources, version)) if ib.quoted => {
+            (policy::Mode::Merge, Existing::Node(node, stored, sources, version))
+                if style == extract::Style::Quoted =>
+            {
                 // Quotes are merged without a model: the new ones added.
                 earlier = sources;
                 base = version;
@@ -750,22 +727,15 @@ impl Fs {
 
     /// What candidate `c`, placed at `t`, meets: the node at its place, or
     /// the most similar memory of its category when that is close enough.
-    /// `quoted`: memories are quote lines, compared by their quoted words
-    /// alone (every line of a speaker opens alike: "Audrey said on …").
+    /// Memories are compared by what tells them apart in their `style`.
     fn existing_for(
         &self,
         account: &str,
         t: &policy::Target,
         c: &Candidate,
-        quoted: bool,
+        style: extract::Style,
     ) -> Result<Existing> {
-        let words = |text: &str| {
-            if quoted {
-                quote::quoted(text)
-            } else {
-                text.to_string()
-            }
-        };
+        let words = |text: &str| style.comparable(text);
         if t.mode == policy::Mode::Merge {
             if let Some((content, sources, v)) = self.active_content(account, &t.node)? {
                 return Ok(Existing::Node(t.node.clone(), content, sources, v));

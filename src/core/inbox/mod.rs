@@ -238,8 +238,8 @@ pub struct Inbox {
     client: llm::Client,
     /// The model's context in tokens (`[llm] context_tokens`).
     context_tokens: usize,
-    /// `[llm] memories = "quoted"`: memories are the messages' own words.
-    quoted: bool,
+    /// `[llm] memories`: how memories are written.
+    style: extract::Style,
     concurrency: usize,
     max_attempts: u32,
     backoff_ms: u64,
@@ -287,15 +287,9 @@ impl Inbox {
                 s.url
             );
         }
-        let quoted = match s.memories.as_deref() {
-            None | Some("quoted") => true,
-            Some("written") => false,
-            Some(other) => {
-                anyhow::bail!("[llm] memories is \"quoted\" or \"written\", not {other:?}")
-            }
-        };
+        let style = extract::Style::parse(s.memories.as_deref()).map_err(anyhow::Error::msg)?;
         Ok(Inbox {
-            quoted,
+            style,
             client: llm::Client::new(llm::LlmSettings {
                 url: s.url.clone(),
                 model: s.model.clone(),
