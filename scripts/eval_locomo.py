@@ -399,9 +399,10 @@ def quote_check(me, text, cited):
         owner += (m["who"].endswith(" (the user)")) == (who == me)
         # Each run of sentences between the cuts ("…") word for word.
         parts = [_plain(p) for p in m["span"].split(" … ")]
-        verbatim += any(c.split(" ", 2)[1].rstrip(":") == who
-                        and all(p in _plain(c.split(" ", 2)[2]) for p in parts)
-                        for c in cited if len(c.split(" ", 2)) == 3)
+        # A cited message is "D1:3 Speaker: text".
+        said = [c.split(" ", 2) for c in cited]
+        verbatim += any(len(x) == 3 and x[1].rstrip(":") == who and all(p in _plain(x[2]) for p in parts)
+                        for x in said)
     return lines, verbatim, owner
 
 

@@ -21,7 +21,7 @@
 use super::{inodes::Key, lock, Attr, Caller, Fs, Handle, Kind, Opened};
 use crate::config::LlmSection;
 use crate::error::{Error, Result};
-use crate::extract::{self, llm, policy, prompt, quote, Candidate, Conversation};
+use crate::extract::{self, llm, prompt, Conversation};
 use crate::schema::counters::llm_tokens_key;
 use crate::schema::place;
 use crate::schema::time::{day_of, now_ns, rfc3339_ms};
@@ -554,6 +554,7 @@ fn record_results(job: &mut Job, result: &[u8]) {
     }
 }
 
+mod extraction;
 mod files;
 mod jobs;
 pub mod summaries;

@@ -1,0 +1,483 @@
+//! One job's extraction: the model's candidates, where each lands (its
+//! node, or a near-duplicate), how it meets what is there (create, merge,
+//! append, skip), and the batch committed or proposed for review.
+
+use super::jobs::Outcome;
+use super::{
+    provenance, record_results, ChangeRec, Inbox, Job, State, DUPLICATE_SIMILARITY, MAX_SOURCES,
+    SAME_EVENT_SIMILARITY,
+};
+use crate::core::{Caller, Fs};
+use crate::error::{Error, Result};
+use crate::extract::{self, llm, policy, prompt, quote, Candidate, Conversation};
+use crate::schema::place;
+use serde_json::{json, Value};
+
+/// Extract, place, merge and commit (or propose) one conversation.
+pub(super) fn extract_job(
+    ib: &Inbox,
+    inbox: &str,
+    job: &mut Job,
+    conv: &Conversation,
+    spent: &mut llm::Usage,
+) -> Outcome {
+    let account = Fs::account_of(inbox).to_string();
+    // `{a}/users/{u}/inbox`
+    let user = place::split(inbox)[2].to_string();
+    let style = ib.style;
+    let schema = style.schema(conv.messages.len());
+    // A conversation longer than the model's context is extracted a window
+    // of whole messages at a time, never cut.
+    let answer_room = ib.client.max_tokens() as usize;
+    let windows = match prompt::windows(conv, ib.context_tokens, answer_room, style.overhead()) {
+        Ok(w) => w,
+        Err(e) => return Outcome::Fail(e),
+    };
+    job.windows = windows.len();
+    let mut cands = Vec::new();
+    job.dropped.clear();
+    for w in windows {
+        let answer = match ib
+            .client
+            .chat_json(style.request(conv, w.clone()), &schema, spent)
+        {
+            Ok(v) => v,
+            Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+            Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+        };
+        let (found, dropped) = match style.candidates(&answer, conv, w) {
+            Ok(x) => x,
+            Err(e) => return Outcome::Retry(e),
+        };
+        cands.extend(found);
+        job.dropped.extend(dropped);
+    }
+    job.changes.clear();
+    let mut placed = Vec::new();
+    for c in cands {
+        let target = match extract::entity_is_the_user(&c, conv) {
+            Some(why) => Err(why),
+            None => policy::target(&c, &user, conv.agent.as_deref(), &job.file),
+        };
+        match target {
+            Ok(t) => placed.push((t, c)),
+            Err(why) => job.changes.push(ChangeRec {
+                action: "skipped".into(),
+                kind: c.kind.as_str().into(),
+                path: String::new(),
+                uri: String::new(),
+                version: None,
+                why,
+                messages: c.messages,
+            }),
+        }
+    }
+    let mut lines = Vec::new();
+    for (mut t, c) in policy::combine(placed) {
+        // Where it lands: the slug's node, or a near-duplicate's.
+        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c, style));
+        let Some(found) = found else {
+            return Outcome::Retry("the daemon is stopping".into());
+        };
+        let found = match found {
+            Ok(f) => f,
+            Err(e) => return Outcome::Retry(e.to_string()),
+        };
+        // Only what its messages (or the node it joins) say reaches a memory.
+        let known = match &found {
+            Existing::Node(_, stored, ..) => Some(policy::body(stored)),
+            _ => None,
+        };
+        let (kind, messages) = (c.kind, c.messages.clone());
+        // A quote is its message's own words: nothing to check it against.
+        let c = match style {
+            extract::Style::Quoted => Some(c),
+            extract::Style::Written => extract::faithful(c, conv, known, &mut job.dropped),
+        };
+        let Some(c) = c else {
+            job.changes.push(ChangeRec {
+                action: "skipped".into(),
+                kind: kind.as_str().into(),
+                path: t.node.clone(),
+                uri: String::new(),
+                version: None,
+                why: "no sentence of it is supported by the messages it cites (see dropped)".into(),
+                messages,
+            });
+            continue;
+        };
+        let mut change = ChangeRec {
+            action: String::new(),
+            kind: c.kind.as_str().into(),
+            path: t.node.clone(),
+            uri: String::new(),
+            version: None,
+            why: String::new(),
+            messages: c.messages.clone(),
+        };
+        // The sources of the text a merge keeps.
+        let mut earlier: Vec<Value> = Vec::new();
+        // The version the change is planned on (0: a node that is not
+        // there): committed only over that version, so a delete (or an
+        // edit) made meanwhile wins over the job and over a late review.
+        let mut base = 0u32;
+        // An earlier event this one updates.
+        let mut supersedes: Option<String> = None;
+        let (content, action, why) = match (t.mode, found) {
+            (policy::Mode::Append, Existing::Same(other, sim, stored)) => {
+                let new = style.comparable(&c.text);
+                match policy::update_of(&new, &style.comparable(policy::body(&stored))) {
+                    // The same event told again with a new date or number:
+                    // what changed is a new node that supersedes the old
+                    // one, which stays (what was planned then) but ranks
+                    // below it in search.
+                    Some(new) => {
+                        supersedes = Some(other.clone());
+                        (
+                            Some(policy::content(&c.topic, c.kind, &c.text)),
+                            "appended",
+                            format!(
+                                "an update of {other} (similarity {sim:.2}; {} is new): \
+                                 supersedes it",
+                                crate::schema::excerpt(&new)
+                            ),
+                        )
+                    }
+                    None => {
+                        change.path = other.clone();
+                        (
+                            None,
+                            "skipped",
+                            format!(
+                                "the same {} is already in {other} (similarity {sim:.2})",
+                                c.kind.as_str()
+                            ),
+                        )
+                    }
+                }
+            }
+            (policy::Mode::Append, _) => (
+                Some(policy::content(&c.topic, c.kind, &c.text)),
+                "appended",
+                format!("a new {}", c.kind.as_str()),
+            ),
+            (policy::Mode::Merge, Existing::None | Existing::Same(..)) => (
+                Some(policy::content(&c.topic, c.kind, &c.text)),
+                "created",
+                format!("no {} on this subject yet", c.kind.as_str()),
+            ),
+            (policy::Mode::Merge, Existing::Node(node, ..))
+                if lines.iter().any(|(n, _): &(String, String)| *n == node) =>
+            {
+                change.path = node;
+                (
+                    None,
+                    "skipped",
+                    "merged with another memory of this conversation".into(),
+                )
+            }
+            (policy::Mode::Merge, Existing::Node(node, stored, sources, version))
+                if style == extract::Style::Quoted =>
+            {
+                // Quotes are merged without a model: the new ones added.
+                earlier = sources;
+                base = version;
+                t.node = node.clone();
+                change.path = node;
+                let old = policy::body(&stored);
+                match quote::merge(old, &c.text) {
+                    Some((text, n)) => (
+                        Some(policy::content(&title_of(&stored, &c.topic), c.kind, &text)),
+                        "merged",
+                        format!("{n} new quote{}", if n == 1 { "" } else { "s" }),
+                    ),
+                    None => (
+                        None,
+                        "skipped",
+                        format!("already known: {}", crate::schema::excerpt(old)),
+                    ),
+                }
+            }
+            (policy::Mode::Merge, Existing::Node(node, stored, sources, version)) => {
+                earlier = sources;
+                base = version;
+                let dup = node != t.node;
+                t.node = node.clone();
+                change.path = node;
+                let old = policy::body(&stored).to_string();
+                // The day's budget holds within a job too: a merge-heavy
+                // conversation stops at it and waits for the next day.
+                if let Some(why) = ib
+                    .with_fs(|fs| fs.llm_budget_spent(&account, spent.total()))
+                    .flatten()
+                {
+                    return Outcome::Wait(why);
+                }
+                match ib.client.chat_json(
+                    prompt::merge_messages(&old, &c.text),
+                    &prompt::merge_schema(),
+                    spent,
+                ) {
+                    Ok(v) => {
+                        let text = v["text"].as_str().unwrap_or("").trim().to_string();
+                        let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
+                        // Each sentence of the merged text from the cited
+                        // messages or the version it replaces, or no merge.
+                        let refused = extract::sources(&c, conv, Some(&old))
+                            .split(&text)
+                            .1
+                            .into_iter()
+                            .next();
+                        if let Some((s, why)) = refused {
+                            (
+                                None,
+                                "skipped",
+                                format!(
+                                    "merge refused: the model wrote {} ({why}), which neither \
+                                     the messages it cites nor the version it replaces say",
+                                    crate::schema::excerpt(&s)
+                                ),
+                            )
+                        } else if text.is_empty() || prompt::same_text(&text, &old) {
+                            (
+                                None,
+                                "skipped",
+                                format!("already known: {}", crate::schema::excerpt(&old)),
+                            )
+                        } else {
+                            (
+                                Some(policy::content(&title_of(&stored, &c.topic), c.kind, &text)),
+                                "merged",
+                                if dup {
+                                    format!("near-duplicate of this memory; {changed}")
+                                } else {
+                                    changed
+                                },
+                            )
+                        }
+                    }
+                    Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+                    Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+                }
+            }
+        };
+        change.action = action.into();
+        change.why = why;
+        change.uri = place::uri_of(&format!("{account}/{}", change.path));
+        if let Some(content) = content {
+            let here = provenance(&user, &job.file, conv, &c.messages);
+            let mut meta = json!({
+                "status": "ACTIVE",
+                "source": "extraction",
+                "kind": c.kind.as_str(),
+                "provenance": here,
+            });
+            // When it became known (the newest message it cites), and for
+            // an event or case when it happened (the date its text names).
+            let said = extract::when::said_on(conv, &c.messages);
+            if let Some(d) = said {
+                meta["valid_from"] = json!(d.to_string());
+            }
+            if matches!(c.kind, extract::Kind::Event | extract::Kind::Case) {
+                if let Some(d) = extract::when::first_date(&c.text).or(said) {
+                    meta["happened"] = json!(d.to_string());
+                }
+            }
+            if action == "merged" {
+                // What this version changed, in the model's words.
+                meta["changed"] = json!(change.why);
+            }
+            if !earlier.is_empty() {
+                // Every conversation the merged text holds facts of, newest first.
+                let mut all = vec![meta["provenance"].clone()];
+                all.extend(earlier.into_iter().take(MAX_SOURCES - 1));
+                meta["sources"] = Value::Array(all);
+            }
+            let mut line =
+                json!({"node": t.node, "content": content, "meta": meta, "if_version": base});
+            if let Some(old) = &supersedes {
+                line["relations"] = json!([{
+                    "from_uri": place::uri_of(&format!("{account}/{}", t.node)),
+                    "to_uri": place::uri_of(&format!("{account}/{old}")),
+                    "relation_type": crate::schema::names::SUPERSEDES,
+                    "reason": change.why,
+                }]);
+            }
+            let line = line.to_string();
+            lines.push((t.node.clone(), line));
+        }
+        job.changes.push(change);
+    }
+    if ib.review.contains(&account) {
+        job.proposal = lines.into_iter().map(|(_, l)| l).collect();
+        job.state = State::Review;
+        return Outcome::Finished;
+    }
+    // What a conversation would make an instruction to the agent (a skill,
+    // a pattern) waits for a writer, whatever the account's review mode:
+    // a message such as "SYSTEM OVERRIDE: …" must not become a procedure
+    // an agent follows (docs/HOSTILE.md, "Memory poisoning").
+    let (held, now): (Vec<_>, Vec<_>) = lines
+        .into_iter()
+        .partition(|(node, _)| policy::instructs_agent(node));
+    for ch in job
+        .changes
+        .iter_mut()
+        .filter(|c| c.action != "skipped" && policy::instructs_agent(&c.path))
+    {
+        ch.why = format!(
+            "held for review: an instruction to the agent, taken from a conversation, \
+             is committed only when a writer accepts it ({})",
+            ch.why
+        );
+    }
+    job.proposal = now.into_iter().map(|(_, l)| l).collect();
+    let caller = Caller {
+        uid: job.uid,
+        gid: job.gid,
+        pid: 0,
+    };
+    let proposal = std::mem::take(&mut job.proposal);
+    if !proposal.is_empty() {
+        let r = ib.with_fs(|fs| {
+            fs.commit_batch(caller, &account, proposal.join("\n").as_bytes(), "inbox")
+        });
+        match r {
+            None => return Outcome::Retry("the daemon is stopping".into()),
+            Some(Err(e @ (Error::AccessDenied | Error::ReadOnly))) => {
+                return Outcome::Fail(format!(
+                    "the conversation's writer may no longer write: {e}"
+                ))
+            }
+            Some(Err(e)) => return Outcome::Retry(e.to_string()),
+            Some(Ok((result, _))) => record_results(job, &result),
+        }
+    }
+    if !held.is_empty() {
+        job.proposal = held.into_iter().map(|(_, l)| l).collect();
+        job.state = State::Review;
+        return Outcome::Finished;
+    }
+    job.state = State::Done;
+    Outcome::Finished
+}
+
+/// The `# title` of a stored `content.md`, or `topic` when it has none.
+fn title_of(stored: &str, topic: &str) -> String {
+    stored
+        .strip_prefix("# ")
+        .and_then(|r| r.split_once('\n'))
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_else(|| topic.to_string())
+}
+
+/// What a candidate meets at its place.
+enum Existing {
+    None,
+    /// The node to merge into (the target's, or a near-duplicate found by
+    /// search), its `content.md`, the sources of its text and its version.
+    Node(String, String, Vec<Value>, u32),
+    /// For appends: the same event or case is already there (path,
+    /// similarity, its `content.md`).
+    Same(String, f32, String),
+}
+
+impl Fs {
+    /// The committed ACTIVE node at `node` (under the account): its
+    /// content and the sources of its text (`sources` of its `.meta.json`,
+    /// or its `provenance` alone).
+    fn active_content(
+        &self,
+        account: &str,
+        node: &str,
+    ) -> Result<Option<(String, Vec<Value>, u32)>> {
+        let path = format!("{account}/{node}");
+        let Some(rec) = self.store.get_node(&path)? else {
+            return Ok(None);
+        };
+        if rec.status != crate::store::Status::Active || self.expired(&path) {
+            return Ok(None);
+        }
+        let read = |name: &str| -> Result<String> {
+            Ok(self
+                .store
+                .read_file(&rec, name)?
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default())
+        };
+        let meta: Value = serde_json::from_str(&read(place::META)?).unwrap_or_default();
+        let sources = match (&meta["sources"], &meta["provenance"]) {
+            (Value::Array(a), _) => a.clone(),
+            (_, p @ Value::Object(_)) => vec![p.clone()],
+            _ => Vec::new(),
+        };
+        Ok(Some((read(place::CONTENT)?, sources, rec.version)))
+    }
+
+    /// What candidate `c`, placed at `t`, meets: the node at its place, or
+    /// the most similar memory of its category when that is close enough.
+    /// Memories are compared by what tells them apart in their `style`.
+    fn existing_for(
+        &self,
+        account: &str,
+        t: &policy::Target,
+        c: &Candidate,
+        style: extract::Style,
+    ) -> Result<Existing> {
+        let words = |text: &str| style.comparable(text);
+        if t.mode == policy::Mode::Merge {
+            if let Some((content, sources, v)) = self.active_content(account, &t.node)? {
+                return Ok(Existing::Node(t.node.clone(), content, sources, v));
+            }
+        }
+        if t.node == t.category_dir {
+            return Ok(Existing::None);
+        }
+        let Some(ix) = self.index() else {
+            return Ok(Existing::None);
+        };
+        let scope = format!("{account}/{}", t.category_dir);
+        let q = crate::index::Query {
+            text: words(&c.text),
+            k: 3,
+            mode: crate::index::Mode::Vector,
+            expand: false,
+            tenant: None,
+        };
+        // A category nobody wrote yet, or a graph still loading: nothing to compare.
+        let hits = match ix.search(&scope, &q) {
+            Ok(h) => h,
+            Err(Error::Unavailable(_)) | Err(Error::NotFound) => return Ok(Existing::None),
+            Err(e) => return Err(e),
+        };
+        for h in hits {
+            let sim = h.vector_score.unwrap_or(0.0);
+            let Some(node) = h.path.strip_prefix(&format!("accounts/{account}/")) else {
+                continue;
+            };
+            // Only siblings: a node of the same category directory.
+            if node.rsplit_once('/').map(|(d, _)| d) != Some(t.category_dir.as_str()) {
+                continue;
+            }
+            match t.mode {
+                policy::Mode::Append if sim >= SAME_EVENT_SIMILARITY => {
+                    if let Some((content, ..)) = self.active_content(account, node)? {
+                        return Ok(Existing::Same(node.to_string(), sim, content));
+                    }
+                }
+                policy::Mode::Merge if sim >= DUPLICATE_SIMILARITY => {
+                    if let Some((content, sources, v)) = self.active_content(account, node)? {
+                        // Sentences about the user are alike to a small
+                        // embedder whatever they say: a near-duplicate must
+                        // also share a word that carries the subject.
+                        if policy::share_subject(&words(&c.text), &words(&content)) {
+                            return Ok(Existing::Node(node.to_string(), content, sources, v));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Existing::None)
+    }
+}
