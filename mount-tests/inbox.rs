@@ -62,12 +62,12 @@ fn config(url: &str, extra: &str) -> String {
     )
 }
 
-/// The real model's config. Written memories: these tests pin what the
-/// model's own sentences and their checks give on an assistant chat
-/// (quoted memories, the default, are tested with a canned server here
-/// and with the real model on real chats by `scripts/eval_locomo.py`).
+/// The real model's config: quoted memories, the default (written ones:
+/// `real_config(…)` + `memories = "written"` under `[llm]`).
 fn real_config(extra: &str) -> String {
-    config(&llm_url(), extra).replace("timeout_s = 5", "timeout_s = 300")
+    config(&llm_url(), extra)
+        .replace("timeout_s = 5", "timeout_s = 300")
+        .replace("memories = \"written\"\n", "")
 }
 
 /// Write `text` as `uid` to `path` (under the mount) with `cp`.
@@ -135,10 +135,19 @@ fn changes<'a>(status: &'a Value, kind: &str) -> Vec<&'a Value> {
 
 #[test]
 fn a_conversation_becomes_memories_and_a_contradiction_a_new_version() {
-    let m = Mount::with_args(
-        Some(&real_config("")),
-        &["--model-dir", model_dir().to_str().unwrap()],
-    );
+    conversation_to_memories(&real_config(""));
+}
+
+/// The same, with the model's own sentences (`memories = "written"`).
+#[test]
+fn written_memories_keep_the_same_facts_and_the_same_contradiction() {
+    conversation_to_memories(&format!("{}memories = \"written\"\n", real_config("")));
+}
+
+/// A conversation through the real model, kept as a profile, a
+/// preference, an event and a procedure, then contradicted.
+fn conversation_to_memories(cfg: &str) {
+    let m = Mount::with_args(Some(cfg), &["--model-dir", model_dir().to_str().unwrap()]);
     m.ok(WRITER, "mkdir -p \"$M/accounts/acme/users/priya\"");
     put(&m, WRITER, &format!("{INBOX}/chat1.json"), CONVERSATION);
     // Closing returned at once; the file is now read-only and queued.

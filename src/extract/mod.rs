@@ -12,6 +12,7 @@ pub mod llm;
 pub mod policy;
 pub mod prompt;
 pub mod quote;
+mod stated;
 pub mod support;
 pub mod when;
 
@@ -330,7 +331,8 @@ impl Style {
     /// The candidates of the model's answer to the request for `range`,
     /// checked, and what was dropped. A written candidate's citation is
     /// grounded in the messages that hold its words; a quoted one cites the
-    /// message it was found in.
+    /// message it was found in, and the user's stated preferences the model
+    /// passed over are added (`stated.rs`).
     pub fn candidates(
         self,
         answer: &Value,
@@ -338,7 +340,12 @@ impl Style {
         range: std::ops::Range<usize>,
     ) -> Result<(Vec<Candidate>, Vec<String>), String> {
         match self {
-            Style::Quoted => quote::candidates(answer, conv, range),
+            Style::Quoted => {
+                let (mut found, dropped) = quote::candidates(answer, conv, range.clone())?;
+                let swept = stated::preferences(conv, range, &found);
+                found.extend(swept);
+                Ok((found, dropped))
+            }
             Style::Written => {
                 let (mut found, dropped) = candidates(answer, conv.messages.len())?;
                 for c in &mut found {
