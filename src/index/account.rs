@@ -38,7 +38,7 @@ impl Index {
         let mut err = None;
         // A search's load is done below the searches' CPU priority: one
         // tenant loading index after index must not slow another's
-        // searches of an index already loaded (BENCHMARKS, "Shares").
+        // searches of an index already loaded (BENCHMARKS, "Shares and fairness").
         let load = || match tenant {
             Some(_) => at_low_priority(|| self.load_account_and_graph(account)),
             None => self.load_account_and_graph(account),
@@ -132,7 +132,7 @@ impl Index {
         // the allocator's locks (10-30 ms on a 370 MB heap), and at hundreds
         // of unloads a second (one tenant cycling through 260 empty
         // accounts) it stalled every other tenant's search by up to 270 ms
-        // (BENCHMARKS "Shares of the loaded-index bound"): only once 32 MB
+        // (BENCHMARKS journal, "Shares of the loaded-index bound"): only once 32 MB
         // were unloaded, and at most every 10 s (freed memory the
         // allocator keeps is reused by the next loads meanwhile).
         let pending = self.untrimmed.fetch_add(freed, Ordering::Relaxed) + freed;

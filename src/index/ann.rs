@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// A vector as held in memory and in the graph: IEEE half precision, as
 /// bits. The store keeps the embedder's f32 output; memory holds half of
 /// it, and the graph's inserts and searches, which wait on memory more than
-/// on arithmetic, read half the bytes (BENCHMARKS, "Vectors in half precision").
+/// on arithmetic, read half the bytes (BENCHMARKS journal, "Vectors in half precision").
 pub type Half = u16;
 /// A vector shared between the graph's owner and the documents.
 pub type Vector = Arc<[Half]>;
@@ -162,7 +162,7 @@ impl AnnParams {
     /// vectors are sparse and of high intrinsic dimension: hnsw_rs inserts
     /// them with a short candidate list (48) and searches with a long one
     /// (128), which reaches the recall that 100/64 gives at 2.2x the insert
-    /// rate and +0.25 ms per query (BENCHMARKS, "The ANN graph alone").
+    /// rate and +0.25 ms per query (BENCHMARKS journal, "The ANN graph alone").
     pub fn for_embedder(kind: &str) -> Self {
         match kind {
             "hash" => AnnParams {

@@ -5,7 +5,7 @@
 /// was trained on inputs of up to 128 word pieces, about 500 characters of
 /// English; chunks of that size, cut at sentence ends, rank better than
 /// chunks of its 256-piece limit cut anywhere (SciFact, vector channel
-/// alone: nDCG@10 0.669 -> 0.683; BENCHMARKS "Chunks of whole sentences").
+/// alone: nDCG@10 0.669 -> 0.683; BENCHMARKS journal, "Chunks of whole sentences").
 pub const CHUNK_BYTES: usize = 500;
 /// Most chunks taken from one node (the rest is still found by BM25).
 pub const MAX_CHUNKS: usize = 128;
