@@ -3,6 +3,7 @@
 //! One file a topic; `harness.rs` mounts and runs commands.
 
 mod agent;
+mod asof;
 mod atrest;
 mod commit;
 mod daemon;

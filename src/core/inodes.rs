@@ -83,6 +83,15 @@ pub enum Key {
     Audit(Arc<str>),
     /// `NODE/.versions/redact`: write a version number to redact it.
     Redact(Arc<str>),
+    /// `accounts/{a}/.as-of/`: reached by path, lists nothing.
+    AsOfRoot(Arc<str>),
+    /// A directory of `accounts/{a}/.as-of/{time}/`: `path` is its place
+    /// at `at` (ns since the epoch), `time` the name it was reached by.
+    AsOf {
+        time: Arc<str>,
+        at: i128,
+        path: Arc<str>,
+    },
     /// `DIR/.search/`: reached by path, lists nothing.
     SearchDir(Arc<str>),
     /// `DIR/.search/QUERY`: results computed at open.

@@ -6,6 +6,7 @@
 //! `inodes` and `handles` are leaf locks, never held while taking another.
 
 pub mod agent;
+mod asof;
 mod audit;
 pub mod commit;
 pub(crate) mod draft;
@@ -281,6 +282,8 @@ pub struct Fs {
     batch_results: Mutex<BatchResults>,
     /// Memory extraction from conversations (with `[llm]` in the config).
     inbox: std::sync::OnceLock<Arc<inbox::Inbox>>,
+    /// Views of accounts as they stood at a time (`.as-of/`).
+    as_of: asof::Views,
     /// Bytes of uncommitted files in memory, and their limit.
     draft_mem: draft::DraftMemory,
     draft_limit: AtomicU64,
@@ -320,6 +323,7 @@ impl Fs {
             log_budget: metrics::LogBudget::default(),
             batch_results: Mutex::new(HashMap::new()),
             inbox: std::sync::OnceLock::new(),
+            as_of: Default::default(),
             draft_mem: draft::DraftMemory::default(),
             draft_limit: AtomicU64::new(DEFAULT_DRAFT_MEMORY),
         };

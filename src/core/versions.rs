@@ -44,9 +44,13 @@ impl Fs {
         Ok((rec, access))
     }
 
-    /// Version `v` of `node` as `c` may see it.
-    fn version_for(&self, c: Caller, node: &str, v: u32) -> Result<NodeRec> {
+    /// Version `v` of `node` as `c` may see it; with `id`, only of that
+    /// node (a node made since at the same path is another).
+    fn version_for(&self, c: Caller, node: &str, id: Option<u64>, v: u32) -> Result<NodeRec> {
         let (cur, access) = self.versions_of(c, node)?;
+        if id.is_some_and(|id| id != cur.id) {
+            return Err(Error::NotFound);
+        }
         let rec = if v == cur.version {
             cur
         } else {
@@ -66,17 +70,17 @@ impl Fs {
                 let (rec, _) = self.versions_of(c, node)?;
                 Ok(self.dir_attr(ino, 0o555, time_of(rec.updated_ns), false))
             }
-            Key::VersionDir { node, version, .. } => {
-                let rec = self.version_for(c, node, *version)?;
+            Key::VersionDir { node, id, version } => {
+                let rec = self.version_for(c, node, Some(*id), *version)?;
                 Ok(self.dir_attr(ino, 0o555, time_of(rec.updated_ns), false))
             }
             Key::VersionFile {
                 node,
                 name,
+                id,
                 version,
-                ..
             } => {
-                let rec = self.version_for(c, node, *version)?;
+                let rec = self.version_for(c, node, Some(*id), *version)?;
                 let f = rec.file(name).ok_or(Error::NotFound)?;
                 let size = if &**name == META {
                     self.version_meta(node, &rec)?.len() as u64
@@ -115,7 +119,7 @@ impl Fs {
                 if name != v.to_string() {
                     return Err(Error::NotFound);
                 }
-                let rec = self.version_for(c, node, v)?;
+                let rec = self.version_for(c, node, None, v)?;
                 Ok(Key::VersionDir {
                     node: node.clone(),
                     id: rec.id,
@@ -123,10 +127,7 @@ impl Fs {
                 })
             }
             Key::VersionDir { node, id, version } => {
-                let rec = self.version_for(c, node, *version)?;
-                if rec.id != *id {
-                    return Err(Error::NotFound);
-                }
+                let rec = self.version_for(c, node, Some(*id), *version)?;
                 rec.file(name).ok_or(Error::NotFound)?;
                 Ok(Key::VersionFile {
                     node: node.clone(),
@@ -164,7 +165,7 @@ impl Fs {
                 out.push((Key::Redact(node.clone()), REDACT.into(), Kind::File));
             }
             Key::VersionDir { node, id, version } => {
-                let rec = self.version_for(c, node, *version)?;
+                let rec = self.version_for(c, node, Some(*id), *version)?;
                 for name in NODE_FILES {
                     if rec.file(name).is_some() {
                         let k = Key::VersionFile {
@@ -187,8 +188,8 @@ impl Fs {
             Key::VersionFile {
                 node,
                 name,
+                id,
                 version,
-                ..
             } => {
                 if write {
                     self.gate(c, Self::account_of(node), true)?;
@@ -196,7 +197,7 @@ impl Fs {
                         "old versions are read-only; restore one with `echo N > .versions/restore`",
                     ));
                 }
-                let rec = self.version_for(c, node, *version)?;
+                let rec = self.version_for(c, node, Some(*id), *version)?;
                 if &**name == META {
                     self.version_meta(node, &rec)?
                 } else {

@@ -26,6 +26,8 @@ pub const VERSIONS_DIR: &str = ".versions";
 pub const RESTORE: &str = "restore";
 /// `NODE/.versions/redact`: write an earlier version number to redact it.
 pub const REDACT: &str = "redact";
+/// `accounts/{a}/.as-of/{time}/`: the account as it stood then (read-only).
+pub const AS_OF_DIR: &str = ".as-of";
 /// The virtual search directory inside every directory of an account.
 pub const SEARCH_DIR: &str = ".search";
 

@@ -273,6 +273,7 @@ impl Fs {
                     "accounts/ holds account directories only".into(),
                 ))
             }
+            Key::AsOfRoot(_) | Key::AsOf { .. } => return Err(Error::ReadOnly),
             _ => return Err(Error::NotPermitted("no files can be created here")),
         };
         self.gate(c, Self::account_of(&node), true)?;

@@ -170,6 +170,12 @@ impl Fs {
                     entries.push(d(k, &name, kind));
                 }
             }
+            Key::AsOfRoot(_) | Key::AsOf { .. } => {
+                shared = false;
+                for (k, name, kind) in self.as_of_list(c, &key)? {
+                    entries.push(d(k, &name, kind));
+                }
+            }
             Key::Inbox(dir) => {
                 shared = false;
                 for (name, kind) in self.inbox_list(c, dir)? {

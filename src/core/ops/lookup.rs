@@ -157,6 +157,7 @@ impl Fs {
             | Key::VersionFile { .. }
             | Key::Restore(_)
             | Key::Redact(_) => self.versions_attr(c, key, ino),
+            Key::AsOfRoot(_) | Key::AsOf { .. } => self.as_of_attr(c, key, ino),
             Key::Generated { dir, .. } => {
                 self.check_space(c, dir)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
@@ -330,6 +331,12 @@ impl Fs {
             }
             Key::Inbox(dir) => self.inbox_child(c, dir, name),
             Key::Versions(_) | Key::VersionDir { .. } => self.versions_child(c, parent, name),
+            Key::Dir(path) if name == names::AS_OF_DIR && !path.contains('/') => {
+                self.gate(c, path, false)?;
+                Ok(Key::AsOfRoot(path.clone()))
+            }
+            Key::AsOfRoot(account) => self.as_of_root_child(c, account, name),
+            Key::AsOf { .. } => self.as_of_child(c, parent, name),
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))

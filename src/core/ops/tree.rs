@@ -17,6 +17,8 @@ impl Fs {
                 join(&p, name)
             }
             Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
+            // The past is read-only.
+            Key::AsOfRoot(_) | Key::AsOf { .. } => return Err(Error::ReadOnly),
             _ => return Err(Error::NotPermitted("virtual directory")),
         };
         self.gate(c, Self::account_of(&path), true)?;
@@ -310,6 +312,9 @@ impl Fs {
         if let Key::Inbox(dir) = &pkey {
             return self.inbox_unlink(c, dir, name);
         }
+        if matches!(pkey, Key::AsOfRoot(_) | Key::AsOf { .. }) {
+            return Err(Error::ReadOnly);
+        }
         let Key::Dir(node) = &pkey else {
             return Err(Error::NotPermitted("virtual directory"));
         };
@@ -392,6 +397,9 @@ impl Fs {
             (_, Key::Scratch(dd)) => {
                 self.gate(c, Self::account_of(&dd), true)?;
                 return Err(Error::CrossDevice);
+            }
+            (Key::AsOfRoot(_) | Key::AsOf { .. }, _) | (_, Key::AsOfRoot(_) | Key::AsOf { .. }) => {
+                return Err(Error::ReadOnly);
             }
             _ => {}
         }

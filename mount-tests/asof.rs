@@ -1,0 +1,192 @@
+//! Memory as of a time: `accounts/A/.as-of/T/` is the account as it stood
+//! at T, read-only, with real processes (`cat`, `ls`, `grep -r`, `find`)
+//! as the account's reader, its writer and a stranger.
+
+use crate::harness::*;
+
+const NOTES: &str = "acme/users/alice/memories/notes";
+
+/// The time now as `.as-of/` takes it, to the nanosecond, between two
+/// short pauses (no commit shares its instant).
+fn instant(m: &Mount) -> String {
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let t = m
+        .ok(WRITER, "date -u +%Y-%m-%dT%H:%M:%S.%NZ")
+        .trim()
+        .to_string();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    t
+}
+
+#[test]
+fn the_tree_as_it_stood_then_read_only_and_deletes_stay_deleted() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/a"), "alpha one", ACTIVE),
+    );
+    m.ok(WRITER, &four_steps(&format!("{NOTES}/b"), "bravo", ACTIVE));
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/d"), "delta, deleted later", ACTIVE),
+    );
+    let t1 = instant(&m);
+    // After T1: a new version of a, a new node c, b moved, d deleted.
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/a"), "alpha two", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/c"), "charlie", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        "mkdir -p \"$M/accounts/acme/users/alice/memories/moved\" && \
+         mv \"$M/accounts/acme/users/alice/memories/notes/b\" \"$M/accounts/acme/users/alice/memories/moved/b\"",
+    );
+    m.ok(
+        WRITER,
+        "rm -r \"$M/accounts/acme/users/alice/memories/notes/d\"",
+    );
+
+    let then = format!("$M/accounts/acme/.as-of/{t1}/users/alice/memories");
+    let now = "$M/accounts/acme/users/alice/memories";
+    // The reader sees the past: a's first version, b where it was, no c,
+    // and no d (a delete forgets a node's history).
+    assert_eq!(
+        m.ok(READER, &format!("cat \"{then}/notes/a/content.md\"")),
+        "alpha one"
+    );
+    assert_eq!(
+        m.ok(READER, &format!("cat \"{now}/notes/a/content.md\"")),
+        "alpha two"
+    );
+    assert_eq!(m.ok(READER, &format!("ls \"{then}/notes\"")), "a\nb\n");
+    assert_eq!(m.ok(READER, &format!("ls \"{then}\"")), "notes\n");
+    assert_eq!(
+        m.ok(READER, &format!("cat \"{then}/notes/b/content.md\"")),
+        "bravo"
+    );
+    m.fails(READER, &format!("ls \"{then}/notes/c\""), "No such file");
+    m.fails(READER, &format!("ls \"{then}/notes/d\""), "No such file");
+    m.fails(READER, &format!("ls \"{then}/moved\""), "No such file");
+    let meta = m.json(READER, &format!("cat \"{then}/notes/a/.meta.json\""));
+    assert_eq!(meta["version"], 1, "{meta}");
+    assert_eq!(meta["status"], "ACTIVE", "{meta}");
+    // The shell's tools walk it like any tree.
+    let found = m.ok(READER, &format!("grep -rl alpha \"{then}\""));
+    assert_eq!(found.lines().count(), 1, "{found}");
+    assert!(found.trim_end().ends_with("notes/a/content.md"), "{found}");
+    let files = m.ok(READER, &format!("find \"{then}\" -name content.md | wc -l"));
+    assert_eq!(files.trim(), "2");
+    // Now, the same view names today's tree.
+    let today = instant(&m);
+    assert_eq!(
+        m.ok(
+            READER,
+            &format!("ls \"$M/accounts/acme/.as-of/{today}/users/alice/memories\"")
+        ),
+        "moved\nnotes\n"
+    );
+    // A day: its first instant in UTC; long ago the account held nothing.
+    assert_eq!(
+        m.ok(READER, "ls \"$M/accounts/acme/.as-of/2020-01-01\""),
+        ""
+    );
+    // `.as-of/` lists nothing: a time is reached by its name.
+    assert_eq!(m.ok(READER, "ls -A \"$M/accounts/acme/.as-of\""), "");
+    m.fails(
+        READER,
+        "ls \"$M/accounts/acme/.as-of/yesterday\"",
+        "Invalid argument",
+    );
+    m.fails(
+        READER,
+        "ls \"$M/accounts/acme/.as-of/2099-01-01\"",
+        "No such file",
+    );
+
+    // Read-only for the writer too: no file, directory, removal or move.
+    m.fails(
+        WRITER,
+        &format!("touch \"{then}/notes/a/new.md\""),
+        "Read-only file system",
+    );
+    m.fails(
+        WRITER,
+        &format!("mkdir \"{then}/notes/e\""),
+        "Read-only file system",
+    );
+    m.fails(
+        WRITER,
+        &format!("rm \"{then}/notes/a/content.md\""),
+        "Read-only file system",
+    );
+    m.fails(
+        WRITER,
+        &format!("mv \"{then}/notes/a\" \"{now}/notes/a2\""),
+        "Read-only file system",
+    );
+    m.fails(
+        WRITER,
+        &format!("echo x > \"{then}/notes/a/content.md\""),
+        "not permitted",
+    );
+    assert_eq!(
+        m.ok(WRITER, &format!("cat \"{now}/notes/a/content.md\"")),
+        "alpha two"
+    );
+    // Tenancy: another account's uid sees nothing of it.
+    m.fails(
+        STRANGER,
+        &format!("ls \"$M/accounts/acme/.as-of/{t1}\""),
+        "Permission denied",
+    );
+    m.fails(
+        STRANGER,
+        &format!("cat \"{then}/notes/a/content.md\""),
+        "Permission denied",
+    );
+    m.umount_and_fsck();
+}
+
+/// A node deleted and made again at the same path is another node: the
+/// view at a time before shows the first one's text only while it lives,
+/// and never the new node's versions as the old one's.
+#[test]
+fn a_node_made_again_at_a_path_is_not_the_old_one() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/x"), "first life", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/x"), "first life, v2", ACTIVE),
+    );
+    let t1 = instant(&m);
+    let then = format!("$M/accounts/acme/.as-of/{t1}/users/alice/memories/notes");
+    assert_eq!(
+        m.ok(READER, &format!("cat \"{then}/x/content.md\"")),
+        "first life, v2"
+    );
+    m.ok(WRITER, &format!("rm -r \"$M/accounts/{NOTES}/x\""));
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/x"), "second life", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/x"), "second life, v2", ACTIVE),
+    );
+    // At T1 the second node did not exist, and the first is forgotten.
+    m.fails(
+        READER,
+        &format!("cat \"{then}/x/content.md\""),
+        "No such file",
+    );
+    let left = m.ok(READER, &format!("ls \"{then}\" 2>/dev/null || true"));
+    assert!(!left.contains('x'), "{left}");
+    m.umount_and_fsck();
+}
