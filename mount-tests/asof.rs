@@ -190,3 +190,107 @@ fn a_node_made_again_at_a_path_is_not_the_old_one() {
     assert!(!left.contains('x'), "{left}");
     m.umount_and_fsck();
 }
+
+/// `echo PATH > .as-of/T/restore` commits every node under PATH that
+/// changed since T as it was then, in one transaction; `cat restore` gives
+/// the result; nodes made since are left; readers get EROFS.
+#[test]
+fn a_subtree_restored_as_it_was_then() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/a"), "alpha one", ACTIVE),
+    );
+    m.ok(WRITER, &four_steps(&format!("{NOTES}/b"), "bravo", ACTIVE));
+    m.ok(
+        WRITER,
+        &four_steps("acme/users/bob/memories/notes/z", "bob one", ACTIVE),
+    );
+    let t1 = instant(&m);
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/a"), "alpha two", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/a"), "alpha three", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/c"), "charlie, made later", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps("acme/users/bob/memories/notes/z", "bob two", ACTIVE),
+    );
+    let restore = format!("$M/accounts/acme/.as-of/{t1}/restore");
+    let now = "$M/accounts/acme/users";
+    // Readers may read the rules, not restore.
+    assert!(m
+        .ok(READER, &format!("cat \"{restore}\""))
+        .contains("echo users/alice"));
+    m.fails(
+        READER,
+        &format!("/bin/echo users/alice > \"{restore}\""),
+        "Read-only file system",
+    );
+    m.fails(
+        WRITER,
+        &format!("/bin/echo users/nobody > \"{restore}\""),
+        "No such file",
+    );
+    m.fails(
+        WRITER,
+        &format!("/bin/echo ../other > \"{restore}\""),
+        "Invalid argument",
+    );
+    m.ok(WRITER, &format!("/bin/echo users/alice > \"{restore}\""));
+    // a is as it was, as version 4; b had not changed; c stays; bob's
+    // node, outside the path, keeps its second version.
+    assert_eq!(
+        m.ok(
+            READER,
+            &format!("cat \"{now}/alice/memories/notes/a/content.md\"")
+        ),
+        "alpha one"
+    );
+    let meta = m.json(
+        READER,
+        &format!("cat \"{now}/alice/memories/notes/a/.meta.json\""),
+    );
+    assert_eq!(meta["version"], 4, "{meta}");
+    assert_eq!(meta["restored_from"], 1, "{meta}");
+    assert_eq!(
+        m.ok(
+            READER,
+            &format!("cat \"{now}/alice/memories/notes/c/content.md\"")
+        ),
+        "charlie, made later"
+    );
+    assert_eq!(
+        m.ok(
+            READER,
+            &format!("cat \"{now}/bob/memories/notes/z/content.md\"")
+        ),
+        "bob two"
+    );
+    let result = m.ok(WRITER, &format!("cat \"{restore}\""));
+    assert!(
+        result.contains(r#""node":"users/alice/memories/notes/a","restored_from":1,"version":4"#),
+        "{result}"
+    );
+    assert!(
+        result.contains(r#""node":"users/alice/memories/notes/b","unchanged":true"#),
+        "{result}"
+    );
+    // The whole account, again: only bob's node has changed since.
+    m.ok(WRITER, &format!("/bin/echo / > \"{restore}\""));
+    assert_eq!(
+        m.ok(
+            READER,
+            &format!("cat \"{now}/bob/memories/notes/z/content.md\"")
+        ),
+        "bob one"
+    );
+    m.umount_and_fsck();
+}

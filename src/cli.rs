@@ -94,6 +94,14 @@ pub enum Cmd {
         #[arg(long)]
         budget: Option<usize>,
     },
+    /// Commit every node under DIR (a directory of a mounted account) that changed since a time as it was then, in one transaction; prints a JSON line per node.
+    Restore {
+        /// The time: RFC 3339 with its offset (2026-11-20T10:00:00Z) or a day (2026-11-20, UTC).
+        #[arg(long = "as-of")]
+        as_of: String,
+        /// A directory or node inside the mount, under accounts/ACCOUNT.
+        dir: PathBuf,
+    },
     /// Unmount cleanly: everything acknowledged is durable, the daemon exits 0. Refused while busy unless --lazy.
     Umount {
         mountpoint: PathBuf,
@@ -512,6 +520,7 @@ pub fn run() -> i32 {
             mode,
             budget,
         } => crate::cmd::search(&dir, &query, k, json, mode.as_deref(), budget),
+        Cmd::Restore { as_of, dir } => crate::cmd::restore_as_of(&dir, &as_of),
         Cmd::Repair { data, store, grace } => crate::cmd::repair(
             Some(&data),
             store.as_deref(),

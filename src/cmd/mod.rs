@@ -441,6 +441,66 @@ pub fn search(
     Ok(0)
 }
 
+/// `ctxfs restore --as-of T DIR`: the path of DIR in its account written to
+/// `accounts/A/.as-of/T/restore`, then the result read back.
+pub fn restore_as_of(dir: &Path, time: &str) -> Result<i32> {
+    if time.contains('/') {
+        bail!("{time:?} is not a time (give e.g. 2026-11-20T10:00:00Z)");
+    }
+    let full = std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?;
+    let comps: Vec<&std::ffi::OsStr> = full.iter().collect();
+    // The mount is the directory holding `accounts/` and `.ctxfs/`.
+    let at = (1..comps.len().saturating_sub(1))
+        .rev()
+        .find(|&i| {
+            comps[i] == "accounts" && {
+                let root: PathBuf = comps[..i].iter().collect();
+                root.join(crate::schema::names::CTXFS_DIR).is_dir()
+            }
+        })
+        .ok_or_else(|| {
+            anyhow!(
+                "{} is not inside an account of a ctxfs mount (MOUNT/accounts/ACCOUNT/…)",
+                dir.display()
+            )
+        })?;
+    let account: PathBuf = comps[..=at + 1].iter().collect();
+    let rel: Vec<String> = comps[at + 2..]
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    let rel = if rel.is_empty() {
+        "/".to_string()
+    } else {
+        rel.join("/")
+    };
+    let file = account
+        .join(crate::schema::names::AS_OF_DIR)
+        .join(time)
+        .join(crate::schema::names::RESTORE);
+    let hint = |e: std::io::Error| {
+        let why = match e.raw_os_error() {
+            Some(libc::EINVAL) => " (a bad time or path: see `cat` of the file)",
+            Some(libc::ENOENT) => " (nothing was there then, or the time is in the future)",
+            Some(libc::EROFS) => " (only the account's writers restore)",
+            Some(libc::EBUSY) => " (a node has uncommitted changes)",
+            Some(libc::ESTALE) => " (a node changed meanwhile; nothing was committed, try again)",
+            _ => "",
+        };
+        anyhow!("{}: {e}{why}", file.display())
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .map_err(hint)?;
+    f.write_all(format!("{rel}\n").as_bytes()).map_err(hint)?;
+    drop(f);
+    let text = std::fs::read_to_string(&file).map_err(hint)?;
+    let result = text.split_once("Last restore:\n").map_or("", |(_, r)| r);
+    std::io::stdout().write_all(result.as_bytes())?;
+    Ok(0)
+}
+
 /// `ctxfs bench-ann`: recall and speed of the graph against exact search.
 pub fn bench_ann(o: BenchAnnOpts) -> Result<i32> {
     use crate::index::{ann::AnnParams, annbench, embed::normalize};

@@ -24,11 +24,14 @@
 //! one moved is found at its new place when the view is built again.
 
 use super::inodes::Key;
-use super::{lock, time_of, Attr, Caller, Fs, Kind};
+use super::{lock, time_of, Attr, Caller, Control, Fs, Handle, Kind, Opened, RestoreHandle};
 use crate::config::Access;
 use crate::error::{Error, Result};
+use crate::schema::names::RESTORE;
 use crate::schema::place::{self, NODE_FILES};
-use crate::store::NodeRec;
+use crate::store::{NodeRec, Status};
+use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,11 +118,18 @@ impl View {
     }
 }
 
-/// The views built lately.
+/// The views built lately, and the last restore of each (account, uid).
 #[derive(Default)]
 pub struct Views {
     built: Mutex<Vec<Arc<View>>>,
+    restored: Mutex<HashMap<(String, u32), Arc<str>>>,
 }
+
+const RESTORE_HELP: &str = "Write a path of this account here (users/alice, \
+users/alice/memories/notes/x, or / for all of it) to commit every node under it \
+that has changed since this time as it was then, each as its next version, in one \
+transaction:\n  echo users/alice > restore\nNodes made since are left as they are; \
+deleted nodes have no past. Reading this file after a restore gives its result.\n";
 
 impl Views {
     fn get(&self, account: &str, at: i128) -> Option<Arc<View>> {
@@ -127,6 +137,11 @@ impl Views {
             .iter()
             .find(|v| v.account == account && v.at == at && v.made.elapsed() < FRESH)
             .cloned()
+    }
+
+    /// Drop the view of `account` at `at`, if kept.
+    fn forget(&self, account: &str, at: i128) {
+        lock(&self.built).retain(|o| !(o.account == account && o.at == at));
     }
 
     fn keep(&self, v: Arc<View>) {
@@ -298,6 +313,13 @@ impl Fs {
                 version: placed.version,
             });
         }
+        if name == RESTORE && !path.contains('/') {
+            return Ok(Key::AsOfRestore {
+                time: time.clone(),
+                at: *at,
+                account: path.clone(),
+            });
+        }
         let child = format!("{path}/{name}");
         let there = match view.node(&child) {
             Some(placed) => self.placed_rec(placed, access)?.is_some(),
@@ -320,6 +342,11 @@ impl Fs {
             Key::AsOfRoot(account) => {
                 self.gate(c, account, false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
+            }
+            Key::AsOfRestore { account, .. } => {
+                self.gate(c, account, false)?;
+                let size = self.as_of_restore_text(c, account).len() as u64;
+                Ok(self.file_attr(ino, size, 0o644, self.started, false))
             }
             Key::AsOf { at, path, .. } => {
                 let account = Self::account_of(path);
@@ -382,6 +409,181 @@ impl Fs {
             out.push((k, name, Kind::Dir));
         }
         Ok(out)
+    }
+
+    /// Do two versions of a node hold the same files and status (their
+    /// `.meta.json` aside, which says when and which version)?
+    fn same_files(&self, a: &NodeRec, b: &NodeRec) -> Result<bool> {
+        if a.status != b.status {
+            return Ok(false);
+        }
+        for name in NODE_FILES.iter().filter(|n| **n != place::META) {
+            match (a.file(name), b.file(name)) {
+                (None, None) => {}
+                (Some(x), Some(y)) if x.blob == y.blob => {}
+                (Some(x), Some(y)) if x.size == y.size => {
+                    let one = self.store.read_blob(a.account(), x.blob, x.size)?;
+                    if one != self.store.read_blob(b.account(), y.blob, y.size)? {
+                        return Ok(false);
+                    }
+                }
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// What reading a view's `restore` gives `c`: the rules, then its last
+    /// restore's result in this account.
+    fn as_of_restore_text(&self, c: Caller, account: &str) -> String {
+        let last = lock(&self.as_of.restored)
+            .get(&(account.to_string(), c.uid))
+            .cloned();
+        match last {
+            Some(r) => format!("{RESTORE_HELP}\nLast restore:\n{r}"),
+            None => RESTORE_HELP.to_string(),
+        }
+    }
+
+    /// Open `.as-of/T/restore`: read, the rules and the last result; write,
+    /// a path to restore (writers).
+    pub(super) fn as_of_restore_open(&self, c: Caller, key: &Key, write: bool) -> Result<Opened> {
+        let Key::AsOfRestore { at, account, .. } = key else {
+            return Err(Error::NotFound);
+        };
+        if write {
+            self.gate(c, account, true)?;
+            let fh = self.new_handle(Handle::Restore(RestoreHandle::new(
+                account.clone(),
+                Control::RestoreAsOf { at: *at },
+                c.by(Some("restore")),
+            )));
+            return Ok(Opened {
+                fh,
+                direct_io: true,
+                keep_cache: false,
+                no_flush: false,
+            });
+        }
+        self.gate(c, account, false)?;
+        let text = self.as_of_restore_text(c, account);
+        let fh = self.new_handle(Handle::Data(Arc::from(text.into_bytes())));
+        Ok(Opened {
+            fh,
+            direct_io: true,
+            keep_cache: false,
+            no_flush: true,
+        })
+    }
+
+    /// Commit every node of `account` under the path written (`data`) that
+    /// changed since `at` as it was then, each as its next version, in one
+    /// transaction. Nodes made since are left alone; the result (a JSON
+    /// line per node) is kept for the writer to read.
+    pub(super) fn restore_as_of(
+        &self,
+        account: &str,
+        at: i128,
+        data: &[u8],
+        by: super::commit::rules::By,
+    ) -> Result<()> {
+        let text = String::from_utf8_lossy(data);
+        let rel = text.trim().trim_matches('/');
+        if rel.contains(['\n', '\0']) || rel.split('/').any(|c| c == "." || c == "..") {
+            return Err(Error::Invalid(format!(
+                "{} is not a path of the account (write e.g. `echo users/alice > restore`)",
+                crate::schema::excerpt(text.trim())
+            )));
+        }
+        let prefix = if rel.is_empty() {
+            account.to_string()
+        } else {
+            format!("{account}/{rel}")
+        };
+        // Built now: a restore acts on what is there at this moment.
+        self.as_of.forget(account, at);
+        let view = self.as_of_view(account, at)?;
+        let under = |p: &str| p == prefix || p.starts_with(&format!("{prefix}/"));
+        if !view.is_dir(&prefix) && view.node(&prefix).is_none() {
+            return Err(Error::NotFound);
+        }
+        let mut lines: Vec<Value> = Vec::new();
+        let mut drafts = Vec::new();
+        for (then, placed) in view.nodes.iter().filter(|(p, _)| under(p)) {
+            let Some(cur) = self.live_node(&placed.now)? else {
+                continue;
+            };
+            if cur.id != placed.id {
+                continue;
+            }
+            let shown = Self::in_account(&placed.now).to_string();
+            let old = if cur.version == placed.version {
+                cur.clone()
+            } else {
+                match self
+                    .store
+                    .get_version(cur.account(), cur.id, placed.version)?
+                {
+                    Some(old) => old,
+                    None => continue,
+                }
+            };
+            // Restored already, or changed and changed back: nothing to do.
+            if self.same_files(&cur, &old)? {
+                lines.push(json!({"node": shown, "version": cur.version, "unchanged": true}));
+                continue;
+            }
+            if old.status == Status::Broken {
+                lines.push(
+                    json!({"node": shown, "skipped": format!("version {} is BROKEN", old.version)}),
+                );
+                continue;
+            }
+            let mut line = json!({"node": shown, "restored_from": old.version});
+            if **then != *placed.now {
+                line["was_at"] = Value::from(Self::in_account(then));
+            }
+            lines.push(line);
+            drafts.push((
+                placed.now.to_string(),
+                cur.clone(),
+                self.restore_draft(&cur, &old, by)?,
+            ));
+        }
+        if drafts.len() > super::commit::MAX_BATCH_NODES {
+            return Err(Error::Invalid(format!(
+                "{} nodes changed since then under {rel:?}; restore at most {} at once (a narrower path)",
+                drafts.len(),
+                super::commit::MAX_BATCH_NODES
+            )));
+        }
+        let n = drafts.len();
+        let versions = if drafts.is_empty() {
+            Vec::new()
+        } else {
+            self.commit_all_or_none(account, drafts, super::commit::Intent::Restore)?
+        };
+        let mut vs = versions.into_iter();
+        for l in lines
+            .iter_mut()
+            .filter(|l| l.get("restored_from").is_some())
+        {
+            if let Some(v) = vs.next() {
+                l["version"] = Value::from(v);
+            }
+        }
+        let mut out = String::new();
+        for l in &lines {
+            out.push_str(&l.to_string());
+            out.push('\n');
+        }
+        let mut r = lock(&self.as_of.restored);
+        if r.len() >= 4096 {
+            r.clear();
+        }
+        r.insert((account.to_string(), by.uid), Arc::from(out));
+        tracing::info!(account, prefix = rel, nodes = n, "restored as of a time");
+        Ok(())
     }
 }
 

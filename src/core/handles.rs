@@ -14,7 +14,7 @@ pub(crate) enum Handle {
     Draft(DraftHandle),
     /// A file of a project's shared area.
     Scratch(scratch::ScratchHandle),
-    /// `NODE/.versions/restore` opened for writing.
+    /// A one-line control file opened for writing (`.versions/restore`, …).
     Restore(RestoreHandle),
     /// `accounts/{a}/.ctxfs/batch` opened for writing.
     Batch(super::commit::BatchHandle),
@@ -41,25 +41,41 @@ impl Drop for DraftHandle {
     }
 }
 
-/// `NODE/.versions/restore` opened for writing: the version number may come
-/// in several writes; it is applied once, when a write completes a line or
-/// at close.
+/// What a one-line control file does with its line.
+#[derive(Debug, Clone)]
+pub(crate) enum Control {
+    /// `NODE/.versions/restore`: a version number, committed again.
+    Restore,
+    /// `NODE/.versions/redact`: a version number, made a tombstone.
+    Redact,
+    /// `accounts/{a}/.as-of/{T}/restore`: a path in the account, whose
+    /// nodes are committed again as they were at `at` (ns).
+    RestoreAsOf { at: i128 },
+}
+
+/// A one-line control file opened for writing (`.versions/restore`,
+/// `.versions/redact`, `.as-of/T/restore`): the line may come in several
+/// writes; it is applied once, when a write completes it or at close.
 pub(crate) struct RestoreHandle {
+    /// The node (or, for `RestoreAsOf`, the account) it acts on.
     pub(super) node: Arc<str>,
     /// Who restores (or redacts): `committed_by` of the new version.
     pub(super) by: super::commit::rules::By,
-    /// `.versions/redact` rather than `.versions/restore`.
-    pub(super) redact: bool,
+    pub(super) what: Control,
     pub(super) buf: Mutex<Vec<u8>>,
     pub(super) applied: AtomicBool,
 }
 
 impl RestoreHandle {
-    pub(super) fn new(node: Arc<str>, redact: bool, by: super::commit::rules::By) -> RestoreHandle {
+    pub(super) fn new(
+        node: Arc<str>,
+        what: Control,
+        by: super::commit::rules::By,
+    ) -> RestoreHandle {
         RestoreHandle {
             node,
             by,
-            redact,
+            what,
             buf: Mutex::new(Vec::new()),
             applied: AtomicBool::new(false),
         }

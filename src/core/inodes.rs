@@ -92,6 +92,13 @@ pub enum Key {
         at: i128,
         path: Arc<str>,
     },
+    /// `accounts/{a}/.as-of/{time}/restore`: a path written here is
+    /// committed again as it was then.
+    AsOfRestore {
+        time: Arc<str>,
+        at: i128,
+        account: Arc<str>,
+    },
     /// `DIR/.search/`: reached by path, lists nothing.
     SearchDir(Arc<str>),
     /// `DIR/.search/QUERY`: results computed at open.

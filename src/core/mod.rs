@@ -31,7 +31,7 @@ pub mod versions;
 
 pub use self::draft::{DFile, Draft, Slot};
 use self::handles::Handles;
-pub(crate) use self::handles::{DraftHandle, Handle, RestoreHandle};
+pub(crate) use self::handles::{Control, DraftHandle, Handle, RestoreHandle};
 use self::inodes::{Inodes, Key};
 pub use self::kcache::Target;
 use self::kcache::{CachedReads, Invalidator};

@@ -11,8 +11,8 @@
 use super::commit::{Committed, Intent};
 use super::draft::{DFile, Draft, Slot};
 use super::inodes::Key;
-use super::RestoreHandle;
 use super::{lock, time_of, Attr, Caller, Fs, Handle, Kind, Opened};
+use super::{Control, RestoreHandle};
 use crate::config::Access;
 use crate::error::{Error, Result};
 use crate::schema::names::{REDACT, RESTORE};
@@ -210,10 +210,15 @@ impl Fs {
                 self.versions_of(c, node)?;
                 if write {
                     self.gate(c, Self::account_of(node), true)?;
+                    let (what, via) = if redact {
+                        (Control::Redact, "redact")
+                    } else {
+                        (Control::Restore, "restore")
+                    };
                     let fh = self.new_handle(Handle::Restore(RestoreHandle::new(
                         node.clone(),
-                        redact,
-                        c.by(Some(if redact { "redact" } else { "restore" })),
+                        what,
+                        c.by(Some(via)),
                     )));
                     return Ok(Opened {
                         fh,
@@ -318,10 +323,10 @@ impl Fs {
     fn restore_apply(&self, h: &RestoreHandle) -> Result<()> {
         let data = std::mem::take(&mut *lock(&h.buf));
         h.applied.store(true, Ordering::Release);
-        if h.redact {
-            self.redact_version(&h.node, &data, h.by)
-        } else {
-            self.restore(&h.node, &data, h.by)
+        match h.what {
+            Control::Redact => self.redact_version(&h.node, &data, h.by),
+            Control::Restore => self.restore(&h.node, &data, h.by),
+            Control::RestoreAsOf { at } => self.restore_as_of(&h.node, at, &data, h.by),
         }
     }
 
@@ -464,25 +469,7 @@ impl Fs {
                     "version {v} is BROKEN; only ACTIVE and ARCHIVED versions can be restored"
                 )));
             }
-            let mut draft = Draft::new(Some((cur.id, cur.version)));
-            for name in NODE_FILES {
-                match old.file(name) {
-                    Some(f) => {
-                        let mut bytes = self.store.read_blob(old.account(), f.blob, f.size)?;
-                        if name == META {
-                            bytes = restored_meta(&bytes, old.status, v)?;
-                        }
-                        let file = DFile::new(bytes, f.mode);
-                        crate::locks::write(&file).mtime = time_of(f.mtime_ns);
-                        draft.files.insert(name.to_string(), Slot::File(file));
-                    }
-                    None if cur.file(name).is_some() => {
-                        draft.files.insert(name.to_string(), Slot::Whiteout);
-                    }
-                    None => {}
-                }
-            }
-            draft.by = Some(by);
+            let draft = self.restore_draft(&cur, &old, by)?;
             self.commit_as(node, &Arc::new(Mutex::new(draft)), Intent::Restore, None)?
         };
         if let Committed::Version(_) = done {
@@ -490,6 +477,40 @@ impl Fs {
         }
         tracing::info!(node, version = v, "version restored");
         Ok(())
+    }
+}
+
+impl Fs {
+    /// The draft that commits `old` (an earlier version of the node whose
+    /// current record is `cur`) again as the node's next version: its files,
+    /// a file it did not have removed, its status of then and
+    /// `"restored_from"` in `.meta.json`.
+    pub(super) fn restore_draft(
+        &self,
+        cur: &NodeRec,
+        old: &NodeRec,
+        by: super::commit::rules::By,
+    ) -> Result<Draft> {
+        let mut draft = Draft::new(Some((cur.id, cur.version)));
+        for name in NODE_FILES {
+            match old.file(name) {
+                Some(f) => {
+                    let mut bytes = self.store.read_blob(old.account(), f.blob, f.size)?;
+                    if name == META {
+                        bytes = restored_meta(&bytes, old.status, old.version)?;
+                    }
+                    let file = DFile::new(bytes, f.mode);
+                    crate::locks::write(&file).mtime = time_of(f.mtime_ns);
+                    draft.files.insert(name.to_string(), Slot::File(file));
+                }
+                None if cur.file(name).is_some() => {
+                    draft.files.insert(name.to_string(), Slot::Whiteout);
+                }
+                None => {}
+            }
+        }
+        draft.by = Some(by);
+        Ok(draft)
     }
 }
 

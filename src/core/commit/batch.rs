@@ -216,6 +216,102 @@ impl Fs {
         Ok((out, refused))
     }
 
+    /// Commit `drafts` (each a node's path, its current record and the
+    /// draft of its next version) in one transaction: every node or none.
+    /// Each node must still be at the version its record says (`ESTALE`
+    /// otherwise) and hold no uncommitted change (`EBUSY`). The new
+    /// versions, in order.
+    pub(crate) fn commit_all_or_none(
+        &self,
+        account: &str,
+        drafts: Vec<(String, crate::store::NodeRec, Draft)>,
+        intent: Intent,
+    ) -> Result<Vec<u32>> {
+        let mut stripes: Vec<usize> = drafts
+            .iter()
+            .map(|(p, _, _)| crate::core::stripe_of(p))
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let guards: Vec<MutexGuard<'_, ()>> = stripes.iter().map(|&s| self.stripe_at(s)).collect();
+        let redactor = self.redaction().for_account(account);
+        // On a shared store another daemon may commit one of the nodes
+        // between the reads and the transaction: planned again, as a
+        // single commit is.
+        let mut attempt = 0;
+        let (versions, expiries) = loop {
+            let now = now_ns();
+            let mut ops = Vec::new();
+            let mut versions = Vec::new();
+            let mut expiries = Vec::new();
+            let mut pending = (0i64, 0i64);
+            let ids = self.defer_event_ids();
+            for (path, was, draft) in &drafts {
+                if self.draft(path).is_some_and(|d| !lock(&d).files.is_empty()) {
+                    return Err(Error::Busy(
+                        "a node has uncommitted changes; commit or remove them first",
+                    ));
+                }
+                let rec = self.live_node(path)?;
+                match &rec {
+                    Some(r) if r.id == was.id && r.version == was.version => {}
+                    _ => {
+                        return Err(Error::Stale(format!(
+                            "{} changed meanwhile; nothing was committed, try again",
+                            Self::in_account(path)
+                        )))
+                    }
+                }
+                let view = self.gather(path, rec.as_ref(), draft)?;
+                let plan = match Plan::build(view, intent, now, redactor.as_ref()) {
+                    Outcome::Commit(p) => *p,
+                    Outcome::StillPending => {
+                        return Err(Error::BadCommit(format!(
+                            "{}: its status cannot be committed",
+                            Self::in_account(path)
+                        )))
+                    }
+                    Outcome::Refused(r) => {
+                        return Err(Error::BadCommit(format!(
+                            "{}: {}",
+                            Self::in_account(path),
+                            r.reason()
+                        )))
+                    }
+                };
+                versions.push(plan.version);
+                expiries.push(plan.expires);
+                let node_ops = self.commit_ops(path, was.id, rec.as_ref(), None, plan, &intent)?;
+                let (w, b) = self.counted(account, &node_ops);
+                pending = (pending.0 + w, pending.1 + b);
+                self.check_pending(account, pending.0, pending.1)?;
+                ops.extend(node_ops);
+            }
+            drop(ids);
+            match self.store.apply(ops, true) {
+                Err(Error::Conflict(why)) if attempt < 8 => {
+                    attempt += 1;
+                    tracing::debug!(attempt, %why, "a commit of many nodes planned again");
+                }
+                Err(e) => return Err(e),
+                Ok(()) => break (versions, expiries),
+            }
+        };
+        self.notify_index();
+        for ((path, _, _), expires) in drafts.iter().zip(&expiries) {
+            self.set_expiry(path, *expires);
+        }
+        drop(guards);
+        self.invalidate_ancestors(drafts.iter().map(|(p, _, _)| p.as_str()));
+        for (path, _, _) in &drafts {
+            self.invalidate_commit(path, false);
+        }
+        self.stats
+            .commits
+            .fetch_add(drafts.len() as u64, Ordering::Relaxed);
+        Ok(versions)
+    }
+
     /// Plan one node of a batch and add its operations to `ops`: its
     /// version and expiry, or why it is refused.
     fn plan_batch_node(

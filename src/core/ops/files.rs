@@ -121,6 +121,7 @@ impl Fs {
             Key::VersionFile { .. } | Key::Restore(_) | Key::Redact(_) => {
                 self.versions_open(c, &key, write)
             }
+            Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::Usage(account) => data(self.usage_json(c, account)?),
             Key::Audit(account) => {
                 if write {
@@ -483,7 +484,11 @@ impl Fs {
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
-            Key::Restore(_) | Key::Redact(_) | Key::Batch(_) | Key::InboxFile(_)
+            Key::Restore(_)
+            | Key::Redact(_)
+            | Key::AsOfRestore { .. }
+            | Key::Batch(_)
+            | Key::InboxFile(_)
                 if sa.mode.is_none() && sa.size == Some(0) =>
             {
                 return self.attr_of(c, &key, ino)

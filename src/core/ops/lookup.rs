@@ -157,7 +157,9 @@ impl Fs {
             | Key::VersionFile { .. }
             | Key::Restore(_)
             | Key::Redact(_) => self.versions_attr(c, key, ino),
-            Key::AsOfRoot(_) | Key::AsOf { .. } => self.as_of_attr(c, key, ino),
+            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfRestore { .. } => {
+                self.as_of_attr(c, key, ino)
+            }
             Key::Generated { dir, .. } => {
                 self.check_space(c, dir)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
