@@ -137,7 +137,7 @@ fn trim(s: &str, n: usize) -> &str {
 }
 
 /// Candidates of one conversation with the same target become one: their
-/// texts joined, their messages united (a profile said in three turns is
+/// lines joined (each once, `quote::merge`), their messages united (a profile said in three turns is
 /// one merge, not three).
 pub fn combine(mut items: Vec<(Target, Candidate)>) -> Vec<(Target, Candidate)> {
     let mut out: Vec<(Target, Candidate)> = Vec::new();
@@ -147,8 +147,10 @@ pub fn combine(mut items: Vec<(Target, Candidate)>) -> Vec<(Target, Candidate)> 
         };
         match out.iter_mut().find(|(o, _)| same(o)) {
             Some((_, prev)) => {
-                if !prev.text.contains(&c.text) {
-                    prev.text = format!("{}\n{}", prev.text, c.text);
+                // Each line once; a quote that holds another's sentences
+                // takes its place.
+                if let Some((text, _)) = super::quote::merge(&prev.text, &c.text) {
+                    prev.text = text;
                 }
                 prev.messages.extend(c.messages);
                 prev.messages.sort_unstable();

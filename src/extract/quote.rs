@@ -452,23 +452,39 @@ pub fn candidates(
 }
 
 /// A merge without a model: `old`'s lines, then each line of `new` whose
-/// quote `old` does not hold yet; `None` when every one is there.
+/// quote `old` does not hold yet; `None` when every one is there. A new
+/// line that holds an old line's whole quote (more sentences of the same
+/// message) takes that line's place: no sentence is kept twice.
 pub fn merge(old: &str, new: &str) -> Option<(String, usize)> {
-    let have = quoted(old);
-    let added: Vec<&str> = new
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !have.contains(&quoted(l)))
-        .collect();
-    if added.is_empty() {
-        return None;
+    let mut lines: Vec<String> = old.trim_end().lines().map(str::to_string).collect();
+    let mut added = 0;
+    for l in new.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let q = quoted(l);
+        if lines.iter().any(|o| quoted(o).contains(&q)) {
+            continue;
+        }
+        // The old lines this one holds whole go; it takes the first one's place.
+        let held: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| {
+                let oq = quoted(o);
+                o.contains(": \"") && !oq.trim().is_empty() && q.contains(&oq)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        match held.first() {
+            Some(&first) => {
+                lines[first] = l.to_string();
+                for &i in held[1..].iter().rev() {
+                    lines.remove(i);
+                }
+            }
+            None => lines.push(l.to_string()),
+        }
+        added += 1;
     }
-    let mut text = old.trim_end().to_string();
-    for l in &added {
-        text.push('\n');
-        text.push_str(l);
-    }
-    Some((text, added.len()))
+    (added > 0).then(|| (lines.join("\n"), added))
 }
 
 #[cfg(test)]
@@ -671,5 +687,19 @@ mod tests {
         assert_eq!(n, 1);
         assert_eq!(text, format!("{old}\nA said on 2023-06-01: \"new words\""));
         assert_eq!(quoted(&text), "x y z\nnew words");
+        // A quote inside an old one adds nothing; one holding old ones
+        // takes their place.
+        let old = "# Audrey\n\nA said on 2023-03-27: \"I can't live without them!\"\nA said on 2023-03-28: \"Other.\"";
+        assert_eq!(merge(old, "A said on 2023-03-27: \"live without them\""), None);
+        let (text, n) = merge(
+            old,
+            "A said on 2023-03-27: \"Their names are Pepper and Panda. I can't live without them!\"",
+        )
+        .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(
+            text,
+            "# Audrey\n\nA said on 2023-03-27: \"Their names are Pepper and Panda. I can't live without them!\"\nA said on 2023-03-28: \"Other.\""
+        );
     }
 }
