@@ -68,9 +68,11 @@ const CHAT: &[&str] = &[
 /// Does `span` say something of someone: a sentence in the first person
 /// ("I", "my", "we", "our"; "me" and "us" but in "let me know", "keep us
 /// posted"), or with a number, or a name inside it (a capitalised word
-/// after the first that no one is greeted by)? "It is truly inspiring!",
-/// "Take care!", "Hey Jolene, nice to meet you!" are not.
-fn says_something(span: &str) -> bool {
+/// after the first that no one is greeted by and that is not one of the
+/// conversation's `speakers`, who are addressed, not told about)? "It is
+/// truly inspiring!", "Take care!", "Hey Jolene, nice to meet you!",
+/// "Alright Sam, have fun!" (Sam speaking) are not.
+fn says_something(span: &str, speakers: &HashSet<&str>) -> bool {
     static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let re = RE.get_or_init(|| {
         regex::Regex::new(r"(?i)\b(?:i|i'm|i've|i'd|i'll|my|mine|myself|we|we're|we've|we'd|we'll|our|ours)\b|\b(?:me|us)\b|\d")
@@ -81,7 +83,7 @@ fn says_something(span: &str) -> bool {
     static CHAT: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let chat = CHAT.get_or_init(|| {
         regex::Regex::new(
-            r"(?i)\b(?:(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b|i'll keep (?:that|it|this) in mind|i (?:really )?appreciate|i agree|i hope|i'm (?:so )?glad|i'm sure|i'm sorry to hear|i know,? right|i can help|i can't wait|i'd love to|i bet|i think so|i see)",
+            r"(?i)\b(?:(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b|i'll catch up with you|i'll keep (?:that|it|this) in mind|i (?:really )?appreciate|i agree|i hope|i'm (?:so )?glad|i'm sure|i'm sorry to hear|i know,? right|i can help|i can't wait|i'd love to|i bet|i think so|i see)",
         )
         .expect("the chat pattern compiles")
     });
@@ -113,6 +115,9 @@ fn says_something(span: &str) -> bool {
                         && w != "I"
                         && !w.starts_with("I'")
                         && !greeted.contains(w)
+                        && !speakers
+                            .iter()
+                            .any(|sp| sp.split_whitespace().next() == Some(w))
                 })
     })
 }
@@ -395,7 +400,7 @@ pub fn candidates(
             continue;
         };
         let span = crate::schema::clip(&statements_only(&span), MAX_QUOTE_CHARS);
-        if fact_words(&span) < MIN_FACT_WORDS || !says_something(&span) {
+        if fact_words(&span) < MIN_FACT_WORDS || !says_something(&span, &speakers) {
             dropped.push(format!(
                 "memory {n} ({}): a question or small talk, no fact",
                 crate::schema::excerpt(quote)
@@ -653,6 +658,7 @@ mod tests {
 
     #[test]
     fn chat_says_nothing_of_anyone() {
+        let speakers: HashSet<&str> = ["Ann", "Bob Stone"].into_iter().collect();
         for s in [
             "It is truly inspiring!",
             "Take care and keep spreading those good vibes!",
@@ -664,8 +670,11 @@ mod tests {
             "Cheers, James! Yeah, I'll keep that in mind. Appreciate the offer.",
             "A pet would truly be great for you! They bring so much love and companionship. \
              If you're interested, I can help find the perfect one for you - you'd make a great pet parent!",
+            // The speakers' own names are the addressed, not a subject.
+            "Alright Ann, have fun with it! Keep me updated!",
+            "Take care, Ann! I'll catch up with you later.",
         ] {
-            assert!(!says_something(s), "{s}");
+            assert!(!says_something(s, &speakers), "{s}");
         }
         for s in [
             "Eagles have always mesmerized me; they're so strong and graceful!",
@@ -674,8 +683,9 @@ mod tests {
             "It was my mother's old house.",
             "We went there in 2019.",
             "I've had them for 3 years!",
+            "Bob Marley was playing all night.",
         ] {
-            assert!(says_something(s), "{s}");
+            assert!(says_something(s, &speakers), "{s}");
         }
     }
 
@@ -690,7 +700,10 @@ mod tests {
         // A quote inside an old one adds nothing; one holding old ones
         // takes their place.
         let old = "# Audrey\n\nA said on 2023-03-27: \"I can't live without them!\"\nA said on 2023-03-28: \"Other.\"";
-        assert_eq!(merge(old, "A said on 2023-03-27: \"live without them\""), None);
+        assert_eq!(
+            merge(old, "A said on 2023-03-27: \"live without them\""),
+            None
+        );
         let (text, n) = merge(
             old,
             "A said on 2023-03-27: \"Their names are Pepper and Panda. I can't live without them!\"",
