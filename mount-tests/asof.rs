@@ -244,6 +244,13 @@ fn a_subtree_restored_as_it_was_then() {
         &format!("/bin/echo ../other > \"{restore}\""),
         "Invalid argument",
     );
+    // A path longer than a version number is taken (nothing is under it).
+    let long = format!("users/alice/memories/{}", "n".repeat(120));
+    m.fails(
+        WRITER,
+        &format!("/bin/echo {long} > \"{restore}\""),
+        "No such file",
+    );
     m.ok(WRITER, &format!("/bin/echo users/alice > \"{restore}\""));
     // a is as it was, as version 4; b had not changed; c stays; bob's
     // node, outside the path, keeps its second version.

@@ -299,10 +299,18 @@ impl Fs {
                 ));
             }
             buf.extend_from_slice(data);
-            if buf.len() > 64 {
-                return Err(Error::Invalid(
-                    "write one version number (e.g. `echo 3 > .versions/restore`)".into(),
-                ));
+            // A version number, or (`.as-of/T/restore`) a path of the account.
+            let (limit, what) = match h.what {
+                Control::RestoreAsOf { .. } => {
+                    (4096, "write one path (e.g. `echo users/alice > restore`)")
+                }
+                _ => (
+                    64,
+                    "write one version number (e.g. `echo 3 > .versions/restore`)",
+                ),
+            };
+            if buf.len() > limit {
+                return Err(Error::Invalid(what.into()));
             }
             buf.contains(&b'\n')
         };
