@@ -18,6 +18,11 @@ fn instant(m: &Mount) -> String {
     t
 }
 
+/// `cat PATH` (under the mount) as `uid`.
+fn cat(m: &Mount, uid: u32, path: &str) -> String {
+    m.ok(uid, &format!("cat \"{path}\""))
+}
+
 #[test]
 fn the_tree_as_it_stood_then_read_only_and_deletes_stay_deleted() {
     let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
@@ -55,17 +60,17 @@ fn the_tree_as_it_stood_then_read_only_and_deletes_stay_deleted() {
     // The reader sees the past: a's first version, b where it was, no c,
     // and no d (a delete forgets a node's history).
     assert_eq!(
-        m.ok(READER, &format!("cat \"{then}/notes/a/content.md\"")),
+        cat(&m, READER, &format!("{then}/notes/a/content.md")),
         "alpha one"
     );
     assert_eq!(
-        m.ok(READER, &format!("cat \"{now}/notes/a/content.md\"")),
+        cat(&m, READER, &format!("{now}/notes/a/content.md")),
         "alpha two"
     );
     assert_eq!(m.ok(READER, &format!("ls \"{then}/notes\"")), "a\nb\n");
     assert_eq!(m.ok(READER, &format!("ls \"{then}\"")), "notes\n");
     assert_eq!(
-        m.ok(READER, &format!("cat \"{then}/notes/b/content.md\"")),
+        cat(&m, READER, &format!("{then}/notes/b/content.md")),
         "bravo"
     );
     m.fails(READER, &format!("ls \"{then}/notes/c\""), "No such file");
@@ -134,7 +139,7 @@ fn the_tree_as_it_stood_then_read_only_and_deletes_stay_deleted() {
         "not permitted",
     );
     assert_eq!(
-        m.ok(WRITER, &format!("cat \"{now}/notes/a/content.md\"")),
+        cat(&m, WRITER, &format!("{now}/notes/a/content.md")),
         "alpha two"
     );
     // Tenancy: another account's uid sees nothing of it.
@@ -168,7 +173,7 @@ fn a_node_made_again_at_a_path_is_not_the_old_one() {
     let t1 = instant(&m);
     let then = format!("$M/accounts/acme/.as-of/{t1}/users/alice/memories/notes");
     assert_eq!(
-        m.ok(READER, &format!("cat \"{then}/x/content.md\"")),
+        cat(&m, READER, &format!("{then}/x/content.md")),
         "first life, v2"
     );
     m.ok(WRITER, &format!("rm -r \"$M/accounts/{NOTES}/x\""));
@@ -226,9 +231,7 @@ fn a_subtree_restored_as_it_was_then() {
     let restore = format!("$M/accounts/acme/.as-of/{t1}/restore");
     let now = "$M/accounts/acme/users";
     // Readers may read the rules, not restore.
-    assert!(m
-        .ok(READER, &format!("cat \"{restore}\""))
-        .contains("echo users/alice"));
+    assert!(cat(&m, READER, &restore).contains("echo users/alice"));
     m.fails(
         READER,
         &format!("/bin/echo users/alice > \"{restore}\""),
@@ -255,9 +258,10 @@ fn a_subtree_restored_as_it_was_then() {
     // a is as it was, as version 4; b had not changed; c stays; bob's
     // node, outside the path, keeps its second version.
     assert_eq!(
-        m.ok(
+        cat(
+            &m,
             READER,
-            &format!("cat \"{now}/alice/memories/notes/a/content.md\"")
+            &format!("{now}/alice/memories/notes/a/content.md")
         ),
         "alpha one"
     );
@@ -268,20 +272,22 @@ fn a_subtree_restored_as_it_was_then() {
     assert_eq!(meta["version"], 4, "{meta}");
     assert_eq!(meta["restored_from"], 1, "{meta}");
     assert_eq!(
-        m.ok(
+        cat(
+            &m,
             READER,
-            &format!("cat \"{now}/alice/memories/notes/c/content.md\"")
+            &format!("{now}/alice/memories/notes/c/content.md")
         ),
         "charlie, made later"
     );
     assert_eq!(
-        m.ok(
+        cat(
+            &m,
             READER,
-            &format!("cat \"{now}/bob/memories/notes/z/content.md\"")
+            &format!("{now}/bob/memories/notes/z/content.md")
         ),
         "bob two"
     );
-    let result = m.ok(WRITER, &format!("cat \"{restore}\""));
+    let result = cat(&m, WRITER, &restore);
     assert!(
         result.contains(r#""node":"users/alice/memories/notes/a","restored_from":1,"version":4"#),
         "{result}"
@@ -293,9 +299,10 @@ fn a_subtree_restored_as_it_was_then() {
     // The whole account, again: only bob's node has changed since.
     m.ok(WRITER, &format!("/bin/echo / > \"{restore}\""));
     assert_eq!(
-        m.ok(
+        cat(
+            &m,
             READER,
-            &format!("cat \"{now}/bob/memories/notes/z/content.md\"")
+            &format!("{now}/bob/memories/notes/z/content.md")
         ),
         "bob one"
     );

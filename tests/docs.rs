@@ -21,32 +21,30 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// The anchors of a Markdown file's headings (code blocks aside).
-fn anchors(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+/// The lines of a Markdown text outside its code blocks.
+fn prose(text: &str) -> impl Iterator<Item = &str> {
     let mut code = false;
-    for line in text.lines() {
+    text.lines().filter(move |line| {
         if line.starts_with("```") {
             code = !code;
-        } else if !code && line.starts_with('#') {
-            out.insert(anchor(line.trim_start_matches('#')));
+            return false;
         }
-    }
-    out
+        !code
+    })
+}
+
+/// The anchors of a Markdown file's headings (code blocks aside).
+fn anchors(text: &str) -> BTreeSet<String> {
+    prose(text)
+        .filter(|line| line.starts_with('#'))
+        .map(|line| anchor(line.trim_start_matches('#')))
+        .collect()
 }
 
 /// The targets of `[text](target)` links of a Markdown text, code aside.
 fn links(text: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut code = false;
-    for line in text.lines() {
-        if line.starts_with("```") {
-            code = !code;
-            continue;
-        }
-        if code {
-            continue;
-        }
+    for line in prose(text) {
         let mut rest = line;
         while let Some(i) = rest.find("](") {
             let after = &rest[i + 2..];

@@ -100,10 +100,7 @@ impl Fs {
                     Status::Broken => {}
                 }
             }
-            for f in place::fixed_children(&comps, &placed) {
-                stack.push(format!("{p}/{}", f.name()));
-            }
-            for d in self.store.list_dirs(&p)? {
+            for d in self.subdirs(&p)? {
                 stack.push(format!("{p}/{d}"));
             }
         }

@@ -31,7 +31,6 @@ use crate::schema::names::RESTORE;
 use crate::schema::place::{self, NODE_FILES};
 use crate::store::{NodeRec, Status};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -122,7 +121,7 @@ impl View {
 #[derive(Default)]
 pub struct Views {
     built: Mutex<Vec<Arc<View>>>,
-    restored: Mutex<HashMap<(String, u32), Arc<str>>>,
+    restored: super::handles::LastResults,
 }
 
 const RESTORE_HELP: &str = "Write a path of this account here (users/alice, \
@@ -231,18 +230,7 @@ impl Fs {
                     },
                 );
             }
-            // Containers made by `mkdir` and the tree's fixed ones
-            // (`users`, `memories`, …).
-            let comps = place::split(&dir);
-            let placed = place::classify_dir(&comps)?;
-            let mut subs: Vec<String> = place::fixed_children(&comps, &placed)
-                .iter()
-                .map(|f| f.name().to_string())
-                .collect();
-            subs.extend(self.store.list_dirs(&dir)?);
-            subs.sort();
-            subs.dedup();
-            for sub in subs {
+            for sub in self.subdirs(&dir)? {
                 todo.push(format!("{dir}/{sub}"));
             }
         }
@@ -295,8 +283,29 @@ impl Fs {
         })
     }
 
-    /// A name inside a directory of a view.
-    pub(super) fn as_of_child(&self, c: Caller, parent: &Key, name: &str) -> Result<Key> {
+    /// The attributes of directory `path` of `view` (read-only; a node's
+    /// directory carries its version's time, the others the view's);
+    /// `NotFound` when it is not there for `access`.
+    fn view_dir_attr(&self, view: &View, path: &str, access: Access, ino: u64) -> Result<Attr> {
+        let mtime = match view.node(path) {
+            Some(placed) => {
+                let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
+                time_of(rec.updated_ns)
+            }
+            None if view.is_dir(path) => time_of(view.at),
+            None => return Err(Error::NotFound),
+        };
+        Ok(self.dir_attr(ino, 0o555, mtime, false))
+    }
+
+    /// A name inside a directory of a view, with a directory's attributes
+    /// (from the record read to find it).
+    pub(super) fn as_of_child(
+        &self,
+        c: Caller,
+        parent: &Key,
+        name: &str,
+    ) -> Result<(Key, Option<Attr>)> {
         let Key::AsOf { time, at, path } = parent else {
             return Err(Error::NotDir);
         };
@@ -306,33 +315,30 @@ impl Fs {
         if let Some(placed) = view.node(path) {
             let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
             rec.file(name).ok_or(Error::NotFound)?;
-            return Ok(Key::VersionFile {
+            let key = Key::VersionFile {
                 node: placed.now.clone(),
                 name: Arc::from(name),
                 id: placed.id,
                 version: placed.version,
-            });
+            };
+            return Ok((key, None));
         }
         if name == RESTORE && !path.contains('/') {
-            return Ok(Key::AsOfRestore {
+            let key = Key::AsOfRestore {
                 time: time.clone(),
                 at: *at,
                 account: path.clone(),
-            });
+            };
+            return Ok((key, None));
         }
         let child = format!("{path}/{name}");
-        let there = match view.node(&child) {
-            Some(placed) => self.placed_rec(placed, access)?.is_some(),
-            None => view.is_dir(&child),
-        };
-        if !there {
-            return Err(Error::NotFound);
-        }
-        Ok(Key::AsOf {
+        let attr = self.view_dir_attr(&view, &child, access, 0)?;
+        let key = Key::AsOf {
             time: time.clone(),
             at: *at,
             path: Arc::from(child),
-        })
+        };
+        Ok((key, Some(attr)))
     }
 
     /// Attributes of `.as-of/` and of a view's directories (read-only; a
@@ -352,15 +358,7 @@ impl Fs {
                 let account = Self::account_of(path);
                 let access = self.gate(c, account, false)?;
                 let view = self.as_of_view(account, *at)?;
-                let mtime = match view.node(path) {
-                    Some(placed) => {
-                        let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
-                        time_of(rec.updated_ns)
-                    }
-                    None if view.is_dir(path) => time_of(*at),
-                    None => return Err(Error::NotFound),
-                };
-                Ok(self.dir_attr(ino, 0o555, mtime, false))
+                self.view_dir_attr(&view, path, access, ino)
             }
             _ => Err(Error::NotFound),
         }
@@ -436,11 +434,11 @@ impl Fs {
     /// What reading a view's `restore` gives `c`: the rules, then its last
     /// restore's result in this account.
     fn as_of_restore_text(&self, c: Caller, account: &str) -> String {
-        let last = lock(&self.as_of.restored)
-            .get(&(account.to_string(), c.uid))
-            .cloned();
-        match last {
-            Some(r) => format!("{RESTORE_HELP}\nLast restore:\n{r}"),
+        match self.as_of.restored.get(account, c.uid) {
+            Some(r) => format!(
+                "{RESTORE_HELP}\nLast restore:\n{}",
+                String::from_utf8_lossy(&r)
+            ),
             None => RESTORE_HELP.to_string(),
         }
     }
@@ -577,11 +575,7 @@ impl Fs {
             out.push_str(&l.to_string());
             out.push('\n');
         }
-        let mut r = lock(&self.as_of.restored);
-        if r.len() >= 4096 {
-            r.clear();
-        }
-        r.insert((account.to_string(), by.uid), Arc::from(out));
+        self.as_of.restored.keep(account, by.uid, out.into_bytes());
         tracing::info!(account, prefix = rel, nodes = n, "restored as of a time");
         Ok(())
     }

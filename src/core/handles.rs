@@ -82,6 +82,29 @@ impl RestoreHandle {
     }
 }
 
+/// The last result of a control file (`.ctxfs/batch`, `.as-of/T/restore`)
+/// for each (account, uid), for the writer to read back; bounded (cleared
+/// whole past 4,096 writers).
+#[derive(Default)]
+pub(crate) struct LastResults(Mutex<HashMap<Writer, Arc<[u8]>>>);
+
+/// (account, uid).
+type Writer = (String, u32);
+
+impl LastResults {
+    pub(crate) fn keep(&self, account: &str, uid: u32, result: Vec<u8>) {
+        let mut r = lock(&self.0);
+        if r.len() >= 4096 {
+            r.clear();
+        }
+        r.insert((account.to_string(), uid), Arc::from(result));
+    }
+
+    pub(crate) fn get(&self, account: &str, uid: u32) -> Option<Arc<[u8]>> {
+        lock(&self.0).get(&(account.to_string(), uid)).cloned()
+    }
+}
+
 /// Open handles by number (numbers are never reused).
 pub(super) struct Handles {
     next: AtomicU64,

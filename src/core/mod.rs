@@ -229,9 +229,6 @@ pub struct Stats {
     pub expired: AtomicU64,
 }
 
-/// The last batch result by (account, uid).
-type BatchResults = HashMap<(String, u32), Arc<[u8]>>;
-
 pub struct Fs {
     store: Arc<dyn Store>,
     /// The search index, once the daemon has started it.
@@ -279,7 +276,7 @@ pub struct Fs {
     /// Log lines per account for refusals a client causes at will.
     log_budget: metrics::LogBudget,
     /// The last batch result of each (account, uid), for `.ctxfs/batch`.
-    batch_results: Mutex<BatchResults>,
+    batch_results: handles::LastResults,
     /// Memory extraction from conversations (with `[llm]` in the config).
     inbox: std::sync::OnceLock<Arc<inbox::Inbox>>,
     /// Views of accounts as they stood at a time (`.as-of/`).
@@ -321,7 +318,7 @@ impl Fs {
             quotas: quota::Quotas::default(),
             sync_waiters: search::SyncWaiters::default(),
             log_budget: metrics::LogBudget::default(),
-            batch_results: Mutex::new(HashMap::new()),
+            batch_results: Default::default(),
             inbox: std::sync::OnceLock::new(),
             as_of: Default::default(),
             draft_mem: draft::DraftMemory::default(),
@@ -472,9 +469,13 @@ impl Fs {
         lock(&self.stripes[stripe_of(node)])
     }
 
-    /// Stripe number `i` (take several in ascending order only).
-    fn stripe_at(&self, i: usize) -> MutexGuard<'_, ()> {
-        lock(&self.stripes[i])
+    /// The stripes of all `nodes`, each once, taken in ascending order (no
+    /// deadlock with another taker of several).
+    fn stripes_of<'a>(&self, nodes: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'_, ()>> {
+        let mut ids: Vec<usize> = nodes.map(stripe_of).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter().map(|i| lock(&self.stripes[i])).collect()
     }
 
     fn new_handle(&self, h: Handle) -> u64 {

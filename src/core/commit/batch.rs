@@ -19,7 +19,7 @@ use crate::schema::time::now_ns;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 
 /// Nodes one batch may hold.
 pub const MAX_BATCH_NODES: usize = 10_000;
@@ -151,15 +151,7 @@ impl Fs {
         while !todo.is_empty() {
             let chunk: Vec<(usize, String, BatchNode)> =
                 todo.drain(..todo.len().min(BATCH_CHUNK)).collect();
-            // The nodes' stripes, in index order (no deadlock with another batch).
-            let mut stripes: Vec<usize> = chunk
-                .iter()
-                .map(|(_, p, _)| crate::core::stripe_of(p))
-                .collect();
-            stripes.sort_unstable();
-            stripes.dedup();
-            let guards: Vec<MutexGuard<'_, ()>> =
-                stripes.iter().map(|&s| self.stripe_at(s)).collect();
+            let guards = self.stripes_of(chunk.iter().map(|(_, p, _)| p.as_str()));
             let mut ops = Vec::new();
             let mut planned: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
             // Writes and bytes of the chunk's nodes so far (for the quota;
@@ -227,13 +219,7 @@ impl Fs {
         drafts: Vec<(String, crate::store::NodeRec, Draft)>,
         intent: Intent,
     ) -> Result<Vec<u32>> {
-        let mut stripes: Vec<usize> = drafts
-            .iter()
-            .map(|(p, _, _)| crate::core::stripe_of(p))
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let guards: Vec<MutexGuard<'_, ()>> = stripes.iter().map(|&s| self.stripe_at(s)).collect();
+        let guards = self.stripes_of(drafts.iter().map(|(p, _, _)| p.as_str()));
         let redactor = self.redaction().for_account(account);
         // On a shared store another daemon may commit one of the nodes
         // between the reads and the transaction: planned again, as a

@@ -150,10 +150,7 @@ impl Fs {
                     });
                 }
                 self.gate(c, account, false)?;
-                let last = lock(&self.batch_results)
-                    .get(&(account.to_string(), c.uid))
-                    .cloned();
-                match last {
+                match self.batch_results.get(account, c.uid) {
                     Some(r) => data(r.to_vec()),
                     None => data(BATCH_HELP.as_bytes().to_vec()),
                 }
@@ -386,13 +383,8 @@ impl Fs {
         if let Handle::Batch(b) = &*h {
             let bytes = lock(&b.buf).take();
             if !bytes.is_empty() {
-                let keep = |result: Vec<u8>| {
-                    let mut r = lock(&self.batch_results);
-                    if r.len() >= 4096 {
-                        r.clear();
-                    }
-                    r.insert((b.account.to_string(), b.caller.uid), Arc::from(result));
-                };
+                let keep =
+                    |result: Vec<u8>| self.batch_results.keep(&b.account, b.caller.uid, result);
                 // The fronts commit through batch lines: theirs is the name.
                 let via = match b.caller.front() {
                     "shell" => "batch",

@@ -74,11 +74,7 @@ impl Fs {
                         });
                     }
                 } else {
-                    let mut names: Vec<String> = place::fixed_children(&comps, &placed)
-                        .iter()
-                        .map(|f| f.name().to_string())
-                        .collect();
-                    names.extend(self.store.list_dirs(path)?);
+                    let mut names = self.subdirs(path)?;
                     // One probe of the expiry map per listing when no node expires.
                     let any_expiry = self.any_expiry();
                     for (n, r) in self.store.list_nodes(path)? {

@@ -172,6 +172,24 @@ impl Fs {
         }
     }
 
+    /// The container directories under `path`: the tree's fixed ones
+    /// (`users`, `memories`, …) and those made by `mkdir`, each once, in
+    /// name order.
+    pub(in crate::core) fn subdirs(&self, path: &str) -> Result<Vec<String>> {
+        let comps = place::split(path);
+        let mut names: Vec<String> = match place::classify_dir(&comps) {
+            Ok(placed) => place::fixed_children(&comps, &placed)
+                .iter()
+                .map(|f| f.name().to_string())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        names.extend(self.store.list_dirs(path)?);
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
     /// Does a non-node directory exist?
     pub(in crate::core) fn dir_present(&self, path: &str, comps: &[&str]) -> Result<bool> {
         match place::classify_dir(comps)? {
@@ -281,6 +299,9 @@ impl Fs {
                 return self.node_child_key(path, name, access);
             }
         }
+        if let Key::AsOf { .. } = parent {
+            return self.as_of_child(c, parent, name);
+        }
         Ok((self.structural_child_key(c, parent, name)?, None))
     }
 
@@ -338,7 +359,6 @@ impl Fs {
                 Ok(Key::AsOfRoot(path.clone()))
             }
             Key::AsOfRoot(account) => self.as_of_root_child(c, account, name),
-            Key::AsOf { .. } => self.as_of_child(c, parent, name),
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))
