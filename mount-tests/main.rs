@@ -14,6 +14,7 @@ mod hostile;
 mod hosts;
 mod inbox;
 mod lifecycle;
+mod members;
 mod ops;
 mod search;
 mod tenancy;

@@ -201,11 +201,18 @@ impl Settings {
             Tenancy::Owner(uid) => format!("owner {uid}"),
             Tenancy::Accounts(a) => a
                 .iter()
-                .map(|(id, (w, r))| {
-                    let (mut w, mut r) = (w.clone(), r.clone());
+                .map(|(id, m)| {
+                    let (mut w, mut r) = (m.writers.clone(), m.readers.clone());
                     w.sort_unstable();
                     r.sort_unstable();
-                    format!("{id}: writers {w:?} readers {r:?}")
+                    let mut line = format!("{id}: writers {w:?} readers {r:?}");
+                    for (uid, s) in &m.scoped {
+                        line.push_str(&format!(
+                            " {uid} {} writes {:?} reads {:?}",
+                            s.own, s.write, s.read
+                        ));
+                    }
+                    line
                 })
                 .collect::<Vec<_>>()
                 .join("; "),
@@ -273,7 +280,13 @@ impl Settings {
             if let Some(uid) = a.writers.iter().find(|u| a.readers.contains(u)) {
                 anyhow::bail!("account {:?}: uid {uid} is both writer and reader", a.id);
             }
-            if map.insert(a.id.clone(), (a.writers, a.readers)).is_some() {
+            let scoped = scoped_members(&a)?;
+            let members = Members {
+                writers: a.writers,
+                readers: a.readers,
+                scoped,
+            };
+            if map.insert(a.id.clone(), members).is_some() {
                 anyhow::bail!("account {:?} is listed twice", a.id);
             }
         }
@@ -320,6 +333,30 @@ pub struct AccountConfig {
     #[serde(default)]
     pub unindexed: Vec<String>,
     pub quota: Option<Quota>,
+    /// `[[account.user]]`: uids that reach only their own user's memory.
+    #[serde(default)]
+    pub user: Vec<MemberConfig>,
+    /// `[[account.agent]]`: uids that reach only their own agent's memory.
+    #[serde(default)]
+    pub agent: Vec<MemberConfig>,
+}
+
+/// `[[account.user]]` or `[[account.agent]]`: a user's or an agent's own
+/// uids. Such a uid reads and writes its own subtree and the account's
+/// projects; a user also reads the agents named in `agents`, an agent also
+/// reads and writes the users named in `users` (the ones it serves).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    pub id: String,
+    #[serde(default)]
+    pub uids: Vec<u32>,
+    /// (a user) Agents whose memories and skills this user may read.
+    #[serde(default)]
+    pub agents: Vec<String>,
+    /// (an agent) Users whose memories this agent may read and write.
+    #[serde(default)]
+    pub users: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -335,7 +372,64 @@ pub enum Tenancy {
     /// No config: the mounting uid (and root) may do everything, no one else anything.
     Owner(u32),
     /// From a config: accounts and their uids; uid 0 administers all of them.
-    Accounts(BTreeMap<String, (Vec<u32>, Vec<u32>)>),
+    Accounts(BTreeMap<String, Members>),
+}
+
+/// The uids of one account: its writers and readers (the whole account),
+/// and the uids of its users and agents (a part of it each).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Members {
+    pub writers: Vec<u32>,
+    pub readers: Vec<u32>,
+    pub scoped: BTreeMap<u32, Scope>,
+}
+
+/// What a user's or an agent's uid may reach inside its account: paths
+/// relative to the account (`users/alice`, `projects`), each with what
+/// lies below it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// `users/alice` or `agents/support`: the member this uid is.
+    pub own: String,
+    pub write: Vec<String>,
+    pub read: Vec<String>,
+}
+
+/// Is `path` `prefix` or below it?
+fn under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+impl Scope {
+    fn new(kind: &str, m: &MemberConfig) -> Scope {
+        let own = format!("{kind}/{}", m.id);
+        let mut write = vec![own.clone(), "projects".to_string()];
+        let mut read = Vec::new();
+        write.extend(m.users.iter().map(|u| format!("users/{u}")));
+        read.extend(m.agents.iter().map(|a| format!("agents/{a}")));
+        Scope { own, write, read }
+    }
+
+    /// What this uid may do at `rel` (a path inside the account, `""` for
+    /// the account itself): write below its grants, read below the read
+    /// ones, and pass through (read, listings cut to what it may reach)
+    /// the directories above them.
+    pub fn access(&self, rel: &str) -> Access {
+        if self.write.iter().any(|p| under(rel, p)) {
+            return Access::Write;
+        }
+        let reads = self.read.iter().any(|p| under(rel, p));
+        let passes = rel.is_empty()
+            || rel == "users"
+            || rel == "agents"
+            || self.write.iter().chain(&self.read).any(|p| under(p, rel));
+        if reads || passes {
+            Access::Read
+        } else {
+            Access::None
+        }
+    }
 }
 
 impl Tenancy {
@@ -348,13 +442,23 @@ impl Tenancy {
         uid == 0
             || match self {
                 Tenancy::Owner(owner) => *owner == uid,
-                Tenancy::Accounts(map) => map
-                    .values()
-                    .any(|(w, r)| w.contains(&uid) || r.contains(&uid)),
+                Tenancy::Accounts(map) => map.values().any(|m| {
+                    m.writers.contains(&uid)
+                        || m.readers.contains(&uid)
+                        || m.scoped.contains_key(&uid)
+                }),
             }
     }
 
+    /// What `uid` may do in `account` as a whole: a user's or an agent's
+    /// uid reads it (to pass through to its own part; see [`Self::access_at`]).
     pub fn access(&self, uid: u32, account: &str) -> Access {
+        self.access_at(uid, account, "")
+    }
+
+    /// What `uid` may do at `rel`, a path inside `account` (`""`: the
+    /// account itself).
+    pub fn access_at(&self, uid: u32, account: &str, rel: &str) -> Access {
         if uid == 0 {
             return Access::Write;
         }
@@ -362,10 +466,30 @@ impl Tenancy {
             Tenancy::Owner(owner) if *owner == uid => Access::Write,
             Tenancy::Owner(_) => Access::None,
             Tenancy::Accounts(map) => match map.get(account) {
-                Some((w, _)) if w.contains(&uid) => Access::Write,
-                Some((_, r)) if r.contains(&uid) => Access::Read,
-                _ => Access::None,
+                Some(m) if m.writers.contains(&uid) => Access::Write,
+                Some(m) if m.readers.contains(&uid) => Access::Read,
+                Some(m) => m.scoped.get(&uid).map_or(Access::None, |s| s.access(rel)),
+                None => Access::None,
             },
+        }
+    }
+
+    /// The part of `account` that `uid` is limited to, when it is a user's
+    /// or an agent's uid there.
+    pub fn scope(&self, uid: u32, account: &str) -> Option<&Scope> {
+        match self {
+            Tenancy::Accounts(map) if uid != 0 => map.get(account)?.scoped.get(&uid),
+            _ => None,
+        }
+    }
+
+    /// Has `account` users' or agents' uids (so what a directory above
+    /// their parts lists, and whether a user's or an agent's directory may
+    /// be entered, depends on the caller)?
+    pub fn is_scoped(&self, account: &str) -> bool {
+        match self {
+            Tenancy::Accounts(map) => map.get(account).is_some_and(|m| !m.scoped.is_empty()),
+            Tenancy::Owner(_) => false,
         }
     }
 
@@ -385,6 +509,47 @@ impl Tenancy {
             Tenancy::Accounts(map) => map.keys().cloned().collect(),
         }
     }
+}
+
+/// The users' and agents' uids of one account, each checked: valid names,
+/// each member once, each uid in one role of the account only.
+fn scoped_members(a: &AccountConfig) -> anyhow::Result<BTreeMap<u32, Scope>> {
+    let mut scoped = BTreeMap::new();
+    for (kind, list) in [("users", &a.user), ("agents", &a.agent)] {
+        let mut seen = std::collections::BTreeSet::new();
+        for m in list {
+            let what = format!("account {:?}: {kind} {:?}", a.id, m.id);
+            check_name(&m.id).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+            if !seen.insert(m.id.as_str()) {
+                anyhow::bail!("{what} is listed twice");
+            }
+            if kind == "users" && !m.users.is_empty() {
+                anyhow::bail!(
+                    "{what}: `users` is for agents (a user's uids reach only its own memory)"
+                );
+            }
+            if kind == "agents" && !m.agents.is_empty() {
+                anyhow::bail!("{what}: `agents` is for users (an agent's uids reach its own memory and its users')");
+            }
+            for n in m.users.iter().chain(&m.agents) {
+                check_name(n).map_err(|e| anyhow::anyhow!("{what}: {n:?}: {e}"))?;
+            }
+            for uid in &m.uids {
+                if *uid == 0 {
+                    anyhow::bail!("{what}: uid 0 administers every account and cannot be limited");
+                }
+                if a.writers.contains(uid) || a.readers.contains(uid) {
+                    anyhow::bail!(
+                        "{what}: uid {uid} is also a writer or reader of the whole account"
+                    );
+                }
+                if scoped.insert(*uid, Scope::new(kind, m)).is_some() {
+                    anyhow::bail!("{what}: uid {uid} belongs to two users or agents");
+                }
+            }
+        }
+    }
+    Ok(scoped)
 }
 
 #[cfg(test)]
@@ -428,6 +593,50 @@ mod tests {
         // The [index] table is parsed here and checked by the index.
         assert!(Settings::parse("[index]\nhnsw_m = 300\n").is_ok());
         assert!(Settings::parse("[index]\nhnsw = 3\n").is_err());
+    }
+
+    #[test]
+    fn users_and_agents_reach_their_own_part() {
+        let t = Tenancy::parse(
+            "[[account]]\nid = \"acme\"\nwriters = [1001]\n\
+             [[account.user]]\nid = \"ann\"\nuids = [1201, 1202]\nagents = [\"helper\"]\n\
+             [[account.user]]\nid = \"ben\"\nuids = [1203]\n\
+             [[account.agent]]\nid = \"helper\"\nuids = [1301]\nusers = [\"ben\"]\n",
+        )
+        .unwrap();
+        let at = |uid, rel| t.access_at(uid, "acme", rel);
+        assert_eq!(at(1201, "users/ann/memories/x/y"), Access::Write);
+        assert_eq!(at(1202, "users/ann"), Access::Write);
+        assert_eq!(at(1201, "users/ben"), Access::None);
+        assert_eq!(at(1201, "users/anne"), Access::None);
+        assert_eq!(at(1201, "users"), Access::Read);
+        assert_eq!(at(1201, ""), Access::Read);
+        assert_eq!(at(1201, "agents"), Access::Read);
+        assert_eq!(at(1201, "agents/helper/skills/s"), Access::Read);
+        assert_eq!(at(1201, "agents/other"), Access::None);
+        assert_eq!(at(1201, "projects/p/scratchpad/f"), Access::Write);
+        assert_eq!(at(1301, "agents/helper/memories"), Access::Write);
+        assert_eq!(at(1301, "users/ben/memories/a/b"), Access::Write);
+        assert_eq!(at(1301, "users/ann"), Access::None);
+        assert_eq!(at(1001, "users/ann"), Access::Write);
+        assert_eq!(t.access(1203, "acme"), Access::Read);
+        assert_eq!(t.access(1203, "other"), Access::None);
+        assert!(t.knows(1301) && t.is_scoped("acme"));
+        assert_eq!(t.scope(1201, "acme").unwrap().own, "users/ann");
+        assert!(t.scope(1001, "acme").is_none());
+        for bad in [
+            "[[account]]\nid=\"a\"\nwriters=[5]\n[[account.user]]\nid=\"u\"\nuids=[5]\n",
+            "[[account]]\nid=\"a\"\n[[account.user]]\nid=\"u\"\nuids=[5]\n[[account.agent]]\nid=\"g\"\nuids=[5]\n",
+            "[[account]]\nid=\"a\"\n[[account.user]]\nid=\"u\"\nuids=[5]\n[[account.user]]\nid=\"u\"\nuids=[6]\n",
+            "[[account]]\nid=\"a\"\n[[account.user]]\nid=\"u/x\"\nuids=[5]\n",
+            "[[account]]\nid=\"a\"\n[[account.user]]\nid=\"u\"\nuids=[0]\n",
+            "[[account]]\nid=\"a\"\n[[account.user]]\nid=\"u\"\nusers=[\"v\"]\n",
+            "[[account]]\nid=\"a\"\n[[account.agent]]\nid=\"g\"\nagents=[\"v\"]\n",
+            "[[account]]\nid=\"a\"\n[[account.agent]]\nid=\"g\"\nusers=[\"..\"]\n",
+            "[[account]]\nid=\"a\"\n[[account.user]]\nid=\"u\"\nuid=[5]\n",
+        ] {
+            assert!(Tenancy::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -333,14 +333,18 @@ impl Fs {
         match dir {
             Some(d) => {
                 self.check_space(c, d)?;
-                spaces.push((d.to_string(), self.access_of(c, Self::account_of(d))));
+                spaces.push((d.to_string(), self.access_of(c, d)));
             }
             None => {
                 for a in self.accounts_visible(c)? {
-                    let access = self.access_of(c, &a);
                     for kind in ["users", "agents"] {
                         for name in self.store.list_dirs(&format!("{a}/{kind}"))? {
-                            spaces.push((format!("{a}/{kind}/{name}"), access));
+                            let space = format!("{a}/{kind}/{name}");
+                            // A user's or an agent's uid: its own parts only.
+                            match self.access_of(c, &space) {
+                                Access::None => {}
+                                access => spaces.push((space, access)),
+                            }
                         }
                     }
                 }

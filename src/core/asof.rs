@@ -310,7 +310,7 @@ impl Fs {
             return Err(Error::NotDir);
         };
         let account = Self::account_of(path);
-        let access = self.gate(c, account, false)?;
+        let access = self.gate(c, path, false)?;
         let view = self.as_of_view(account, *at)?;
         if let Some(placed) = view.node(path) {
             let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
@@ -332,6 +332,7 @@ impl Fs {
             return Ok((key, None));
         }
         let child = format!("{path}/{name}");
+        let access = self.gate(c, &child, false)?;
         let attr = self.view_dir_attr(&view, &child, access, 0)?;
         let key = Key::AsOf {
             time: time.clone(),
@@ -356,7 +357,7 @@ impl Fs {
             }
             Key::AsOf { at, path, .. } => {
                 let account = Self::account_of(path);
-                let access = self.gate(c, account, false)?;
+                let access = self.gate(c, path, false)?;
                 let view = self.as_of_view(account, *at)?;
                 self.view_dir_attr(&view, path, access, ino)
             }
@@ -373,7 +374,7 @@ impl Fs {
             return Ok(out);
         };
         let account = Self::account_of(path);
-        let access = self.gate(c, account, false)?;
+        let access = self.gate(c, path, false)?;
         let view = self.as_of_view(account, *at)?;
         if let Some(placed) = view.node(path) {
             let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
@@ -393,7 +394,11 @@ impl Fs {
         if !view.is_dir(path) {
             return Err(Error::NotFound);
         }
+        let per_caller = self.per_caller_dir(&place::split(path));
         for (name, placed) in view.children(path) {
+            if per_caller && self.access_of(c, &format!("{path}/{name}")) == Access::None {
+                continue;
+            }
             if let Some(p) = placed {
                 if self.placed_rec(p, access)?.is_none() {
                     continue;
@@ -450,7 +455,7 @@ impl Fs {
             return Err(Error::NotFound);
         };
         if write {
-            self.gate(c, account, true)?;
+            self.gate_writes_in(c, account)?;
             let fh = self.new_handle(Handle::Restore(RestoreHandle::new(
                 account.clone(),
                 Control::RestoreAsOf { at: *at },
@@ -498,6 +503,12 @@ impl Fs {
         } else {
             format!("{account}/{rel}")
         };
+        // A user's or an agent's uid restores inside its own part only.
+        let may_write =
+            |p: &str| self.tenancy.access_at(by.uid, account, Self::in_account(p)) == Access::Write;
+        if !may_write(&prefix) {
+            return Err(Error::AccessDenied);
+        }
         // Built now: a restore acts on what is there at this moment.
         self.as_of.forget(account, at);
         let view = self.as_of_view(account, at)?;
@@ -515,6 +526,10 @@ impl Fs {
                 continue;
             }
             let shown = Self::in_account(&placed.now).to_string();
+            if !may_write(&placed.now) {
+                lines.push(json!({"node": shown, "skipped": "moved since to where this uid may not write"}));
+                continue;
+            }
             let old = if cur.version == placed.version {
                 cur.clone()
             } else {

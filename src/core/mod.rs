@@ -444,13 +444,19 @@ impl Fs {
 
     // ---- tenancy -------------------------------------------------------
 
-    fn access_of(&self, caller: Caller, account: &str) -> Access {
-        self.tenancy.access(caller.uid, account)
+    /// What `caller` may do at `path` (`acme`, `acme/users/ann/…`): the
+    /// account's rule, and for a user's or an agent's uid, the part of the
+    /// account it is limited to.
+    fn access_of(&self, caller: Caller, path: &str) -> Access {
+        self.tenancy
+            .access_at(caller.uid, Self::account_of(path), Self::in_account(path))
     }
 
-    /// May `caller` read (or with `write`, change) `account`?
-    fn gate(&self, caller: Caller, account: &str, write: bool) -> Result<Access> {
-        match self.access_of(caller, account) {
+    /// May `caller` read (or with `write`, change) `path` (an account or
+    /// anything in it)?
+    fn gate(&self, caller: Caller, path: &str, write: bool) -> Result<Access> {
+        let account = Self::account_of(path);
+        match self.access_of(caller, path) {
             Access::None => {
                 self.metrics.auth_failure(account, "denied");
                 Err(Error::AccessDenied)
@@ -461,6 +467,16 @@ impl Fs {
             }
             a => Ok(a),
         }
+    }
+
+    /// May `caller` write somewhere in `account` (its writers, and its
+    /// users' and agents' uids in their parts)? Each path written is gated
+    /// on its own.
+    fn gate_writes_in(&self, caller: Caller, account: &str) -> Result<()> {
+        if self.tenancy.scope(caller.uid, account).is_some() {
+            return self.gate(caller, account, false).map(drop);
+        }
+        self.gate(caller, account, true).map(drop)
     }
 
     // ---- ids, locks ----------------------------------------------------

@@ -97,7 +97,7 @@ impl Fs {
     }
 
     fn project_there(&self, c: Caller, path: &str, write: bool) -> Result<()> {
-        self.gate(c, Self::account_of(path), write)?;
+        self.gate(c, path, write)?;
         if !self.store.dir_exists(project_of(path))? {
             return Err(Error::NotFound);
         }

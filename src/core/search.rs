@@ -241,9 +241,17 @@ impl Fs {
         // One more than asked, to say whether more results exist; with a
         // time range, more candidates, filtered below.
         let ranged = qn.since.is_some() || qn.until.is_some();
+        // A user's or an agent's uid searching from above its part: the
+        // others' hits are dropped below, so more candidates.
+        let scoped = self.tenancy.scope(c.uid, Self::account_of(dir)).is_some();
+        let above_part = scoped && self.per_caller_dir(&crate::schema::place::split(dir));
         let q = Query {
             text: qn.text.clone(),
-            k: if ranged { (qn.k + 1) * 4 } else { qn.k + 1 },
+            k: if ranged || above_part {
+                (qn.k + 1) * 4
+            } else {
+                qn.k + 1
+            },
             mode: qn.mode,
             expand: qn.expand,
             tenant: Some(c.uid),
@@ -255,7 +263,31 @@ impl Fs {
             answered_by,
             answerable,
             first_search_us: search_us,
-        } = ix.answer(dir, &q, &|node| !self.expired(node))?;
+        } = ix.answer(dir, &q, &|node| {
+            !self.expired(node)
+                && (!scoped || self.access_of(c, node) != crate::config::Access::None)
+        })?;
+        if scoped {
+            // A hit brought in by a relation of a node this uid may not
+            // read says that node matched: dropped; a newer node it may not
+            // read is not named.
+            let readable = |p: &str| {
+                self.access_of(c, crate::schema::place::store_path(p))
+                    != crate::config::Access::None
+            };
+            judged.retain(|j| {
+                j.hit
+                    .via
+                    .as_deref()
+                    .and_then(|v| v.split_once("<-"))
+                    .is_none_or(|(_, src)| readable(src))
+            });
+            for j in &mut judged {
+                if j.hit.superseded_by.as_deref().is_some_and(|b| !readable(b)) {
+                    j.hit.superseded_by = None;
+                }
+            }
+        }
         // The stored conversations read so far (a time range and a budget
         // both read messages; several results come from one conversation).
         let mut convs = std::collections::HashMap::new();
@@ -494,7 +526,7 @@ impl Fs {
     }
 
     pub(super) fn dead_event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
-        self.gate(c, Self::account_of(node), false)?;
+        self.gate(c, node, false)?;
         event_file(self.store.dead_events(node)?, seq)
     }
 
@@ -507,7 +539,7 @@ impl Fs {
         dst_node: &str,
         newname: &str,
     ) -> Result<()> {
-        self.gate(c, Self::account_of(src_node), true)?;
+        self.gate(c, src_node, true)?;
         if src_node != dst_node || name != newname {
             return Err(Error::Invalid(
                 "a dead letter can only move back to its own node's .outbox/, under its name"
@@ -547,7 +579,7 @@ impl Fs {
 
     /// `rm NODE/.outbox/dlq/ID.json`: give up on the event.
     pub(super) fn drop_dead(&self, c: Caller, node: &str, name: &str) -> Result<()> {
-        self.gate(c, Self::account_of(node), true)?;
+        self.gate(c, node, true)?;
         let seq = event_seq(name).ok_or(Error::NotFound)?;
         if !self.store.dead_events(node)?.iter().any(|e| e.seq == seq) {
             return Err(Error::NotFound);

@@ -39,7 +39,7 @@ fn arc(s: &str) -> Arc<str> {
 impl Fs {
     /// The current record of `node` and the caller's access, for `.versions/`.
     fn versions_of(&self, c: Caller, node: &str) -> Result<(NodeRec, Access)> {
-        let access = self.gate(c, Self::account_of(node), false)?;
+        let access = self.gate(c, node, false)?;
         let rec = self.visible_node(node, access)?.ok_or(Error::NotFound)?;
         Ok((rec, access))
     }
@@ -192,7 +192,7 @@ impl Fs {
                 version,
             } => {
                 if write {
-                    self.gate(c, Self::account_of(node), true)?;
+                    self.gate(c, node, true)?;
                     return Err(Error::NotPermitted(
                         "old versions are read-only; restore one with `echo N > .versions/restore`",
                     ));
@@ -209,7 +209,7 @@ impl Fs {
                 let redact = matches!(key, Key::Redact(_));
                 self.versions_of(c, node)?;
                 if write {
-                    self.gate(c, Self::account_of(node), true)?;
+                    self.gate(c, node, true)?;
                     let (what, via) = if redact {
                         (Control::Redact, "redact")
                     } else {

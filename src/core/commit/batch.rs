@@ -9,6 +9,7 @@
 //! caller's last batch result, a line per node.
 
 use super::plan::{Intent, Outcome, Plan, Refusal};
+use crate::config::Access;
 use crate::core::draft::{DFile, Draft, Slot};
 use crate::core::{Caller, Fs};
 use crate::error::{Error, Result};
@@ -96,7 +97,7 @@ impl Fs {
         bytes: &[u8],
         via: &'static str,
     ) -> Result<(Vec<u8>, usize)> {
-        self.gate(c, account, true)?;
+        self.gate_writes_in(c, account)?;
         let text = std::str::from_utf8(bytes)
             .map_err(|e| Error::Invalid(format!("a batch is UTF-8 JSON lines: {e}")))?;
         let lines: Vec<(usize, &str)> = text
@@ -131,6 +132,12 @@ impl Fs {
                                 crate::schema::excerpt(&n.node)
                             ))
                         }
+                    }
+                    if self.access_of(c, &path) != Access::Write {
+                        return Err(format!(
+                            "{} is outside what this uid may write (EACCES)",
+                            crate::schema::excerpt(&n.node)
+                        ));
                     }
                     if todo.iter().any(|(_, p, _)| *p == path) {
                         return Err("the same node twice in one batch".into());

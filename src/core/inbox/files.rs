@@ -7,7 +7,7 @@ use super::*;
 
 impl Fs {
     fn inbox_there(&self, c: Caller, inbox: &str, write: bool) -> Result<()> {
-        self.gate(c, Self::account_of(inbox), write)?;
+        self.gate(c, inbox, write)?;
         Ok(())
     }
 

@@ -134,7 +134,7 @@ impl Fs {
             }
             Key::Batch(account) => {
                 if write {
-                    self.gate(c, account, true)?;
+                    self.gate_writes_in(c, account)?;
                     let fh = self.new_handle(Handle::Batch(commit::BatchHandle {
                         account: account.clone(),
                         caller: c,
@@ -162,7 +162,7 @@ impl Fs {
             Key::Generated { dir, name, budget } => {
                 // Readers meet EROFS on any write, as everywhere in their account.
                 if write {
-                    self.gate(c, Self::account_of(dir), true)?;
+                    self.gate(c, dir, true)?;
                 }
                 let budget = budget.map(|b| b as usize);
                 match *name {
@@ -182,7 +182,7 @@ impl Fs {
                 id,
                 version,
             } => {
-                let access = self.gate(c, Self::account_of(node), write)?;
+                let access = self.gate(c, node, write)?;
                 if access == Access::Write {
                     let g = self.stripe(node);
                     let in_draft = self
@@ -221,7 +221,7 @@ impl Fs {
                 // Another writer committed between the lookup and this open:
                 // the file left the draft and is the committed version now.
                 Err(Error::NotFound) => {
-                    let access = self.gate(c, Self::account_of(node), write)?;
+                    let access = self.gate(c, node, write)?;
                     let rec = self.visible_node(node, access)?.ok_or(Error::NotFound)?;
                     let key = Key::File {
                         node: node.clone(),
@@ -274,7 +274,7 @@ impl Fs {
             Key::AsOfRoot(_) | Key::AsOf { .. } => return Err(Error::ReadOnly),
             _ => return Err(Error::NotPermitted("no files can be created here")),
         };
-        self.gate(c, Self::account_of(&node), true)?;
+        self.gate(c, &node, true)?;
         if place::classify_dir(&place::split(&node))? != DirPlace::Node {
             return Err(Error::Invalid(
                 "files live inside node directories only; create the node directory first".into(),
@@ -466,12 +466,12 @@ impl Fs {
             }
             Key::Dir(path) => {
                 // Directory attributes are not stored; accepted for writers.
-                self.gate(c, Self::account_of(path), true)?;
+                self.gate(c, path, true)?;
                 return self.attr_of(c, &key, ino);
             }
             Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
             Key::Generated { dir, .. } => {
-                self.gate(c, Self::account_of(dir), true)?;
+                self.gate(c, dir, true)?;
                 return Err(Error::NotPermitted("generated file"));
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
@@ -487,7 +487,7 @@ impl Fs {
             }
             _ => return Err(Error::NotPermitted("read-only virtual file")),
         };
-        self.gate(c, Self::account_of(&node), true)?;
+        self.gate(c, &node, true)?;
         if sa.uid.is_some_and(|u| u != c.uid) || sa.gid.is_some_and(|g| g != c.gid) {
             return Err(Error::NotPermitted(
                 "files belong to their account; chown is refused",
@@ -523,10 +523,10 @@ impl Fs {
         if mask & libc::W_OK != 0 {
             match &key {
                 Key::Dir(p) => {
-                    self.gate(c, Self::account_of(p), true)?;
+                    self.gate(c, p, true)?;
                 }
                 Key::File { node, .. } | Key::Draft { node, .. } | Key::Scratch(node) => {
-                    self.gate(c, Self::account_of(node), true)?;
+                    self.gate(c, node, true)?;
                 }
                 _ => return Err(Error::AccessDenied),
             }

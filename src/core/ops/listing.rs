@@ -53,7 +53,7 @@ impl Fs {
             }
             Key::Dir(path) => {
                 let comps = place::split(path);
-                let access = self.gate(c, Self::account_of(path), false)?;
+                let access = self.gate(c, path, false)?;
                 let placed = place::classify_dir(&comps)?;
                 if placed == DirPlace::Node {
                     shared = self.draft(path).is_none()
@@ -94,8 +94,15 @@ impl Fs {
                     }
                     names.sort();
                     names.dedup();
+                    // Above the parts of an account's users and agents, each
+                    // caller lists what it may reach.
+                    let per_caller = self.per_caller_dir(&comps);
+                    shared &= !per_caller;
                     for n in names {
                         let child = join(path, &n);
+                        if per_caller && self.access_of(c, &child) == Access::None {
+                            continue;
+                        }
                         entries.push(d(Key::Dir(arc(&child)), &n, Kind::Dir));
                     }
                     if scratch::is_project(path) {

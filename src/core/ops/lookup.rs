@@ -60,9 +60,11 @@ impl Fs {
             }
             Key::Dir(path) => {
                 let comps = place::split(path);
-                let access = self.gate(c, Self::account_of(path), false)?;
-                // Whether an account is there depends on the caller.
-                let shared = comps.len() > 1;
+                let access = self.gate(c, path, false)?;
+                // Whether an account is there depends on the caller, and in
+                // an account with users' and agents' uids, whether one's
+                // directory is.
+                let shared = comps.len() > 1 && !self.per_caller_entry(&comps);
                 match place::classify_dir(&comps)? {
                     DirPlace::Node => {
                         let (rec, draft) = self.node_for(path, access)?;
@@ -95,7 +97,7 @@ impl Fs {
                 id,
                 version,
             } => {
-                let access = self.gate(c, Self::account_of(node), false)?;
+                let access = self.gate(c, node, false)?;
                 let (rec, stale) = self.current_rec(node, *id, *version, access)?;
                 let stale = stale || self.cached.is_tainted(ino);
                 let f = rec.file(name).ok_or(Error::NotFound)?;
@@ -117,7 +119,7 @@ impl Fs {
                 Ok(self.file_attr(ino, text.len() as u64, 0o444, SystemTime::now(), false))
             }
             Key::Outbox(node) | Key::OutboxDlq(node) => {
-                let access = self.gate(c, Self::account_of(node), false)?;
+                let access = self.gate(c, node, false)?;
                 self.node_for(node, access)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
@@ -130,7 +132,7 @@ impl Fs {
                 Ok(self.file_attr(ino, json.len() as u64, 0o644, self.started, false))
             }
             Key::SearchDir(dir) => {
-                self.gate(c, Self::account_of(dir), false)?;
+                self.gate(c, dir, false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
             Key::Scratch(path) => self.scratch_attr(c, path, ino),
@@ -165,7 +167,7 @@ impl Fs {
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
             }
             Key::Search { dir, name } => {
-                self.gate(c, Self::account_of(dir), false)?;
+                self.gate(c, dir, false)?;
                 super::search::parse_query_name(name)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
             }
@@ -188,6 +190,23 @@ impl Fs {
         names.sort();
         names.dedup();
         Ok(names)
+    }
+
+    /// Does what `comps` (a directory above the parts of an account's users
+    /// and agents: the account, `users`, `agents`) lists depend on the
+    /// caller?
+    pub(in crate::core) fn per_caller_dir(&self, comps: &[&str]) -> bool {
+        comps.len() <= 2 && self.tenancy.is_scoped(comps[0])
+    }
+
+    /// Does whether `comps` may be entered depend on the caller (a user's
+    /// or an agent's directory in an account with users' and agents' uids)?
+    /// Such an entry is never cached by the kernel, so every path walk
+    /// into it asks the daemon.
+    pub(in crate::core) fn per_caller_entry(&self, comps: &[&str]) -> bool {
+        comps.len() == 3
+            && (comps[1] == "users" || comps[1] == "agents")
+            && self.tenancy.is_scoped(comps[0])
     }
 
     /// Does a non-node directory exist?
@@ -250,8 +269,8 @@ impl Fs {
         name: &str,
     ) -> Result<Arc<RwLock<DFile>>> {
         // Readers never learn that a draft exists.
-        if self.access_of(c, Self::account_of(node)) != Access::Write {
-            return Err(match self.access_of(c, Self::account_of(node)) {
+        if self.access_of(c, node) != Access::Write {
+            return Err(match self.access_of(c, node) {
                 Access::None => Error::AccessDenied,
                 _ => Error::NotFound,
             });
@@ -265,11 +284,10 @@ impl Fs {
     }
 
     pub(in crate::core) fn commit_error_text(&self, c: Caller, node: &str) -> Result<Vec<u8>> {
-        self.gate(c, Self::account_of(node), true)
-            .map_err(|e| match e {
-                Error::ReadOnly => Error::NotFound,
-                e => e,
-            })?;
+        self.gate(c, node, true).map_err(|e| match e {
+            Error::ReadOnly => Error::NotFound,
+            e => e,
+        })?;
         let d = self.draft(node).ok_or(Error::NotFound)?;
         let d = lock(&d);
         let e = d.error.as_ref().ok_or(Error::NotFound)?;
@@ -277,7 +295,7 @@ impl Fs {
     }
 
     pub(in crate::core) fn event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
-        let access = self.gate(c, Self::account_of(node), false)?;
+        let access = self.gate(c, node, false)?;
         self.node_for(node, access)?;
         super::search::event_file(self.store.node_events(node)?, seq)
     }
@@ -294,7 +312,7 @@ impl Fs {
         name: &str,
     ) -> Result<(Key, Option<Attr>)> {
         if let Key::Dir(path) = parent {
-            let access = self.gate(c, Self::account_of(path), false)?;
+            let access = self.gate(c, path, false)?;
             if place::classify_dir(&place::split(path))? == DirPlace::Node {
                 return self.node_child_key(path, name, access);
             }
@@ -337,19 +355,19 @@ impl Fs {
                 Ok(Key::Dir(arc(name)))
             }
             Key::Dir(path) if name == names::SEARCH_DIR => {
-                self.gate(c, Self::account_of(path), false)?;
+                self.gate(c, path, false)?;
                 Ok(Key::SearchDir(path.clone()))
             }
             Key::Dir(path)
                 if scratch::is_project(path)
                     && (name == names::SCRATCHPAD || name == names::ACTIVITY_LOG) =>
             {
-                self.gate(c, Self::account_of(path), false)?;
+                self.gate(c, path, false)?;
                 Ok(Key::Scratch(arc(&join(path, name))))
             }
             Key::Scratch(dir) => self.scratch_child(c, dir, name),
             Key::Dir(path) if name == inbox::INBOX && inbox::is_user(path) => {
-                self.gate(c, Self::account_of(path), false)?;
+                self.gate(c, path, false)?;
                 Ok(Key::Inbox(arc(&join(path, name))))
             }
             Key::Inbox(dir) => self.inbox_child(c, dir, name),
@@ -382,7 +400,7 @@ impl Fs {
                             .is_some_and(|rest| rest.starts_with('?'))
                     }) =>
             {
-                self.gate(c, Self::account_of(path), false)?;
+                self.gate(c, path, false)?;
                 let (base, budget) =
                     crate::schema::budget::budget_option(name)?.ok_or(Error::NotFound)?;
                 let name = if base == names::MAP_FILE {
@@ -402,7 +420,7 @@ impl Fs {
                     || ((name == names::ABSTRACT || name == names::OVERVIEW)
                         && agent::is_summarized(path)) =>
             {
-                self.gate(c, Self::account_of(path), false)?;
+                self.gate(c, path, false)?;
                 let name = [
                     names::MAP_FILE,
                     names::HEADER_FILE,
@@ -419,7 +437,7 @@ impl Fs {
                 })
             }
             Key::SearchDir(dir) => {
-                self.gate(c, Self::account_of(dir), false)?;
+                self.gate(c, dir, false)?;
                 super::search::parse_query_name(name)?;
                 Ok(Key::Search {
                     dir: dir.clone(),
@@ -427,7 +445,7 @@ impl Fs {
                 })
             }
             Key::Dir(path) => {
-                self.gate(c, Self::account_of(path), false)?;
+                self.gate(c, path, false)?;
                 let child = join(path, name);
                 match place::classify_dir(&place::split(&child)) {
                     Ok(_) => Ok(Key::Dir(arc(&child))),

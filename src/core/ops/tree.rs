@@ -10,7 +10,9 @@ impl Fs {
         let path = match self.key_of(parent)? {
             Key::Accounts => name.to_string(),
             Key::Dir(p) => {
-                self.gate(c, Self::account_of(&p), true)?;
+                // The directory itself is what changes: a user's uid makes
+                // its own user's directory in `users/`.
+                self.gate(c, &p, false)?;
                 if place::classify_dir(&place::split(&p))? == DirPlace::Node {
                     return Err(Error::Invalid("node directories hold files only".into()));
                 }
@@ -21,7 +23,7 @@ impl Fs {
             Key::AsOfRoot(_) | Key::AsOf { .. } => return Err(Error::ReadOnly),
             _ => return Err(Error::NotPermitted("virtual directory")),
         };
-        self.gate(c, Self::account_of(&path), true)?;
+        self.gate(c, &path, true)?;
         Ok(path)
     }
 
@@ -90,7 +92,7 @@ impl Fs {
             // Like an empty scratchpad, an empty inbox is "removed" and
             // shows again, so `rm -r` of a user directory works.
             Key::Dir(p) if inbox::is_user(&p) && name == inbox::INBOX => {
-                self.gate(c, Self::account_of(&p), true)?;
+                self.gate(c, &p, true)?;
                 let dir = join(&p, inbox::INBOX);
                 if !self.inbox_list(c, &dir)?.is_empty() {
                     return Err(Error::NotEmpty);
@@ -100,7 +102,7 @@ impl Fs {
             // Like structural directories, an empty scratchpad is
             // "removed" and shows again, so `rm -r` of a project works.
             Key::Dir(p) if scratch::is_project(&p) && name == names::SCRATCHPAD => {
-                self.gate(c, Self::account_of(&p), true)?;
+                self.gate(c, &p, true)?;
                 if !self
                     .store
                     .list_scratch(&join(&p, names::SCRATCHPAD))?
@@ -185,7 +187,7 @@ impl Fs {
         if pending.is_empty() {
             return Ok(());
         }
-        self.gate(c, Self::account_of(path), true)?;
+        self.gate(c, path, true)?;
         for node in pending {
             let _g = self.stripe(&node);
             // Committed meanwhile: a node the directory now holds.
@@ -318,7 +320,7 @@ impl Fs {
         let Key::Dir(node) = &pkey else {
             return Err(Error::NotPermitted("virtual directory"));
         };
-        self.gate(c, Self::account_of(node), true)?;
+        self.gate(c, node, true)?;
         if scratch::is_project(node) && name == names::ACTIVITY_LOG {
             // The administrator's way out of a log that only grows: uid 0
             // removes it (then `rm -r` of the project goes through).
@@ -384,18 +386,18 @@ impl Fs {
         }
         match (self.key_of(parent)?, self.key_of(newparent)?) {
             (Key::Dir(sp), _) if scratch::is_project(&sp) && name == names::ACTIVITY_LOG => {
-                self.gate(c, Self::account_of(&sp), true)?;
+                self.gate(c, &sp, true)?;
                 return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }
             (Key::Scratch(sd), Key::Scratch(dd)) => {
                 return self.scratch_rename(c, &sd, name, &dd, newname, noreplace)
             }
             (Key::Scratch(sd), _) => {
-                self.gate(c, Self::account_of(&sd), true)?;
+                self.gate(c, &sd, true)?;
                 return Err(Error::CrossDevice);
             }
             (_, Key::Scratch(dd)) => {
-                self.gate(c, Self::account_of(&dd), true)?;
+                self.gate(c, &dd, true)?;
                 return Err(Error::CrossDevice);
             }
             (Key::AsOfRoot(_) | Key::AsOf { .. }, _) | (_, Key::AsOfRoot(_) | Key::AsOf { .. }) => {
@@ -409,8 +411,9 @@ impl Fs {
             ));
         };
         let (sa, da) = (Self::account_of(&sp), Self::account_of(&dp));
-        self.gate(c, sa, true)?;
-        self.gate(c, da, true)?;
+        // Both ends, whole: a user's uid moves nothing into or out of its part.
+        self.gate(c, &join(&sp, name), true)?;
+        self.gate(c, &join(&dp, newname), true)?;
         if sa != da {
             return Err(Error::CrossDevice);
         }
