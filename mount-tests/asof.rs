@@ -308,3 +308,86 @@ fn a_subtree_restored_as_it_was_then() {
     );
     m.umount_and_fsck();
 }
+
+/// Result paths of a search file (TSV), read as `uid`.
+fn results(m: &Mount, uid: u32, file: &str) -> Vec<String> {
+    m.ok(uid, &format!("cat \"{file}\""))
+        .lines()
+        .map(|l| l.split('\t').nth(2).unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn search_of_the_past_finds_the_versions_current_then() {
+    let m = Mount::with_args(Some(CONFIG), &["--embedder", "hash"]);
+    let kite = format!("{NOTES}/kite");
+    m.ok(
+        WRITER,
+        &four_steps(&kite, "the red kite nests in the old oak", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/gone"), "the oak loses a branch", ACTIVE),
+    );
+    assert_eq!(m.ok(0, "cat $M/.ctxfs/sync"), "ok\n");
+    let t1 = instant(&m);
+    m.ok(
+        WRITER,
+        &four_steps(&kite, "the red kite moved to the pine wood", ACTIVE),
+    );
+    m.ok(
+        WRITER,
+        &four_steps(&format!("{NOTES}/later"), "an oak planted later", ACTIVE),
+    );
+    m.ok(WRITER, &format!("rm -r \"$M/accounts/{NOTES}/gone\""));
+    assert_eq!(m.ok(0, "cat $M/.ctxfs/sync"), "ok\n");
+
+    let view = format!("$M/accounts/acme/.as-of/{t1}");
+    let kite_then = format!("accounts/acme/.as-of/{t1}/users/alice/memories/notes/kite");
+    // The past: the kite in the oak, and nothing made or deleted since.
+    for dir in [view.clone(), format!("{view}/users/alice")] {
+        let got = results(&m, READER, &format!("{dir}/.search/oak"));
+        assert_eq!(got, vec![kite_then.clone()], "{dir}");
+    }
+    // Its path reads the version current then.
+    assert_eq!(
+        cat(&m, READER, &format!("$M/{kite_then}/content.md")),
+        "the red kite nests in the old oak"
+    );
+    // The live tree: the new version, the new node.
+    let live = results(&m, READER, "$M/accounts/acme/.search/oak?mode=lexical");
+    assert!(!live.iter().any(|p| p.contains("/kite")), "{live:?}");
+    assert!(live.iter().any(|p| p.ends_with("/later")), "{live:?}");
+    assert!(results(&m, READER, &format!("{view}/.search/pine?mode=lexical")).is_empty());
+    assert_eq!(
+        results(&m, READER, &format!("{view}/.search/nests?mode=lexical")),
+        vec![kite_then.clone()]
+    );
+    // JSON says where it searched.
+    let j = m.json(READER, &format!("cat \"{view}/.search/oak?format=json\""));
+    assert_eq!(j["scope"], format!("accounts/acme/.as-of/{t1}"), "{j}");
+    assert_eq!(j["results"][0]["path"], kite_then.as_str(), "{j}");
+    // What the past search does not take, and who may not search.
+    m.fails(
+        READER,
+        &format!("cat \"{view}/.search/oak?budget=100\""),
+        "Invalid argument",
+    );
+    m.fails(
+        STRANGER,
+        &format!("cat \"{view}/.search/oak\""),
+        "Permission denied",
+    );
+    m.fails(
+        WRITER,
+        &format!("touch \"{view}/.search/oak\""),
+        "Operation not permitted",
+    );
+    // A version redacted since is not found by its old words.
+    m.ok(
+        WRITER,
+        &format!("/bin/echo 1 > \"$M/accounts/{kite}/.versions/redact\""),
+    );
+    assert!(results(&m, READER, &format!("{view}/.search/oak")).is_empty());
+    assert!(results(&m, READER, &format!("{view}/.search/kite")).is_empty());
+}

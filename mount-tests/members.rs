@@ -254,6 +254,14 @@ fn search_header_and_the_past_show_only_ones_own_part() {
         ),
         "alice grows tomatoes"
     );
+    // A search of the past, from the account: her part only.
+    let out = m.ok(ALICE, &format!("cat \"{view}/.search/tomatoes\""));
+    assert!(
+        out.contains("users/alice/memories/events/a1") && !out.contains("users/bob"),
+        "{out}"
+    );
+    let out = m.ok(WRITER, &format!("cat \"{view}/.search/tomatoes\""));
+    assert!(out.contains("users/bob"), "{out}");
     // A restore reaches only her part.
     m.fails(
         ALICE,

@@ -2,6 +2,7 @@
 """Memory as of a time: what reading the past costs against reading now.
 
   python3 scripts/bench_asof.py [--nodes 10000] [--versions 3] [--rounds 3]
+  python3 scripts/bench_asof.py --search [--embedder hash|minilm] [--queries 30]
 
 Commits N nodes (~1 KB of text each) through `.ctxfs/batch` on a fresh
 mount (`--no-index`: the view does not use the index), then N-1 more
@@ -14,6 +15,13 @@ the same run and alternating which goes first, on the live tree and on
   - `grep -rl WORD` of the whole tree (every content.md opened and read);
   - `cat` of every `content.md` by path;
   - `find -name content.md`.
+
+With `--search` the mount indexes (the hashing embedder unless
+`--embedder minilm`), each version waits for `.ctxfs/sync` before the
+next (versions spaced in time, as the indexer sees them), and the rows are
+the latency of `cat .search/QUERY` at the account, live and in the view:
+the first search of the view (its exact index built) and the median and
+p90 over the warm queries.
 
 Prints `live  as-of  ratio` per row (the live tree is the baseline), the
 medians over the rounds. Figures go to docs/BENCHMARKS.md with this
@@ -64,11 +72,15 @@ def main():
     ap.add_argument("--nodes", type=int, default=10000)
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--search", action="store_true", help="search latency, live against the view")
+    ap.add_argument("--embedder", default="hash")
+    ap.add_argument("--queries", type=int, default=30)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ctxfs-bench-asof-", dir="/var/tmp")
     mnt, data = os.path.join(work, "mnt"), os.path.join(work, "data")
     os.makedirs(mnt)
-    subprocess.run([BIN, "mount", mnt, "--data", data, "--no-index"], check=True,
+    index = ["--embedder", a.embedder] if a.search else ["--no-index"]
+    subprocess.run([BIN, "mount", mnt, "--data", data, *index], check=True,
                    stdout=subprocess.DEVNULL)
     try:
         acct = os.path.join(mnt, "accounts/acme")
@@ -81,6 +93,9 @@ def main():
                                 for i in range(start, min(a.nodes, start + 2000)))
                 with open(os.path.join(acct, ".ctxfs/batch"), "w") as f:
                     f.write(lines)
+            if a.search:
+                with open(os.path.join(mnt, ".ctxfs/sync")) as f:
+                    f.read()
             if v == 1:
                 time.sleep(0.05)
                 t_then = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + \
@@ -90,6 +105,8 @@ def main():
               f"T = {t_then}", file=sys.stderr)
         view = os.path.join(acct, ".as-of", t_then)
         trees = {"live": acct, "as-of": view}
+        if a.search:
+            return search_rows(a, trees)
         paths = {k: [os.path.join(d, node(i, 1)["node"], "content.md") for i in range(a.nodes)]
                  for k, d in trees.items()}
 
@@ -132,6 +149,40 @@ def main():
             print(f"{name:40} {lv:8.3f}s {av:8.3f}s {av / lv:6.2f}x")
     finally:
         subprocess.run([BIN, "umount", mnt], check=False, stdout=subprocess.DEVNULL)
+
+
+def search_rows(a, trees):
+    rnd = random.Random(7)
+    queries = [" ".join(rnd.sample(WORDS, 3)) for _ in range(a.queries)]
+
+    def search(k, q):
+        with open(os.path.join(trees[k], ".search", q)) as f:
+            return f.read()
+
+    first = {k: timed(lambda: search(k, "kettle garden")) for k in ("live", "as-of")}
+    lat = {"live": [], "as-of": []}
+    hits = {"live": 0, "as-of": 0}
+    for r in range(a.rounds):
+        for q in queries:
+            order = ("live", "as-of") if r % 2 == 0 else ("as-of", "live")
+            for k in order:
+                t = time.perf_counter()
+                out = search(k, q)
+                lat[k].append(time.perf_counter() - t)
+                hits[k] += bool(out.strip())
+    print(f"queries answered: live {hits['live']}, as-of {hits['as-of']} of "
+          f"{a.rounds * len(queries)} each", file=sys.stderr)
+
+    def p(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    print(f"{'workload':40} {'live':>9} {'as-of':>9} {'ratio':>7}")
+    rows = [("first search (view's index built)", first["live"], first["as-of"]),
+            ("warm search p50", p(lat["live"], 0.5), p(lat["as-of"], 0.5)),
+            ("warm search p90", p(lat["live"], 0.9), p(lat["as-of"], 0.9))]
+    for name, lv, av in rows:
+        print(f"{name:40} {lv * 1000:7.1f}ms {av * 1000:7.1f}ms {av / lv:6.2f}x")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ use super::inodes::Key;
 use super::{lock, time_of, Attr, Caller, Control, Fs, Handle, Kind, Opened, RestoreHandle};
 use crate::config::Access;
 use crate::error::{Error, Result};
-use crate::schema::names::RESTORE;
+use crate::index::{PastDoc, PastIndex, Query};
+use crate::schema::names::{RESTORE, SEARCH_DIR};
 use crate::schema::place::{self, NODE_FILES};
 use crate::store::{NodeRec, Status};
 use serde_json::{json, Value};
@@ -117,10 +118,22 @@ impl View {
     }
 }
 
-/// The views built lately, and the last restore of each (account, uid).
+/// Past indexes kept at once (the least recently used goes first), and
+/// how long one unused is kept.
+const SEARCHED: usize = 4;
+const SEARCHED_FOR: Duration = Duration::from_secs(300);
+
+/// (account, at, last use, the exact index of that view's versions).
+type Searched = (String, i128, Instant, Arc<PastIndex>);
+
+/// The views built lately, the exact indexes of those searched, and the
+/// last restore of each (account, uid).
 #[derive(Default)]
 pub struct Views {
     built: Mutex<Vec<Arc<View>>>,
+    /// (account, at, last use, index): the past does not change, but a
+    /// version redacted since is checked at each search.
+    searched: Mutex<Vec<Searched>>,
     restored: super::handles::LastResults,
 }
 
@@ -141,6 +154,28 @@ impl Views {
     /// Drop the view of `account` at `at`, if kept.
     fn forget(&self, account: &str, at: i128) {
         lock(&self.built).retain(|o| !(o.account == account && o.at == at));
+    }
+
+    fn past_index(&self, account: &str, at: i128) -> Option<Arc<PastIndex>> {
+        let mut s = lock(&self.searched);
+        s.retain(|e| e.2.elapsed() < SEARCHED_FOR);
+        let e = s.iter_mut().find(|e| e.0 == account && e.1 == at)?;
+        e.2 = Instant::now();
+        Some(e.3.clone())
+    }
+
+    fn keep_past_index(&self, account: &str, at: i128, px: Arc<PastIndex>) {
+        let mut s = lock(&self.searched);
+        s.retain(|e| !(e.0 == account && e.1 == at));
+        if s.len() >= SEARCHED {
+            s.sort_by_key(|e| std::cmp::Reverse(e.2.elapsed()));
+            s.remove(0);
+        }
+        s.push((account.to_string(), at, Instant::now(), px));
+    }
+
+    fn forget_past_index(&self, account: &str, at: i128) {
+        lock(&self.searched).retain(|e| !(e.0 == account && e.1 == at));
     }
 
     fn keep(&self, v: Arc<View>) {
@@ -306,12 +341,38 @@ impl Fs {
         parent: &Key,
         name: &str,
     ) -> Result<(Key, Option<Attr>)> {
+        if let Key::AsOfSearch {
+            time,
+            at,
+            dir,
+            name: None,
+        } = parent
+        {
+            self.gate(c, dir, false)?;
+            super::search::parse_query_name(name)?;
+            let key = Key::AsOfSearch {
+                time: time.clone(),
+                at: *at,
+                dir: dir.clone(),
+                name: Some(Arc::from(name)),
+            };
+            return Ok((key, None));
+        }
         let Key::AsOf { time, at, path } = parent else {
             return Err(Error::NotDir);
         };
         let account = Self::account_of(path);
         let access = self.gate(c, path, false)?;
         let view = self.as_of_view(account, *at)?;
+        if name == SEARCH_DIR && view.is_dir(path) {
+            let key = Key::AsOfSearch {
+                time: time.clone(),
+                at: *at,
+                dir: path.clone(),
+                name: None,
+            };
+            return Ok((key, None));
+        }
         if let Some(placed) = view.node(path) {
             let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
             rec.file(name).ok_or(Error::NotFound)?;
@@ -360,6 +421,13 @@ impl Fs {
                 let access = self.gate(c, path, false)?;
                 let view = self.as_of_view(account, *at)?;
                 self.view_dir_attr(&view, path, access, ino)
+            }
+            Key::AsOfSearch { dir, name, .. } => {
+                self.gate(c, dir, false)?;
+                Ok(match name {
+                    None => self.dir_attr(ino, 0o555, self.started, false),
+                    Some(_) => self.file_attr(ino, 0, 0o444, std::time::SystemTime::now(), false),
+                })
             }
             _ => Err(Error::NotFound),
         }
@@ -412,6 +480,137 @@ impl Fs {
             out.push((k, name, Kind::Dir));
         }
         Ok(out)
+    }
+
+    /// The exact index of the ACTIVE versions `view` shows, built on its
+    /// account's first search at that time and kept.
+    fn past_index_of(&self, view: &View, ix: &crate::index::Index) -> Result<Arc<PastIndex>> {
+        if let Some(px) = self.as_of.past_index(&view.account, view.at) {
+            return Ok(px);
+        }
+        let mut docs = Vec::with_capacity(view.nodes.len());
+        for (then, placed) in &view.nodes {
+            let Some(rec) = self.placed_rec(placed, Access::Read)? else {
+                continue;
+            };
+            if rec.status != Status::Active || self.is_unindexed(then) {
+                continue;
+            }
+            let (texts, _) = crate::index::node_texts(self.store.as_ref(), &rec)?;
+            docs.push(PastDoc {
+                path: Arc::from(then.as_str()),
+                texts,
+                content_blob: rec.file(place::CONTENT).map(|f| f.blob),
+            });
+        }
+        let px = Arc::new(ix.past_index(docs)?);
+        tracing::debug!(
+            account = view.account,
+            at = view.at as i64,
+            docs = px.len(),
+            lexical_only = px.unembedded,
+            "past index built"
+        );
+        self.as_of
+            .keep_past_index(&view.account, view.at, px.clone());
+        Ok(px)
+    }
+
+    /// `.as-of/T/DIR/.search/QUERY`: the versions current at T under DIR,
+    /// ranked as the live search ranks (see `index::past`).
+    pub(super) fn as_of_search_file(&self, c: Caller, key: &Key) -> Result<Vec<u8>> {
+        let Key::AsOfSearch {
+            time,
+            at,
+            dir,
+            name,
+        } = key
+        else {
+            return Err(Error::NotFound);
+        };
+        let name = name.as_deref().ok_or(Error::IsDir)?;
+        let account = Self::account_of(dir);
+        let access = self.gate(c, dir, false)?;
+        let qn = super::search::parse_query_name(name)?;
+        if qn.budget.is_some()
+            || qn.since.is_some()
+            || qn.until.is_some()
+            || qn.expand
+            || qn.mode == crate::index::Mode::Tree
+        {
+            return Err(Error::Invalid(
+                "a search of the past takes k, mode (hybrid, vector or lexical) and format=json; \
+                 budget, since, until, expand and mode=tree are for the live tree"
+                    .into(),
+            ));
+        }
+        self.check_search_rate(account)?;
+        let ix = self
+            .index()
+            .ok_or_else(|| Error::Unavailable("search is off on this mount".into()))?
+            .clone();
+        let t = Instant::now();
+        let view = self.as_of_view(account, *at)?;
+        let px = self.past_index_of(&view, &ix)?;
+        let q = Query {
+            text: qn.text.clone(),
+            // More than asked: what this caller may not read, or what was
+            // deleted or redacted since, is dropped below.
+            k: (qn.k + 1) * 2,
+            mode: qn.mode,
+            expand: false,
+            tenant: Some(c.uid),
+        };
+        let first = Instant::now();
+        let mut judged = ix.past_search(&px, dir, &q)?;
+        let search_us = first.elapsed().as_micros() as u64;
+        let mut redacted = false;
+        let mut kept = Vec::with_capacity(judged.len());
+        for mut j in judged.drain(..) {
+            let then = place::store_path(&j.hit.path).to_string();
+            let Some(placed) = view.node(&then) else {
+                continue;
+            };
+            let Some(rec) = self.placed_rec(placed, access)? else {
+                continue;
+            };
+            if rec.status != Status::Active || self.access_of(c, &then) == Access::None {
+                continue;
+            }
+            if px.blob_of(&then) != Some(rec.file(place::CONTENT).map(|f| f.blob)) {
+                redacted = true;
+                continue;
+            }
+            j.hit.path = format!(
+                "accounts/{account}/.as-of/{time}/{}",
+                Self::in_account(&then)
+            );
+            kept.push(j);
+        }
+        if redacted {
+            // A version changed since the index was built (redacted): the
+            // next search builds it again.
+            self.as_of.forget_past_index(account, *at);
+        }
+        let more = kept.len() > qn.k;
+        kept.truncate(qn.k);
+        let answerable = kept
+            .first()
+            .is_some_and(|j| j.tier >= crate::index::answer::Tier::Medium);
+        self.render_results(
+            &qn,
+            format!("accounts/{account}/.as-of/{time}/{}", Self::in_account(dir))
+                .trim_end_matches('/'),
+            super::search::Results {
+                judged: &kept,
+                tried: Vec::new(),
+                answered_by: qn.text.clone(),
+                answerable,
+                more,
+                took_us: (t.elapsed().as_micros() as u64, search_us),
+                packed: None,
+            },
+        )
     }
 
     /// Do two versions of a node hold the same files and status (their

@@ -99,6 +99,14 @@ pub enum Key {
         at: i128,
         account: Arc<str>,
     },
+    /// `.search/` of a directory `dir` of an as-of view (`name` `None`),
+    /// or a query file in it: searches the versions current at `at`.
+    AsOfSearch {
+        time: Arc<str>,
+        at: i128,
+        dir: Arc<str>,
+        name: Option<Arc<str>>,
+    },
     /// `DIR/.search/`: reached by path, lists nothing.
     SearchDir(Arc<str>),
     /// `DIR/.search/QUERY`: results computed at open.

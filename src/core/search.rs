@@ -52,6 +52,18 @@ fn time_bound(v: &str, end: bool) -> Option<i128> {
 /// `QUERY` or `QUERY?k=20&format=json&mode=vector&expand=1`. The part after
 /// the last `?` is read as options only when every `&`-separated piece has
 /// an `=`; otherwise the whole name is the query.
+/// One search's results and what is said about them, for [`Fs::render_results`].
+pub(super) struct Results<'a> {
+    pub judged: &'a [crate::index::answer::Judged],
+    pub tried: Vec<Value>,
+    pub answered_by: String,
+    pub answerable: bool,
+    pub more: bool,
+    /// (the whole search, its first search) in µs.
+    pub took_us: (u64, u64),
+    pub packed: Option<(usize, crate::core::recall::Packed)>,
+}
+
 pub fn parse_query_name(name: &str) -> Result<QueryName> {
     let mut q = QueryName {
         text: name.to_string(),
@@ -318,6 +330,39 @@ impl Fs {
             None => None,
         };
         let total_us = t.elapsed().as_micros() as u64;
+        self.render_results(
+            &qn,
+            &crate::schema::place::mount_path(dir),
+            Results {
+                judged: &judged,
+                tried,
+                answered_by,
+                answerable,
+                more,
+                took_us: (total_us, search_us),
+                packed,
+            },
+        )
+    }
+
+    /// Search results as the file shows them: TSV lines, the packed text
+    /// of a budget, or the JSON object (`format=json`).
+    pub(super) fn render_results(
+        &self,
+        qn: &QueryName,
+        scope: &str,
+        r: Results<'_>,
+    ) -> Result<Vec<u8>> {
+        let ix = self.indexer()?;
+        let Results {
+            judged,
+            tried,
+            answered_by,
+            answerable,
+            more,
+            took_us: (total_us, search_us),
+            packed,
+        } = r;
         if qn.json {
             let mode = match qn.mode {
                 Mode::Hybrid => "hybrid",
@@ -331,7 +376,7 @@ impl Fs {
                 "tried": tried,
                 "answerable": answerable,
                 "signal": if answerable { "ANSWERABLE" } else { "NOT_ANSWERABLE" },
-                "scope": crate::schema::place::mount_path(dir),
+                "scope": scope,
                 "k": qn.k,
                 "more": more,
                 "mode": mode,

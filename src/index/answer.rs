@@ -208,20 +208,10 @@ impl Index {
         let mut qterms = text::terms(query);
         qterms.sort();
         qterms.dedup();
-        // Coverage counts rare terms more: a name found in every node says little.
         let account = scope.split('/').next().unwrap_or("");
         let weights = self.idf(account, &qterms)?;
-        let total: f32 = weights.iter().sum();
+        let stems = stems(&qterms);
         let mut out = Vec::with_capacity(hits.len());
-        // A line matches when it holds a query term's stem as a substring
-        // (stems mostly prefix their words; no stemming per line).
-        let stems: Vec<String> = qterms
-            .iter()
-            .map(|t| match t.strip_suffix('i') {
-                Some(s) if s.len() >= 3 => s.to_string(),
-                _ => t.clone(),
-            })
-            .collect();
         for hit in hits {
             let node = crate::schema::place::store_path(&hit.path);
             let rec = self.store.get_node(node)?;
@@ -234,52 +224,80 @@ impl Index {
                 .into_owned(),
                 None => String::new(),
             };
-            let mut lines = Vec::new();
-            let mut snippet = (0usize, String::new());
-            if !stems.is_empty() {
-                for (i, line) in content.lines().enumerate() {
-                    let lower = line.to_lowercase();
-                    let here = stems.iter().filter(|s| lower.contains(s.as_str())).count();
-                    if here == 0 {
-                        continue;
-                    }
-                    lines.push(i as u32 + 1);
-                    if here > snippet.0 {
-                        snippet = (here, text::one_line(line));
-                    }
-                }
-            }
             let held = self.holds(node, &qterms)?;
-            let coverage = if total <= 0.0 {
-                0.0
-            } else {
-                held.iter()
-                    .zip(&weights)
-                    .filter(|(h, _)| **h)
-                    .map(|(_, w)| w)
-                    .sum::<f32>()
-                    / total
-            };
-            let hits_n = lines.len();
-            if lines.is_empty() && hit.level == 2 && hit.line > 0 {
-                lines.push(hit.line);
-            }
-            lines.truncate(MAX_LINES);
-            if snippet.1.is_empty() {
-                snippet.1 = hit.abstract_.clone();
-            }
-            let snippet: String = snippet.1.chars().take(200).collect();
-            let tier = Tier::of(&hit, coverage, semantic);
-            out.push(Judged {
-                hit,
-                tier,
-                lines,
-                hits: hits_n,
-                coverage,
-                snippet,
-            });
+            out.push(judge_one(hit, &content, &held, &weights, &stems, semantic));
         }
         Ok(out)
+    }
+}
+
+/// The stems a line of `content.md` is matched by: a query term's stem as
+/// a substring (stems mostly prefix their words; no stemming per line).
+pub(super) fn stems(qterms: &[String]) -> Vec<String> {
+    qterms
+        .iter()
+        .map(|t| match t.strip_suffix('i') {
+            Some(s) if s.len() >= 3 => s.to_string(),
+            _ => t.clone(),
+        })
+        .collect()
+}
+
+/// How sure one hit is, and where in its `content` the query matches:
+/// `held` says which query terms (sorted, deduplicated) the node holds,
+/// `weights` their idf, so coverage counts rare terms more (a name found
+/// in every node says little).
+pub(super) fn judge_one(
+    hit: Hit,
+    content: &str,
+    held: &[bool],
+    weights: &[f32],
+    stems: &[String],
+    semantic: bool,
+) -> Judged {
+    let total: f32 = weights.iter().sum();
+    let mut lines = Vec::new();
+    let mut snippet = (0usize, String::new());
+    if !stems.is_empty() {
+        for (i, line) in content.lines().enumerate() {
+            let lower = line.to_lowercase();
+            let here = stems.iter().filter(|s| lower.contains(s.as_str())).count();
+            if here == 0 {
+                continue;
+            }
+            lines.push(i as u32 + 1);
+            if here > snippet.0 {
+                snippet = (here, text::one_line(line));
+            }
+        }
+    }
+    let coverage = if total <= 0.0 {
+        0.0
+    } else {
+        held.iter()
+            .zip(weights)
+            .filter(|(h, _)| **h)
+            .map(|(_, w)| w)
+            .sum::<f32>()
+            / total
+    };
+    let hits_n = lines.len();
+    if lines.is_empty() && hit.level == 2 && hit.line > 0 {
+        lines.push(hit.line);
+    }
+    lines.truncate(MAX_LINES);
+    if snippet.1.is_empty() {
+        snippet.1 = hit.abstract_.clone();
+    }
+    let snippet: String = snippet.1.chars().take(200).collect();
+    let tier = Tier::of(&hit, coverage, semantic);
+    Judged {
+        hit,
+        tier,
+        lines,
+        hits: hits_n,
+        coverage,
+        snippet,
     }
 }
 

@@ -23,6 +23,7 @@ mod config;
 pub mod embed;
 mod follow;
 pub mod lex;
+mod past;
 mod query;
 mod reindex;
 pub mod text;
@@ -36,6 +37,7 @@ pub use self::config::{
     IndexConfig,
 };
 use self::embed::Embedder;
+pub use self::past::{PastDoc, PastIndex};
 pub use self::reindex::node_texts;
 use crate::error::{Error, Result};
 use crate::schema::event::{self, EventStatus, OutboxEvent};

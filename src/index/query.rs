@@ -588,13 +588,13 @@ impl AccountIndex {
 
 /// The range of one channel's scores over its candidates, to put them on
 /// a common 0..=1 scale before fusion.
-struct Scale {
+pub(super) struct Scale {
     lo: f32,
     hi: f32,
 }
 
 impl Scale {
-    fn of(scores: impl Iterator<Item = f32>) -> Scale {
+    pub(super) fn of(scores: impl Iterator<Item = f32>) -> Scale {
         scores.fold(
             Scale {
                 lo: f32::INFINITY,
@@ -609,7 +609,7 @@ impl Scale {
 
     /// 1 for the channel's best candidate, 0 for its weakest (1 when all
     /// tie).
-    fn unit(&self, x: f32) -> f32 {
+    pub(super) fn unit(&self, x: f32) -> f32 {
         let d = self.hi - self.lo;
         if d > 0.0 {
             ((x - self.lo) / d).clamp(0.0, 1.0)
@@ -626,7 +626,7 @@ impl Scale {
 /// beat a node one channel is sure of; the scores keep that distance
 /// (BENCHMARKS: SciFact nDCG@10 0.720 -> 0.735, conversational recall@10
 /// 0.70 -> 0.88).
-fn fuse(wv: f32, v: Option<f32>, l: Option<f32>) -> f32 {
+pub(super) fn fuse(wv: f32, v: Option<f32>, l: Option<f32>) -> f32 {
     (wv * v.unwrap_or(0.0) + l.unwrap_or(0.0)) / (wv + 1.0)
 }
 

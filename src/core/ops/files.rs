@@ -122,6 +122,7 @@ impl Fs {
                 self.versions_open(c, &key, write)
             }
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
+            Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Usage(account) => data(self.usage_json(c, account)?),
             Key::Audit(account) => {
                 if write {
@@ -271,7 +272,9 @@ impl Fs {
                     "accounts/ holds account directories only".into(),
                 ))
             }
-            Key::AsOfRoot(_) | Key::AsOf { .. } => return Err(Error::ReadOnly),
+            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
+                return Err(Error::ReadOnly)
+            }
             _ => return Err(Error::NotPermitted("no files can be created here")),
         };
         self.gate(c, &node, true)?;

@@ -173,7 +173,7 @@ impl Fs {
                     entries.push(d(k, &name, kind));
                 }
             }
-            Key::AsOfRoot(_) | Key::AsOf { .. } => {
+            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
                 shared = false;
                 for (k, name, kind) in self.as_of_list(c, &key)? {
                     entries.push(d(k, &name, kind));

@@ -159,9 +159,10 @@ impl Fs {
             | Key::VersionFile { .. }
             | Key::Restore(_)
             | Key::Redact(_) => self.versions_attr(c, key, ino),
-            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfRestore { .. } => {
-                self.as_of_attr(c, key, ino)
-            }
+            Key::AsOfRoot(_)
+            | Key::AsOf { .. }
+            | Key::AsOfRestore { .. }
+            | Key::AsOfSearch { .. } => self.as_of_attr(c, key, ino),
             Key::Generated { dir, .. } => {
                 self.check_space(c, dir)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
@@ -317,7 +318,7 @@ impl Fs {
                 return self.node_child_key(path, name, access);
             }
         }
-        if let Key::AsOf { .. } = parent {
+        if let Key::AsOf { .. } | Key::AsOfSearch { .. } = parent {
             return self.as_of_child(c, parent, name);
         }
         Ok((self.structural_child_key(c, parent, name)?, None))

@@ -20,7 +20,9 @@ impl Fs {
             }
             Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
             // The past is read-only.
-            Key::AsOfRoot(_) | Key::AsOf { .. } => return Err(Error::ReadOnly),
+            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
+                return Err(Error::ReadOnly)
+            }
             _ => return Err(Error::NotPermitted("virtual directory")),
         };
         self.gate(c, &path, true)?;
@@ -314,7 +316,10 @@ impl Fs {
         if let Key::Inbox(dir) = &pkey {
             return self.inbox_unlink(c, dir, name);
         }
-        if matches!(pkey, Key::AsOfRoot(_) | Key::AsOf { .. }) {
+        if matches!(
+            pkey,
+            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. }
+        ) {
             return Err(Error::ReadOnly);
         }
         let Key::Dir(node) = &pkey else {
@@ -400,7 +405,8 @@ impl Fs {
                 self.gate(c, &dd, true)?;
                 return Err(Error::CrossDevice);
             }
-            (Key::AsOfRoot(_) | Key::AsOf { .. }, _) | (_, Key::AsOfRoot(_) | Key::AsOf { .. }) => {
+            (Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. }, _)
+            | (_, Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. }) => {
                 return Err(Error::ReadOnly);
             }
             _ => {}
