@@ -13,7 +13,11 @@ same run on a plain local directory on the same disk.
   big    M nodes in one category: create / lookup / listing cost per entry at
          1k, 10k, ... M; mount time and daemon RSS after a full find
 
-Usage: scripts/bench.py [--nodes N] [--big M] [--only tree,commit,batch,ifversion,big] [--model-dir DIR]
+  members  the tree workloads read by an account's writer with and without
+         users' own uids in the account (each users/{u} entry then looked
+         up on every walk); the account without them is the baseline
+
+Usage: scripts/bench.py [--nodes N] [--big M] [--only tree,commit,batch,ifversion,big,members] [--model-dir DIR]
 """
 import argparse
 import json
@@ -88,14 +92,21 @@ MODEL_DIR = None  # --model-dir: mount with MiniLM instead of the hashing fallba
 
 
 class Ctxfs:
-    def __init__(self, work):
+    def __init__(self, work, config=None):
         self.mnt = os.path.join(work, "mnt")
         self.data = os.path.join(work, "data")
         os.makedirs(self.mnt, exist_ok=True)
+        self.config = None
+        if config is not None:
+            self.config = os.path.join(work, "config.toml")
+            with open(self.config, "w") as f:
+                f.write(config)
 
     def mount(self):
         t = time.perf_counter()
         extra = ["--model-dir", MODEL_DIR] if MODEL_DIR else []
+        if self.config:
+            extra += ["--config", self.config]
         subprocess.run([BIN, "mount", self.mnt, "--data", self.data,
                         "--threads", os.environ.get("CTXFS_THREADS", "16")] + extra, check=True,
                        stdout=subprocess.DEVNULL)
@@ -205,6 +216,41 @@ def bench_tree(work, n):
         rows.append((f"{name} (after mount / cold)", tl, tf, "s"))
     report(rows, f"tree: {n} ACTIVE nodes, 5 files each")
     fs.umount()
+
+
+MEMBERS_PLAIN = '[[account]]\nid = "acme"\nwriters = [1001]\n'
+MEMBERS_SCOPED = MEMBERS_PLAIN + '[[account.user]]\nid = "u0"\nuids = [1201]\n'
+
+
+def bench_members(work, n, rounds=3):
+    """What users' own uids cost: the same tree (users u0..u9) in an account
+    without them and in one where user u0 has a uid, so each users/{u}
+    entry is looked up on every walk. Both read by the account's writer
+    (uid 1001); alternating rounds, medians."""
+    mounts = {}
+    for name, cfg in (("plain", MEMBERS_PLAIN), ("users' uids", MEMBERS_SCOPED)):
+        fs = Ctxfs(os.path.join(work, name.split("'")[0]), cfg)
+        fs.mount()
+        populate(fs.base(), list(range(n)), 8, False)
+        wait_sync(fs.mnt)
+        mounts[name] = fs
+    as_writer = "setpriv --reuid 1001 --regid 1001 --clear-groups sh -c '{}'"
+    ops = dict(TREE_OPS)
+    ops["cat .abstract.md by path"] = "cd {d} && cat acme/users/u*/memories/c*/n*/.abstract.md | wc -l"
+    times = {k: {m: [] for m in mounts} for k in ops}
+    for r in range(rounds + 1):
+        order = list(mounts) if r % 2 == 0 else list(reversed(mounts))
+        for name, cmd in ops.items():
+            for m in order:
+                t = timed(as_writer.format(cmd.format(d=mounts[m].base())), 1)
+                if r > 0:  # the first round warms the caches
+                    times[name][m].append(t)
+    rows = [(f"{k} (warm)", statistics.median(v["plain"]), statistics.median(v["users' uids"]), "s")
+            for k, v in times.items()]
+    print("  baseline column: the account without users' uids; ctxfs column: with them")
+    report(rows, f"members: {n} nodes under users/u0..u9, read by the account's writer")
+    for fs in mounts.values():
+        fs.umount()
 
 
 def bench_commit(work, n, rounds=5):
@@ -350,6 +396,8 @@ def main():
             bench_if_version(os.path.join(a.work, "ifversion"), a.commits)
         if "big" in only:
             bench_big(os.path.join(a.work, "big"), a.big)
+        if "members" in only:
+            bench_members(os.path.join(a.work, "members"), a.nodes)
     finally:
         subprocess.run(f"for m in $(grep {a.work} /proc/mounts | cut -d' ' -f2); do {BIN} umount $m || umount -l $m; done",
                        shell=True, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)

@@ -34,6 +34,16 @@ adversarial). Answers are cached by prompt (--cache).
     python3 scripts/eval_locomo.py --data DIR --sessions 3      # a quick run
     python3 scripts/eval_locomo.py --data DIR                   # all sessions
     python3 scripts/eval_locomo.py --data DIR --no-answers      # extraction and recall only
+
+The whole split is about 280 extractions (some 9 hours on 2 cores) and
+about 1,000 questions. A run can span several sittings: `--keep` keeps its
+directory, with a copy of the binary that started it (`ctxfs` there);
+`--resume DIR` mounts it again with that binary, feeds only the sessions
+not yet fed (waiting for one left in flight), and reports over all of them
+(each extraction's figures are kept in `DIR/extractions.jsonl`). The
+answers of the whole split would be some 15 hours more: `--sample N` asks
+the model a fixed random sample of N questions per category (seeded), and
+evidence recall stays over every question.
 """
 import argparse
 import datetime as dt
@@ -128,6 +138,9 @@ def main():
                     help="[llm] memories of the mount (the daemon's default when not given)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir (its path is printed)")
     ap.add_argument("--reuse", help="a directory kept by --keep: search and answer again without extracting")
+    ap.add_argument("--resume", help="a directory kept by --keep: feed the sessions not yet fed, with its binary")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="answer a fixed random sample of N questions per category (recall: all)")
     args = ap.parse_args()
     path = os.path.join(args.data, "locomo-dev.json")
     if not os.path.exists(path):
@@ -154,6 +167,24 @@ def main():
     if len(set(users)) != len(users):
         sys.exit("two speakers share a first name: the copies would collide")
 
+    if args.sample is not None:
+        import random
+        rnd = random.Random(2026)
+        by_cat = defaultdict(list)
+        for c in convs:
+            for q in c["qa"]:
+                by_cat[q["category"]].append(id(q))
+        asked = set()
+        for k, ids in sorted(by_cat.items()):
+            asked |= set(rnd.sample(ids, min(args.sample, len(ids))))
+    else:
+        asked = None
+    if args.resume:
+        args.reuse = args.resume
+        pinned = os.path.join(args.resume, "ctxfs")
+        if os.path.exists(pinned):
+            args.bin = pinned
+        print(f"resuming {args.resume} with {args.bin}", file=sys.stderr)
     if args.reuse:
         tmp = args.reuse
         mnt = os.path.join(tmp, "mnt")
@@ -172,16 +203,36 @@ def main():
     else:
         tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-locomo-", ["eval", "turns"], url,
                                   memories=args.memories)
+        if args.keep:
+            # The binary that started the run finishes it (--resume).
+            subprocess.run(["cp", args.bin, os.path.join(tmp, "ctxfs")], check=True)
     ext = {"jobs": 0, "tokens": 0, "prompt": [], "secs": [], "failed": 0, "memories": 0, "dropped": 0,
            "messages": 0}
+    log_path = os.path.join(tmp, "extractions.jsonl")
+    if args.resume and os.path.exists(log_path):
+        with open(log_path) as f:
+            for line in f:
+                r = json.loads(line)
+                ext["jobs"] += 1
+                ext["messages"] += r["messages"]
+                ext["secs"].append(r["secs"])
+                ext["tokens"] += r["tokens"]
+                ext["prompt"].append(r["prompt"])
+                ext["failed"] += r["state"] != "done"
+                ext["dropped"] += r["dropped"]
+                ext["memories"] += r["made"]
     t0 = time.time()
     try:
-        for c in ([] if args.reuse else convs):
+        for c in ([] if args.reuse and not args.resume else convs):
             for n, when, turns in c["sessions"]:
                 for me in (c["a"], c["b"]):
                     u = me.lower()
                     inbox = os.path.join(mnt, "accounts", "eval", "users", u, "inbox")
                     os.makedirs(inbox, exist_ok=True)
+                    if args.resume and os.path.exists(os.path.join(inbox, f"s{n}.json")):
+                        # Fed before: wait for it if it was left in flight.
+                        wait_status(mnt, inbox, f"s{n}", limit=3600)
+                        continue
                     doc = {"session": f"{c['id']}-s{n}", "messages": [
                         {"role": "user" if who == me else "assistant", "name": who, "content": text,
                          "ts": (when + dt.timedelta(minutes=i)).strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -200,17 +251,26 @@ def main():
                     ext["dropped"] += len(s.get("dropped", []))
                     made = sum(1 for ch in s.get("changes", []) if ch["action"] in ("created", "appended"))
                     ext["memories"] += made
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps({"conv": c["id"], "user": u, "session": n, "state": s["state"],
+                                            "messages": len(turns), "secs": secs,
+                                            "tokens": s.get("tokens", {}).get("total", 0),
+                                            "prompt": s.get("tokens", {}).get("prompt", 0),
+                                            "dropped": len(s.get("dropped", [])), "made": made}) + "\n")
                     print(f"  {c['id']} {u} s{n}: {s['state']}, {len(turns)} messages, {made} new memories, "
                           f"{s.get('tokens', {}).get('total', 0)} tokens, {secs:.1f} s"
                           + (f" ({s.get('error') or s.get('reason')})" if s["state"] == "failed" else ""),
                           file=sys.stderr)
                     wait_sync(mnt)
+            turns_dir = os.path.join(mnt, "accounts", "turns", "users", c["id"], "memories", "turns")
             lines = [json.dumps({"node": f"users/{c['id']}/memories/turns/s{n}-m{i}",
                                  "content": turn_line(when, who, text) + "\n",
                                  "meta": {"status": "ACTIVE"}})
-                     for n, when, turns in c["sessions"] for i, (who, text) in enumerate(turns)]
-            with open(os.path.join(mnt, "accounts", "turns", ".ctxfs", "batch"), "w") as f:
-                f.write("\n".join(lines) + "\n")
+                     for n, when, turns in c["sessions"] for i, (who, text) in enumerate(turns)
+                     if not os.path.exists(os.path.join(turns_dir, f"s{n}-m{i}"))]
+            if lines:
+                with open(os.path.join(mnt, "accounts", "turns", ".ctxfs", "batch"), "w") as f:
+                    f.write("\n".join(lines) + "\n")
         wait_sync(mnt)
         extract_secs = time.time() - t0
 
@@ -296,7 +356,7 @@ def main():
                         if args.verbose and row == "mem+conv" and not hit:
                             print(f"  [{row}] evidence missed: {q['question']} (evidence {sorted(want)})",
                                   file=sys.stderr)
-                    if args.no_answers or row not in rows:
+                    if args.no_answers or row not in rows or (asked is not None and id(q) not in asked):
                         continue
                     context = texts[0] if row in ("whole", "packed") else "\n".join(f"- {t}" for t in texts)
                     ans = model.answer(me, other, context, q["question"])
