@@ -415,3 +415,71 @@ fn loads_run_below_the_searches_priority() {
     assert_eq!(inside, before.max(super::account::LOAD_NICE));
     assert_eq!(nice(), before);
 }
+
+/// A view's exact index finds the vectors the indexer stored for the very
+/// texts it holds (by hash), searches texts it never embedded by their
+/// words, keeps to its scope, and ranks as the live search does.
+#[test]
+fn a_past_index_reuses_stored_vectors_and_keeps_to_its_scope() {
+    let mut t = T::with(IndexConfig::default());
+    t.notes(0..10);
+    let doc = |path: &str, text: &str| super::PastDoc {
+        path: Arc::from(path),
+        texts: vec![(2, text.to_string())],
+        content_blob: Some(1),
+    };
+    let px =
+        t.ix.past_index(vec![
+            // Indexed (text and path as the live index has them).
+            doc("a/users/u/memories/c/n3", "note 3 about widget3"),
+            // Never indexed: found by its words only.
+            doc("a/users/u/memories/c/old", "an older note about sprockets"),
+            doc("a/users/v/memories/c/n3", "note 3 about widget3"),
+        ])
+        .unwrap();
+    assert_eq!(px.len(), 3);
+    assert_eq!(
+        px.unembedded, 1,
+        "only the text never embedded lacks a vector"
+    );
+    let q = |text: &str, mode: Mode| Query {
+        text: text.into(),
+        k: 10,
+        mode,
+        expand: false,
+        tenant: None,
+    };
+    let paths = |scope: &str, query: Query| -> Vec<String> {
+        t.ix.past_search(&px, scope, &query)
+            .unwrap()
+            .into_iter()
+            .map(|j| j.hit.path)
+            .collect()
+    };
+    assert_eq!(
+        paths("a/users/u", q("widget3", Mode::Hybrid))[0],
+        "accounts/a/users/u/memories/c/n3"
+    );
+    assert_eq!(
+        paths("a/users/u", q("sprockets", Mode::Lexical)),
+        ["accounts/a/users/u/memories/c/old"]
+    );
+    // Vector-only finds what has a vector, never the unembedded text.
+    assert!(!paths("a", q("sprockets", Mode::Vector))
+        .iter()
+        .any(|p| p.ends_with("/old")));
+    // Scope: the other user's copy only from above.
+    assert!(!paths("a/users/u", q("widget3", Mode::Hybrid))
+        .iter()
+        .any(|p| p.contains("/users/v/")));
+    assert!(paths("a", q("widget3", Mode::Lexical))
+        .iter()
+        .any(|p| p.contains("/users/v/")));
+    // Judged as live: the line and the confidence.
+    let j = &t
+        .ix
+        .past_search(&px, "a/users/u", &q("widget3", Mode::Hybrid))
+        .unwrap()[0];
+    assert_eq!(j.lines, [1]);
+    assert_eq!(px.blob_of("a/users/u/memories/c/old"), Some(Some(1)));
+}
