@@ -83,7 +83,7 @@ fn says_something(span: &str, speakers: &HashSet<&str>) -> bool {
     static CHAT: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let chat = CHAT.get_or_init(|| {
         regex::Regex::new(
-            r"(?i)\b(?:(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b|i'll catch up with you|i'll keep (?:that|it|this) in mind|i (?:really )?appreciate|i agree|i hope|i'm (?:so )?glad|i'm sure|i'm sorry to hear|i know,? right|i can help|i can't wait|i'd love to|i bet|i think so|i see)",
+            r"(?i)\b(?:(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b|i'll catch up with you|i'll (?:let|keep) you (?:know|posted)|i'll keep (?:that|it|this) in mind|i (?:really )?appreciate|i agree|i hope|i'm (?:so )?glad|i'm sure|i'm sorry to hear|i know,? right|i can help|i can't wait|i'd love to|i bet|i think so|i see)",
         )
         .expect("the chat pattern compiles")
     });
@@ -313,21 +313,47 @@ pub fn quoted(text: &str) -> String {
         .join("\n")
 }
 
-/// The statements of a quote: its questions cut away, a cut between two
-/// statements marked "…".
-fn statements_only(span: &str) -> String {
+/// The statements of a quote: its questions cut away, and the greetings
+/// and sign-offs at its edges ("Hey Ann!", "Have a good one!": chat that
+/// names nothing and says nothing of anyone); a cut between two statements
+/// is marked "…", once.
+fn statements_only(span: &str, speakers: &HashSet<&str>) -> String {
+    let sentences = super::support::sentences(span);
+    let question = |s: &str| s.trim_end().ends_with('?');
+    let chat = |s: &str| {
+        let t = s.trim();
+        t.is_empty()
+            || t.chars().all(|c| !c.is_alphanumeric())
+            || (fact_words(t) < MIN_FACT_WORDS && !says_something(t, speakers))
+    };
+    let body = |s: &str| !question(s) && !chat(s);
+    let (Some(first), Some(last)) = (
+        sentences.iter().position(|s| body(s)),
+        sentences.iter().rposition(|s| body(s)),
+    ) else {
+        // Nothing but chat and questions: what is left for the checks to
+        // refuse.
+        return sentences
+            .into_iter()
+            .filter(|s| !question(s))
+            .collect::<Vec<_>>()
+            .join(" ");
+    };
     let mut out = String::new();
     let mut cut = false;
-    for s in super::support::sentences(span) {
-        if s.trim_end().ends_with('?') {
+    for s in &sentences[first..=last] {
+        if question(s) || s.trim().chars().all(|c| !c.is_alphanumeric()) {
             cut = true;
             continue;
         }
         if !out.is_empty() {
             out.push_str(if cut { " … " } else { " " });
         }
-        out.push_str(&s);
+        out.push_str(s);
         cut = false;
+    }
+    while out.contains("… …") {
+        out = out.replace("… …", "…");
     }
     out
 }
@@ -399,7 +425,7 @@ pub fn candidates(
             ));
             continue;
         };
-        let span = crate::schema::clip(&statements_only(&span), MAX_QUOTE_CHARS);
+        let span = crate::schema::clip(&statements_only(&span, &speakers), MAX_QUOTE_CHARS);
         if fact_words(&span) < MIN_FACT_WORDS || !says_something(&span, &speakers) {
             dropped.push(format!(
                 "memory {n} ({}): a question or small talk, no fact",
@@ -573,7 +599,7 @@ mod tests {
         assert!(c[0].text.contains("[week of 2023-05-01]"), "{}", c[0].text);
         // A question between two statements is cut, and the cut shown.
         assert_eq!(
-            statements_only("I love it. Do you? We go every week."),
+            statements_only("I love it. Do you? We go every week.", &HashSet::new()),
             "I love it. … We go every week."
         );
         assert_eq!(
@@ -673,6 +699,7 @@ mod tests {
             // The speakers' own names are the addressed, not a subject.
             "Alright Ann, have fun with it! Keep me updated!",
             "Take care, Ann! I'll catch up with you later.",
+            "I'll let you know. Have a good one!",
         ] {
             assert!(!says_something(s, &speakers), "{s}");
         }
@@ -687,6 +714,39 @@ mod tests {
         ] {
             assert!(says_something(s, &speakers), "{s}");
         }
+    }
+
+    #[test]
+    fn greetings_and_sign_offs_leave_the_edges_of_a_quote() {
+        let speakers: HashSet<&str> = ["Ann", "Bob Stone"].into_iter().collect();
+        for (span, want) in [
+            (
+                "Hey Bob! My sister moved to Oslo in May. Talk soon!",
+                "My sister moved to Oslo in May.",
+            ),
+            (
+                "Hi Ann! How are you? I adopted a cat. Her name is Tofu. Bye!",
+                "I adopted a cat. Her name is Tofu.",
+            ),
+            // Inside a quote a question is a cut, marked once.
+            (
+                "I sold the van. Why? … Did you hear? It needed a new engine.",
+                "I sold the van. … It needed a new engine.",
+            ),
+            // Chat between two statements stays: it is their context.
+            (
+                "We went to the lake. Super fun! The kids swam all day.",
+                "We went to the lake. Super fun! The kids swam all day.",
+            ),
+        ] {
+            assert_eq!(statements_only(span, &speakers), want, "{span}");
+        }
+        // All chat: left for the checks to refuse.
+        let s = statements_only("Hey Bob! Thanks!", &speakers);
+        assert!(
+            fact_words(&s) < MIN_FACT_WORDS || !says_something(&s, &speakers),
+            "{s}"
+        );
     }
 
     #[test]
