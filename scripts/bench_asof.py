@@ -38,6 +38,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mountutil import wait_sync  # noqa: E402
 BIN = os.environ.get("CTXFS_BIN", os.path.join(HERE, "../target/release/ctxfs"))
 WORDS = ("kettle tea water boil morning garden rain bicycle train ticket station coffee "
          "market bread cheese river bridge window lamp desk paper letter stamp garden "
@@ -94,8 +96,7 @@ def main():
                 with open(os.path.join(acct, ".ctxfs/batch"), "w") as f:
                     f.write(lines)
             if a.search:
-                with open(os.path.join(mnt, ".ctxfs/sync")) as f:
-                    f.read()
+                wait_sync(mnt)
             if v == 1:
                 time.sleep(0.05)
                 t_then = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + \
