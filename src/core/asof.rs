@@ -174,6 +174,13 @@ impl Views {
         s.push((account.to_string(), at, Instant::now(), px));
     }
 
+    /// Drop every view and past index of `account`: after a delete or a
+    /// redaction no copy of the text it removed stays in memory here.
+    pub(super) fn forget_account(&self, account: &str) {
+        lock(&self.built).retain(|v| v.account != account);
+        lock(&self.searched).retain(|e| e.0 != account);
+    }
+
     fn forget_past_index(&self, account: &str, at: i128) {
         lock(&self.searched).retain(|e| !(e.0 == account && e.1 == at));
     }
@@ -564,21 +571,25 @@ impl Fs {
         let first = Instant::now();
         let mut judged = ix.past_search(&px, dir, &q)?;
         let search_us = first.elapsed().as_micros() as u64;
-        let mut redacted = false;
+        // A result deleted or redacted since the index was built: the
+        // next search builds it again, without that text.
+        let mut stale = false;
         let mut kept = Vec::with_capacity(judged.len());
         for mut j in judged.drain(..) {
             let then = place::store_path(&j.hit.path).to_string();
             let Some(placed) = view.node(&then) else {
+                stale = true;
                 continue;
             };
             let Some(rec) = self.placed_rec(placed, access)? else {
+                stale |= self.placed_rec(placed, Access::Write)?.is_none();
                 continue;
             };
             if rec.status != Status::Active || self.access_of(c, &then) == Access::None {
                 continue;
             }
             if px.blob_of(&then) != Some(rec.file(place::CONTENT).map(|f| f.blob)) {
-                redacted = true;
+                stale = true;
                 continue;
             }
             j.hit.path = format!(
@@ -587,9 +598,7 @@ impl Fs {
             );
             kept.push(j);
         }
-        if redacted {
-            // A version changed since the index was built (redacted): the
-            // next search builds it again.
+        if stale {
             self.as_of.forget_past_index(account, *at);
         }
         let more = kept.len() > qn.k;

@@ -441,6 +441,7 @@ impl Fs {
             }),
         )?);
         self.store.apply(ops, true)?;
+        self.as_of.forget_account(Self::account_of(node));
         tracing::info!(node, version = v, "version redacted");
         Ok(())
     }

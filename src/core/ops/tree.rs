@@ -237,6 +237,7 @@ impl Fs {
         self.notify_index();
         self.set_expiry(node, None);
         self.drafts.remove(node);
+        self.as_of.forget_account(Self::account_of(node));
         self.stats.deletes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
