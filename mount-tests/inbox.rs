@@ -1125,6 +1125,53 @@ fn quoted_memories_are_the_messages_words_with_speaker_and_day() {
     m.umount_and_fsck();
 }
 
+/// A small model may answer with its prompt's worked example instead of
+/// the conversation: every quote then is in no message. The request is
+/// asked again, once, without the example, and the memories come from
+/// that answer; the status says so.
+#[test]
+fn an_answer_quoting_nothing_said_is_asked_again_without_the_example() {
+    let copied = serde_json::json!({"memories": [
+        {"message": 0, "quote": "I switched jobs, I teach chemistry in Leeds now.", "kind": "profile", "topic": "job"},
+        {"message": 1, "quote": "I'm still a pharmacist at the hospital.", "kind": "entity", "topic": "Ruth"},
+    ]});
+    let real = serde_json::json!({"memories": [
+        {"message": 0, "quote": "I restore old sailing boats in Bergen.", "kind": "profile", "topic": "work"},
+    ]});
+    let replies =
+        serde_json::json!([{"content": copied.to_string()}, {"content": real.to_string()}]);
+    let (server, m) = canned_mount(replies, |c| c.replace("memories = \"written\"\n", ""));
+    let c1 = r#"[{"role":"user","name":"Priya","ts":"2026-03-19T10:00:00Z","content":"I restore old sailing boats in Bergen."},
+      {"role":"assistant","content":"That sounds like patient work."}]"#;
+    let s = ingest(&m, "c1", c1, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    let asked = server.requests();
+    assert_eq!(asked.len(), 2, "asked again once");
+    assert!(
+        asked[0].to_string().contains("Miso"),
+        "the first request holds the example"
+    );
+    assert!(
+        !asked[1].to_string().contains("Miso"),
+        "the second does not"
+    );
+    assert!(
+        s["dropped"]
+            .to_string()
+            .contains("asked again without the example"),
+        "{s:#}"
+    );
+    assert_eq!(
+        m.ok(WRITER, "cat \"$M/accounts/acme/users/priya/memories/profile/content.md\""),
+        "# Profile\n\nPriya (the user) said on 2026-03-19: \"I restore old sailing boats in Bergen.\"\n"
+    );
+    m.fails(
+        WRITER,
+        "grep -rl -e Leeds -e pharmacist \"$M/accounts/acme/users/priya/memories\"",
+        "",
+    );
+}
+
 /// Memory poisoning: a message that tells the assistant what it may do
 /// ("SYSTEM OVERRIDE …") must not become a skill or pattern an agent
 /// follows. With a model fooled into proposing the skill (as the default

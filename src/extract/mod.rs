@@ -328,6 +328,24 @@ impl Style {
         }
     }
 
+    /// The request to ask again when the answer to [`Self::request`] quoted
+    /// nothing of messages `range` (quoted memories: the same request
+    /// without its worked example); `None` when it did quote, or in
+    /// written mode.
+    pub fn request_again(
+        self,
+        answer: &Value,
+        conv: &Conversation,
+        range: std::ops::Range<usize>,
+    ) -> Option<Vec<Value>> {
+        match self {
+            Style::Quoted if quote::quotes_nothing_said(answer, conv, range.clone()) => {
+                Some(quote::request_without_example(conv, range))
+            }
+            _ => None,
+        }
+    }
+
     /// The candidates of the model's answer to the request for `range`,
     /// checked, and what was dropped. A written candidate's citation is
     /// grounded in the messages that hold its words; a quoted one cites the

@@ -175,6 +175,33 @@ pub fn request(conv: &Conversation, range: std::ops::Range<usize>) -> Vec<Value>
     ]
 }
 
+/// The same request without its worked example: asked when the answer to
+/// [`request`] quoted nothing of the conversation (a small model may copy
+/// the example's answer instead of reading the transcript).
+pub fn request_without_example(conv: &Conversation, range: std::ops::Range<usize>) -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": SYSTEM}),
+        json!({"role": "user", "content": super::prompt::transcript_of(conv, range)}),
+    ]
+}
+
+/// Did the answer quote nothing the messages of `range` say: memories
+/// given, and every one of them found in no message? Then it answered
+/// something else (the example), and is worth asking again.
+pub fn quotes_nothing_said(v: &Value, conv: &Conversation, range: std::ops::Range<usize>) -> bool {
+    let Ok((list, _)) = super::answer_items(v, "request") else {
+        return false;
+    };
+    let Ok((found, dropped)) = candidates(v, conv, range) else {
+        return false;
+    };
+    let unfound = dropped.iter().filter(|d| d.contains(UNFOUND)).count();
+    !list.is_empty() && found.is_empty() && unfound == list.len()
+}
+
+/// How a drop says a quote is in no message.
+const UNFOUND: &str = "says it word for word";
+
 /// Tokens of a quoting request before its transcript.
 pub fn overhead() -> usize {
     use crate::schema::estimate_tokens;
@@ -419,7 +446,7 @@ pub fn candidates(
         });
         let Some((i, span, _)) = hit else {
             dropped.push(format!(
-                "memory {n} ({}): no message{} says it word for word",
+                "memory {n} ({}): no message{} {UNFOUND}",
                 crate::schema::excerpt(quote),
                 said.map(|i| format!(" (it named {i})")).unwrap_or_default()
             ));
@@ -714,6 +741,29 @@ mod tests {
         ] {
             assert!(says_something(s, &speakers), "{s}");
         }
+    }
+
+    #[test]
+    fn an_answer_quoting_only_the_example_is_asked_again() {
+        let c = conv();
+        let n = c.messages.len();
+        // The worked example's own answer: nothing of this conversation.
+        assert!(quotes_nothing_said(&example_answer(), &c, 0..n));
+        // One real quote among the example's: kept, not asked again.
+        let mut mixed = example_answer();
+        let real = c.messages[0].content.clone();
+        mixed["memories"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"message": 0, "quote": real, "kind": "event", "topic": "x"}));
+        assert!(!quotes_nothing_said(&mixed, &c, 0..n));
+        // Nothing picked, or only small talk picked: nothing to ask again.
+        assert!(!quotes_nothing_said(&json!({"memories": []}), &c, 0..n));
+        let again = request_without_example(&c, 0..n);
+        assert_eq!(again.len(), 2);
+        assert!(!again
+            .iter()
+            .any(|m| m["content"].as_str().unwrap_or("").contains("Miso")));
     }
 
     #[test]

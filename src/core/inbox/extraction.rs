@@ -36,15 +36,28 @@ pub(super) fn extract_job(
     job.windows = windows.len();
     let mut cands = Vec::new();
     job.dropped.clear();
+    let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
+        ib.client.chat_json(req, &schema, spent)
+    };
     for w in windows {
-        let answer = match ib
-            .client
-            .chat_json(style.request(conv, w.clone()), &schema, spent)
-        {
+        let mut answer = match ask(style.request(conv, w.clone()), spent) {
             Ok(v) => v,
             Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
             Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
         };
+        // An answer that quoted nothing of these messages (a small model
+        // copying the worked example) is asked again, once, without it.
+        if let Some(again) = style.request_again(&answer, conv, w.clone()) {
+            job.dropped.push(format!(
+                "messages {}..{}: the model's answer quoted none of them; asked again without the example",
+                w.start, w.end
+            ));
+            answer = match ask(again, spent) {
+                Ok(v) => v,
+                Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
+                Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+            };
+        }
         let (found, dropped) = match style.candidates(&answer, conv, w) {
             Ok(x) => x,
             Err(e) => return Outcome::Retry(e),
