@@ -296,6 +296,11 @@ fn a_subtree_restored_as_it_was_then() {
         result.contains(r#""node":"users/alice/memories/notes/b","unchanged":true"#),
         "{result}"
     );
+    // The node made since is left, and the result says so.
+    assert!(
+        result.contains(r#""left":true,"made_since":true,"node":"users/alice/memories/notes/c""#),
+        "{result}"
+    );
     // The whole account, again: only bob's node has changed since.
     m.ok(WRITER, &format!("/bin/echo / > \"{restore}\""));
     assert_eq!(

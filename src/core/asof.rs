@@ -771,6 +771,24 @@ impl Fs {
                 self.restore_draft(&cur, &old, by)?,
             ));
         }
+        // The nodes made since under the path are left as they are; the
+        // result says which.
+        let then_ids: BTreeSet<u64> = view.nodes.values().map(|p| p.id).collect();
+        let mut todo = vec![prefix.clone()];
+        while let Some(dir) = todo.pop() {
+            if place::classify_dir(&place::split(&dir)) == Ok(place::DirPlace::Node) {
+                continue;
+            }
+            for (name, cur) in self.store.list_nodes(&dir)? {
+                if !then_ids.contains(&cur.id) && !self.expired(&cur.path) {
+                    let shown = Self::in_account(&format!("{dir}/{name}")).to_string();
+                    lines.push(json!({"node": shown, "made_since": true, "left": true}));
+                }
+            }
+            for sub in self.subdirs(&dir)? {
+                todo.push(format!("{dir}/{sub}"));
+            }
+        }
         if drafts.len() > super::commit::MAX_BATCH_NODES {
             return Err(Error::Invalid(format!(
                 "{} nodes changed since then under {rel:?}; restore at most {} at once (a narrower path)",
