@@ -164,6 +164,13 @@ fn users_and_agents_reach_only_their_own_part() {
         "cat $M/accounts/acme/users/bob/memories/events/b9/content.md",
         "No such file",
     );
+    // Links: none is stored, to one's own part or another's.
+    for cmd in [
+        format!("ln $M/accounts/{A1}/content.md $M/accounts/acme/users/alice/memories/events/a2/copy.md"),
+        format!("ln -s $M/accounts/{B1}/content.md $M/accounts/acme/users/alice/memories/events/a2/link.md"),
+    ] {
+        m.fails(ALICE, &cmd, "Operation not permitted");
+    }
     // The account's audit trail is its writers'.
     m.fails(
         ALICE,
