@@ -323,3 +323,24 @@ print("bad", bad)
         "moving"
     );
 }
+
+/// `.ctxfs/version` (a feature's own virtual file): listed in `.ctxfs/`,
+/// the same JSON for every uid, read-only.
+#[test]
+fn the_daemon_says_what_it_is_in_ctxfs_version() {
+    let m = Mount::with_args(Some(CONFIG), &["--no-index"]);
+    assert!(m.ok(0, "ls $M/.ctxfs").lines().any(|l| l == "version"));
+    for uid in [0, WRITER, NOBODY] {
+        let v = m.json(uid, "cat $M/.ctxfs/version");
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"), "{v}");
+        assert_eq!(v["store"], "redb", "{v}");
+        assert_eq!(v["search"], false, "{v}");
+    }
+    m.fails(
+        WRITER,
+        "/bin/echo x > $M/.ctxfs/version",
+        "Operation not permitted",
+    );
+    m.fails(0, "rm $M/.ctxfs/version", "");
+    assert!(m.ok(0, "cat $M/.ctxfs/version").contains("\"version\""));
+}

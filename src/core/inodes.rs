@@ -58,8 +58,6 @@ pub enum Key {
     Scratch(Arc<str>),
     /// `accounts/{a}/.ctxfs/`: the account's own files (reached by path).
     AccountCtxfs(Arc<str>),
-    /// `accounts/{a}/.ctxfs/usage`: usage against quota.
-    Usage(Arc<str>),
     /// `NODE/.versions/`: every committed version (reached by path).
     Versions(Arc<str>),
     /// `NODE/.versions/N/`.
@@ -107,6 +105,8 @@ pub enum Key {
         dir: Arc<str>,
         name: Option<Arc<str>>,
     },
+    /// A name of a feature that owns its virtual files (`core::features`).
+    Virtual(VKey),
     /// `DIR/.search/`: reached by path, lists nothing.
     SearchDir(Arc<str>),
     /// `DIR/.search/QUERY`: results computed at open.
@@ -114,6 +114,26 @@ pub enum Key {
         dir: Arc<str>,
         name: Arc<str>,
     },
+}
+
+/// The key of a feature's virtual file or directory: the feature (its
+/// `id`), the directory it is in, and its name there (or whatever else the
+/// feature needs to find it again).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct VKey {
+    pub feature: &'static str,
+    pub dir: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl VKey {
+    pub fn new(feature: &'static str, dir: &str, name: &str) -> VKey {
+        VKey {
+            feature,
+            dir: Arc::from(dir),
+            name: Arc::from(name),
+        }
+    }
 }
 
 /// `path` with its prefix `from` replaced by `to`, if it is `from` or below.

@@ -10,6 +10,7 @@ mod asof;
 mod audit;
 pub mod commit;
 pub(crate) mod draft;
+mod features;
 mod flock;
 pub mod forget;
 mod handles;

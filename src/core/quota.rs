@@ -291,7 +291,7 @@ impl Fs {
     }
 
     /// `accounts/{a}/.ctxfs/usage`: what the account uses, against its quota.
-    pub(super) fn usage_json(&self, c: Caller, account: &str) -> Result<Vec<u8>> {
+    pub(in crate::core) fn usage_json(&self, c: Caller, account: &str) -> Result<Vec<u8>> {
         self.gate(c, account, false)?;
         let q = self.quota(account).cloned().unwrap_or_default();
         let day = day_of(now_ns());

@@ -123,7 +123,7 @@ impl Fs {
             }
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
-            Key::Usage(account) => data(self.usage_json(c, account)?),
+            Key::Virtual(v) => super::features::owner(v)?.open(self, c, v, write),
             Key::Audit(account) => {
                 if write {
                     self.gate(c, account, true)?;

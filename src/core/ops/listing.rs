@@ -160,8 +160,6 @@ impl Fs {
             Key::SearchDir(_) => shared = false,
             Key::AccountCtxfs(account) => {
                 shared = false;
-                let k = Key::Usage(account.clone());
-                entries.push(d(k, names::USAGE_FILE, Kind::File));
                 let k = Key::Batch(account.clone());
                 entries.push(d(k, names::BATCH_FILE, Kind::File));
                 let k = Key::Audit(account.clone());
@@ -193,7 +191,16 @@ impl Fs {
                     entries.push(d(k, &name, kind));
                 }
             }
+            Key::Virtual(v) => {
+                shared = false;
+                for (k, name, kind) in super::features::owner(v)?.list(self, c, v)? {
+                    entries.push(d(k, &name, kind));
+                }
+            }
             _ => return Err(Error::NotDir),
+        }
+        for (k, name, kind) in self.feature_entries(c, &key) {
+            entries.push(d(k, &name, kind));
         }
         let mut entries: Vec<(u64, DirEntry)> =
             entries.into_iter().map(|e| (cookie(&e.name), e)).collect();

@@ -142,10 +142,6 @@ impl Fs {
                 self.gate(c, account, false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
-            Key::Usage(account) => {
-                self.gate(c, account, false)?;
-                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
-            }
             Key::Batch(account) => {
                 self.gate(c, account, false)?;
                 Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
@@ -172,6 +168,7 @@ impl Fs {
                 super::search::parse_query_name(name)?;
                 Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
             }
+            Key::Virtual(v) => super::features::owner(v)?.attr(self, c, v, ino),
         }
     }
 
@@ -331,6 +328,9 @@ impl Fs {
         parent: &Key,
         name: &str,
     ) -> Result<Key> {
+        if let Some(k) = self.feature_lookup(c, parent, name) {
+            return k;
+        }
         match parent {
             Key::Root => match name {
                 "accounts" => Ok(Key::Accounts),
@@ -381,10 +381,6 @@ impl Fs {
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))
-            }
-            Key::AccountCtxfs(account) if name == names::USAGE_FILE => {
-                self.gate(c, account, false)?;
-                Ok(Key::Usage(account.clone()))
             }
             Key::AccountCtxfs(account) if name == names::BATCH_FILE => {
                 self.gate(c, account, false)?;

@@ -1,0 +1,101 @@
+//! Virtual files owned whole by their feature.
+//!
+//! A feature that adds files or directories to the mount implements
+//! [`Feature`] in a file of its own and is listed in [`FEATURES`]: it says
+//! where its names appear (`lookup`, `entries`), and answers attributes,
+//! listings and opens of its own keys ([`Key::Virtual`], tagged with its
+//! `id`). The operations of `ops/` ask the features first, so nothing
+//! else changes when one is added. Changes (create, write-open of a
+//! directory, unlink, rename, mkdir) of a feature's names are refused by
+//! the operations' fallbacks (`EPERM`).
+//!
+//! The recipe for a new virtual file: a file here with a unit struct
+//! implementing `Feature`, its `mod` line and its entry in `FEATURES`
+//! below; `version.rs` (`.ctxfs/version`) is the example.
+
+mod usage;
+mod version;
+
+use super::inodes::{Key, VKey};
+use super::{Attr, Caller, Fs, Kind, Opened};
+use crate::error::{Error, Result};
+
+/// A feature's virtual files.
+pub(in crate::core) trait Feature: Sync {
+    /// The tag of its keys.
+    fn id(&self) -> &'static str;
+
+    /// The key of `name` in directory `parent`, when this feature puts
+    /// something there (`None`: not its name).
+    fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>>;
+
+    /// What it adds to the listing of `parent` (the same for every caller
+    /// the listing is shown to: the kernel may cache it with the rest).
+    fn entries(&self, _fs: &Fs, _c: Caller, _parent: &Key) -> Vec<(Key, String, Kind)> {
+        Vec::new()
+    }
+
+    /// The attributes of one of its keys.
+    fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr>;
+
+    /// The entries of one of its directories.
+    fn list(&self, _fs: &Fs, _c: Caller, _key: &VKey) -> Result<Vec<(Key, String, Kind)>> {
+        Err(Error::NotDir)
+    }
+
+    /// Open one of its files (`write`: for writing).
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened>;
+}
+
+/// Every feature, asked in this order.
+static FEATURES: &[&dyn Feature] = &[&usage::Usage, &version::Version];
+
+/// The feature that owns `key`.
+pub(in crate::core) fn owner(key: &VKey) -> Result<&'static dyn Feature> {
+    FEATURES
+        .iter()
+        .copied()
+        .find(|f| f.id() == key.feature)
+        .ok_or(Error::NotFound)
+}
+
+impl Fs {
+    /// The key a feature gives `name` in `parent`, if one does.
+    pub(in crate::core) fn feature_lookup(
+        &self,
+        c: Caller,
+        parent: &Key,
+        name: &str,
+    ) -> Option<Result<Key>> {
+        FEATURES
+            .iter()
+            .find_map(|f| f.lookup(self, c, parent, name))
+    }
+
+    /// What the features add to the listing of `parent`.
+    pub(in crate::core) fn feature_entries(
+        &self,
+        c: Caller,
+        parent: &Key,
+    ) -> Vec<(Key, String, Kind)> {
+        FEATURES
+            .iter()
+            .flat_map(|f| f.entries(self, c, parent))
+            .collect()
+    }
+
+    /// An open handle on `bytes`, read-only (a virtual file computed at
+    /// open): `EPERM` for writing.
+    pub(in crate::core) fn read_only(&self, bytes: Vec<u8>, write: bool) -> Result<Opened> {
+        if write {
+            return Err(Error::NotPermitted("read-only virtual file"));
+        }
+        let fh = self.new_handle(super::Handle::Data(std::sync::Arc::from(bytes)));
+        Ok(Opened {
+            fh,
+            direct_io: true,
+            keep_cache: false,
+            no_flush: true,
+        })
+    }
+}
