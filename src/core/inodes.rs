@@ -75,10 +75,6 @@ pub enum Key {
     },
     /// `NODE/.versions/restore`: a version number written here is restored.
     Restore(Arc<str>),
-    /// `accounts/{a}/.ctxfs/batch`.
-    Batch(Arc<str>),
-    /// `accounts/{a}/.ctxfs/audit`.
-    Audit(Arc<str>),
     /// `NODE/.versions/redact`: write a version number to redact it.
     Redact(Arc<str>),
     /// `accounts/{a}/.as-of/`: reached by path, lists nothing.

@@ -13,6 +13,8 @@
 //! implementing `Feature`, its `mod` line and its entry in `FEATURES`
 //! below; `version.rs` (`.ctxfs/version`) is the example.
 
+mod audit;
+mod batch;
 mod usage;
 mod version;
 
@@ -45,10 +47,21 @@ pub(in crate::core) trait Feature: Sync {
 
     /// Open one of its files (`write`: for writing).
     fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened>;
+
+    /// Does it take writes (a control file: `echo … > FILE` truncates it
+    /// first, which is accepted)?
+    fn takes_writes(&self) -> bool {
+        false
+    }
 }
 
 /// Every feature, asked in this order.
-static FEATURES: &[&dyn Feature] = &[&usage::Usage, &version::Version];
+static FEATURES: &[&dyn Feature] = &[
+    &usage::Usage,
+    &batch::Batch,
+    &audit::Audit,
+    &version::Version,
+];
 
 /// The feature that owns `key`.
 pub(in crate::core) fn owner(key: &VKey) -> Result<&'static dyn Feature> {

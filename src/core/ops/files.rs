@@ -3,14 +3,6 @@
 
 use super::*;
 
-/// What reading `accounts/{a}/.ctxfs/batch` says before any batch.
-const BATCH_HELP: &str = "Write JSON lines here, one node each, and close: every node is \
-committed as by the four-step write (whole or not at all), all in one transaction.\n  \
-{\"node\": \"users/alice/memories/work/w1\", \"content\": \"...\", \"abstract\": \"...\", \
-\"overview\": \"...\", \"relations\": [], \"meta\": {\"status\": \"ACTIVE\"}}\nabstract, \
-overview and relations are optional. Reading this file then gives your last batch's result, \
-a line per node (its version, or why it was refused).\n";
-
 impl Fs {
     // ---- files --------------------------------------------------------------------
 
@@ -124,38 +116,6 @@ impl Fs {
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => super::features::owner(v)?.open(self, c, v, write),
-            Key::Audit(account) => {
-                if write {
-                    self.gate(c, account, true)?;
-                    return Err(Error::NotPermitted(
-                        "the audit trail is the daemon's, append-only",
-                    ));
-                }
-                data(self.audit_text(c, account)?)
-            }
-            Key::Batch(account) => {
-                if write {
-                    self.gate_writes_in(c, account)?;
-                    let fh = self.new_handle(Handle::Batch(commit::BatchHandle {
-                        account: account.clone(),
-                        caller: c,
-                        buf: Mutex::new(super::super::draft::HeldBuf::new(
-                            self.draft_mem.charge_for(account),
-                        )),
-                    }));
-                    return Ok(Opened {
-                        fh,
-                        direct_io: true,
-                        keep_cache: false,
-                        no_flush: false,
-                    });
-                }
-                self.gate(c, account, false)?;
-                match self.batch_results.get(account, c.uid) {
-                    Some(r) => data(r.to_vec()),
-                    None => data(BATCH_HELP.as_bytes().to_vec()),
-                }
-            }
             Key::CtxfsFile(names::HEADER) => data(self.header(c, None, None)?),
             Key::CtxfsHeader(b) => data(self.header(c, None, Some(*b as usize))?),
             Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
@@ -479,12 +439,15 @@ impl Fs {
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
-            Key::Restore(_)
-            | Key::Redact(_)
-            | Key::AsOfRestore { .. }
-            | Key::Batch(_)
-            | Key::InboxFile(_)
+            Key::Restore(_) | Key::Redact(_) | Key::AsOfRestore { .. } | Key::InboxFile(_)
                 if sa.mode.is_none() && sa.size == Some(0) =>
+            {
+                return self.attr_of(c, &key, ino)
+            }
+            Key::Virtual(v)
+                if sa.mode.is_none()
+                    && sa.size == Some(0)
+                    && super::features::owner(v)?.takes_writes() =>
             {
                 return self.attr_of(c, &key, ino)
             }

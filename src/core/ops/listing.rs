@@ -158,13 +158,8 @@ impl Fs {
                 }
             }
             Key::SearchDir(_) => shared = false,
-            Key::AccountCtxfs(account) => {
-                shared = false;
-                let k = Key::Batch(account.clone());
-                entries.push(d(k, names::BATCH_FILE, Kind::File));
-                let k = Key::Audit(account.clone());
-                entries.push(d(k, names::AUDIT_FILE, Kind::File));
-            }
+            // Its files are the features' (usage, batch, audit).
+            Key::AccountCtxfs(_) => shared = false,
             Key::Versions(_) | Key::VersionDir { .. } => {
                 shared = false;
                 for (k, name, kind) in self.versions_list(c, &key)? {

@@ -142,14 +142,6 @@ impl Fs {
                 self.gate(c, account, false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
-            Key::Batch(account) => {
-                self.gate(c, account, false)?;
-                Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
-            }
-            Key::Audit(account) => {
-                self.gate(c, account, false)?;
-                Ok(self.file_attr(ino, 0, 0o440, SystemTime::now(), false))
-            }
             Key::Versions(_)
             | Key::VersionDir { .. }
             | Key::VersionFile { .. }
@@ -381,14 +373,6 @@ impl Fs {
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))
-            }
-            Key::AccountCtxfs(account) if name == names::BATCH_FILE => {
-                self.gate(c, account, false)?;
-                Ok(Key::Batch(account.clone()))
-            }
-            Key::AccountCtxfs(account) if name == names::AUDIT_FILE => {
-                self.gate(c, account, false)?;
-                Ok(Key::Audit(account.clone()))
             }
             Key::Dir(path)
                 if agent::is_owner_space(path)

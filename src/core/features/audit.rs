@@ -1,0 +1,53 @@
+//! `accounts/{a}/.ctxfs/audit`: who did what in the account (the trail is
+//! kept by `core::audit`); its writers and root read it, readers get
+//! `EACCES`, and no one writes it.
+
+use super::Feature;
+use crate::core::inodes::{Key, VKey};
+use crate::core::{Attr, Caller, Fs, Kind, Opened};
+use crate::error::{Error, Result};
+use crate::schema::names::AUDIT_FILE;
+
+pub(super) struct Audit;
+
+fn key(account: &str) -> Key {
+    Key::Virtual(VKey::new("audit", account, AUDIT_FILE))
+}
+
+impl Feature for Audit {
+    fn id(&self) -> &'static str {
+        "audit"
+    }
+
+    fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
+        match parent {
+            Key::AccountCtxfs(account) if name == AUDIT_FILE => {
+                Some(fs.gate(c, account, false).map(|_| key(account)))
+            }
+            _ => None,
+        }
+    }
+
+    fn entries(&self, _fs: &Fs, _c: Caller, parent: &Key) -> Vec<(Key, String, Kind)> {
+        match parent {
+            Key::AccountCtxfs(account) => vec![(key(account), AUDIT_FILE.to_string(), Kind::File)],
+            _ => Vec::new(),
+        }
+    }
+
+    fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {
+        fs.gate(c, &key.dir, false)?;
+        Ok(fs.file_attr(ino, 0, 0o440, std::time::SystemTime::now(), false))
+    }
+
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+        if write {
+            fs.gate(c, &key.dir, true)?;
+            return Err(Error::NotPermitted(
+                "the audit trail is the daemon's, append-only",
+            ));
+        }
+        let text = fs.audit_text(c, &key.dir)?;
+        fs.read_only(text, false)
+    }
+}
