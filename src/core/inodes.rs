@@ -12,9 +12,6 @@ pub enum Key {
     Root,
     Accounts,
     CtxfsDir,
-    CtxfsFile(&'static str),
-    /// `.ctxfs/header?budget=N`: the mount-wide header cut to N tokens.
-    CtxfsHeader(u32),
     /// A directory under `accounts/` (account, structural, container or node).
     Dir(Arc<str>),
     /// A file of a committed node version.

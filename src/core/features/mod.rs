@@ -15,6 +15,7 @@
 
 mod audit;
 mod batch;
+mod daemon;
 mod usage;
 mod version;
 
@@ -60,6 +61,7 @@ static FEATURES: &[&dyn Feature] = &[
     &usage::Usage,
     &batch::Batch,
     &audit::Audit,
+    &daemon::DaemonFiles,
     &version::Version,
 ];
 

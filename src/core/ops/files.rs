@@ -106,8 +106,6 @@ impl Fs {
             })
         };
         match &key {
-            Key::CtxfsFile(names::STATUS_FILE) => data(self.status_json(c)?),
-            Key::CtxfsFile(names::SYNC_FILE) => data(self.sync_file(c)?),
             Key::Scratch(path) => self.scratch_open(c, path, flags),
             Key::InboxFile(path) => self.inbox_open(c, path, flags),
             Key::VersionFile { .. } | Key::Restore(_) | Key::Redact(_) => {
@@ -116,10 +114,6 @@ impl Fs {
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => super::features::owner(v)?.open(self, c, v, write),
-            Key::CtxfsFile(names::HEADER) => data(self.header(c, None, None)?),
-            Key::CtxfsHeader(b) => data(self.header(c, None, Some(*b as usize))?),
-            Key::CtxfsFile(names::HELP) => data(agent::help_text().as_bytes().to_vec()),
-            Key::CtxfsFile(names::METRICS_FILE) => data(self.metrics_text(Some(c))?.into_bytes()),
             Key::Generated { dir, name, budget } => {
                 // Readers meet EROFS on any write, as everywhere in their account.
                 if write {
@@ -134,7 +128,6 @@ impl Fs {
             }
             Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
             Key::Search { dir, name } => data(self.search_file(c, dir, name)?),
-            Key::CtxfsFile(_) => data(format!("{}\n", std::process::id()).into_bytes()),
             Key::CommitError(node) => data(self.commit_error_text(c, node)?),
             Key::Event { node, seq } => data(self.event_json(c, node, *seq)?),
             Key::File {

@@ -40,11 +40,8 @@ impl Fs {
                 entries.push(d(Key::Accounts, "accounts", Kind::Dir));
                 entries.push(d(Key::CtxfsDir, names::CTXFS_DIR, Kind::Dir));
             }
-            Key::CtxfsDir => {
-                for n in names::CTXFS_FILES {
-                    entries.push(d(Key::CtxfsFile(n), n, Kind::File));
-                }
-            }
+            // Its files are the features' (`features/daemon.rs`, `version.rs`).
+            Key::CtxfsDir => {}
             Key::Accounts => {
                 shared = false;
                 for a in self.accounts_visible(c)? {

@@ -55,9 +55,6 @@ impl Fs {
             Key::Root | Key::Accounts | Key::CtxfsDir => {
                 Ok(self.dir_attr(ino, 0o555, self.started, true))
             }
-            Key::CtxfsFile(_) | Key::CtxfsHeader(_) => {
-                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
-            }
             Key::Dir(path) => {
                 let comps = place::split(path);
                 let access = self.gate(c, path, false)?;
@@ -328,17 +325,6 @@ impl Fs {
                 "accounts" => Ok(Key::Accounts),
                 names::CTXFS_DIR => Ok(Key::CtxfsDir),
                 _ => Err(Error::NotFound),
-            },
-            Key::CtxfsDir => match names::CTXFS_FILES.iter().find(|n| **n == name) {
-                Some(n) => Ok(Key::CtxfsFile(n)),
-                None => match name.strip_prefix(names::HEADER) {
-                    Some(rest) if rest.starts_with('?') => {
-                        let (_, budget) =
-                            crate::schema::budget::budget_option(name)?.ok_or(Error::NotFound)?;
-                        Ok(Key::CtxfsHeader(budget as u32))
-                    }
-                    _ => Err(Error::NotFound),
-                },
             },
             Key::Accounts => {
                 if place::check_name(name).is_err() {
