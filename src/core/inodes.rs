@@ -38,15 +38,6 @@ pub enum Key {
         node: Arc<str>,
         seq: u64,
     },
-    /// A generated file of a user or agent directory (`README.md`,
-    /// `.header.md`), or the derived summary of a user, agent or category
-    /// directory (`.abstract.md`, `.overview.md`).
-    Generated {
-        dir: Arc<str>,
-        name: &'static str,
-        /// `README.md?budget=N`, `.header.md?budget=N`: cut to N tokens.
-        budget: Option<u32>,
-    },
     /// `{a}/users/{u}/inbox/`: conversations in, memories out.
     Inbox(Arc<str>),
     /// A conversation, `.status` or `.review` file of an inbox.

@@ -16,6 +16,7 @@
 mod audit;
 mod batch;
 mod daemon;
+mod generated;
 mod usage;
 mod version;
 
@@ -54,6 +55,17 @@ pub(in crate::core) trait Feature: Sync {
     fn takes_writes(&self) -> bool {
         false
     }
+
+    /// Why a `setattr` (chmod, truncate, utimes) of one of its names is
+    /// refused, for a feature that takes no writes.
+    fn setattr(&self, _fs: &Fs, _c: Caller, _key: &VKey) -> Error {
+        Error::NotPermitted("read-only virtual file")
+    }
+
+    /// `unlink` of one of its names in a directory of the tree.
+    fn unlink(&self, _fs: &Fs, _c: Caller, _key: &VKey) -> Result<()> {
+        Err(Error::NotPermitted("read-only virtual file"))
+    }
 }
 
 /// Every feature, asked in this order.
@@ -62,6 +74,7 @@ static FEATURES: &[&dyn Feature] = &[
     &batch::Batch,
     &audit::Audit,
     &daemon::DaemonFiles,
+    &generated::Generated,
     &version::Version,
 ];
 

@@ -114,18 +114,6 @@ impl Fs {
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => super::features::owner(v)?.open(self, c, v, write),
-            Key::Generated { dir, name, budget } => {
-                // Readers meet EROFS on any write, as everywhere in their account.
-                if write {
-                    self.gate(c, dir, true)?;
-                }
-                let budget = budget.map(|b| b as usize);
-                match *name {
-                    names::MAP_FILE => data(self.memory_map(c, dir, budget)?),
-                    names::HEADER_FILE => data(self.header(c, Some(dir), budget)?),
-                    _ => data(self.dir_summary(c, dir, *name == names::OVERVIEW)?),
-                }
-            }
             Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
             Key::Search { dir, name } => data(self.search_file(c, dir, name)?),
             Key::CommitError(node) => data(self.commit_error_text(c, node)?),
@@ -426,9 +414,8 @@ impl Fs {
                 return self.attr_of(c, &key, ino);
             }
             Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
-            Key::Generated { dir, .. } => {
-                self.gate(c, dir, true)?;
-                return Err(Error::NotPermitted("generated file"));
+            Key::Virtual(v) if !super::features::owner(v)?.takes_writes() => {
+                return Err(super::features::owner(v)?.setattr(self, c, v));
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.

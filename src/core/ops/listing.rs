@@ -112,21 +112,6 @@ impl Fs {
                         let k = Key::Inbox(arc(&join(path, inbox::INBOX)));
                         entries.push(d(k, inbox::INBOX, Kind::Dir));
                     }
-                    let mut generated: Vec<&'static str> = Vec::new();
-                    if agent::is_owner_space(path) {
-                        generated.extend([names::MAP_FILE, names::HEADER_FILE]);
-                    }
-                    if agent::is_summarized(path) {
-                        generated.extend([names::ABSTRACT, names::OVERVIEW]);
-                    }
-                    for name in generated {
-                        let k = Key::Generated {
-                            dir: path.clone(),
-                            name,
-                            budget: None,
-                        };
-                        entries.push(d(k, name, Kind::File));
-                    }
                 }
             }
             Key::Outbox(node) => {

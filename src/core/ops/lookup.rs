@@ -148,10 +148,6 @@ impl Fs {
             | Key::AsOf { .. }
             | Key::AsOfRestore { .. }
             | Key::AsOfSearch { .. } => self.as_of_attr(c, key, ino),
-            Key::Generated { dir, .. } => {
-                self.check_space(c, dir)?;
-                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
-            }
             Key::Search { dir, name } => {
                 self.gate(c, dir, false)?;
                 super::search::parse_query_name(name)?;
@@ -359,49 +355,6 @@ impl Fs {
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))
-            }
-            Key::Dir(path)
-                if agent::is_owner_space(path)
-                    && [names::MAP_FILE, names::HEADER_FILE].iter().any(|f| {
-                        name.strip_prefix(f)
-                            .is_some_and(|rest| rest.starts_with('?'))
-                    }) =>
-            {
-                self.gate(c, path, false)?;
-                let (base, budget) =
-                    crate::schema::budget::budget_option(name)?.ok_or(Error::NotFound)?;
-                let name = if base == names::MAP_FILE {
-                    names::MAP_FILE
-                } else {
-                    names::HEADER_FILE
-                };
-                Ok(Key::Generated {
-                    dir: path.clone(),
-                    name,
-                    budget: Some(budget as u32),
-                })
-            }
-            Key::Dir(path)
-                if ((name == names::MAP_FILE || name == names::HEADER_FILE)
-                    && agent::is_owner_space(path))
-                    || ((name == names::ABSTRACT || name == names::OVERVIEW)
-                        && agent::is_summarized(path)) =>
-            {
-                self.gate(c, path, false)?;
-                let name = [
-                    names::MAP_FILE,
-                    names::HEADER_FILE,
-                    names::ABSTRACT,
-                    names::OVERVIEW,
-                ]
-                .into_iter()
-                .find(|n| *n == name)
-                .unwrap_or(names::MAP_FILE);
-                Ok(Key::Generated {
-                    dir: path.clone(),
-                    name,
-                    budget: None,
-                })
             }
             Key::SearchDir(dir) => {
                 self.gate(c, dir, false)?;

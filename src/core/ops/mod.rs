@@ -7,7 +7,6 @@ mod listing;
 mod lookup;
 mod tree;
 
-use super::agent;
 use super::commit::{self, blob_bytes, Intent};
 use super::inodes::Key;
 use super::scratch;

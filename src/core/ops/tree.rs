@@ -339,7 +339,7 @@ impl Fs {
             return match self.child_key(c, &pkey, name) {
                 // Generated again at the next open: removing it changes
                 // nothing, and `rm -r` of a user directory goes through.
-                Ok((Key::Generated { .. }, _)) => Ok(()),
+                Ok((Key::Virtual(v), _)) => super::features::owner(&v)?.unlink(self, c, &v),
                 Ok(_) => Err(Error::IsDir),
                 Err(e) => Err(e),
             };
