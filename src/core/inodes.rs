@@ -91,13 +91,6 @@ pub enum Key {
     },
     /// A name of a feature that owns its virtual files (`core::features`).
     Virtual(VKey),
-    /// `DIR/.search/`: reached by path, lists nothing.
-    SearchDir(Arc<str>),
-    /// `DIR/.search/QUERY`: results computed at open.
-    Search {
-        dir: Arc<str>,
-        name: Arc<str>,
-    },
 }
 
 /// The key of a feature's virtual file or directory: the feature (its
@@ -178,11 +171,10 @@ impl Key {
             },
             Key::Restore(p) => Key::Restore(r(p)?),
             Key::Redact(p) => Key::Redact(r(p)?),
-            Key::SearchDir(p) => Key::SearchDir(r(p)?),
-            Key::Search { dir, name } => Key::Search {
-                dir: r(dir)?,
-                name: name.clone(),
-            },
+            Key::Virtual(v) => Key::Virtual(VKey {
+                dir: r(&v.dir)?,
+                ..v.clone()
+            }),
             _ => return None,
         })
     }

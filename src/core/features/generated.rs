@@ -48,6 +48,13 @@ impl Feature for Generated {
         let Key::Dir(path) = parent else {
             return None;
         };
+        // Cheap first: most names asked in a directory are not these.
+        let ours = [MAP_FILE, HEADER_FILE, ABSTRACT, OVERVIEW]
+            .iter()
+            .any(|n| name.starts_with(n));
+        if !ours {
+            return None;
+        }
         if names_of(path).contains(&name) {
             return Some(fs.gate(c, path, false).map(|_| key(path, name)));
         }

@@ -17,6 +17,7 @@ mod audit;
 mod batch;
 mod daemon;
 mod generated;
+mod search;
 mod usage;
 mod version;
 
@@ -75,6 +76,7 @@ static FEATURES: &[&dyn Feature] = &[
     &audit::Audit,
     &daemon::DaemonFiles,
     &generated::Generated,
+    &search::SearchFiles,
     &version::Version,
 ];
 

@@ -115,7 +115,6 @@ impl Fs {
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => super::features::owner(v)?.open(self, c, v, write),
             Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
-            Key::Search { dir, name } => data(self.search_file(c, dir, name)?),
             Key::CommitError(node) => data(self.commit_error_text(c, node)?),
             Key::Event { node, seq } => data(self.event_json(c, node, *seq)?),
             Key::File {

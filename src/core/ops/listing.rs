@@ -139,7 +139,6 @@ impl Fs {
                     entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
                 }
             }
-            Key::SearchDir(_) => shared = false,
             // Its files are the features' (usage, batch, audit).
             Key::AccountCtxfs(_) => shared = false,
             Key::Versions(_) | Key::VersionDir { .. } => {

@@ -128,10 +128,6 @@ impl Fs {
                 let json = self.dead_event_json(c, node, *seq)?;
                 Ok(self.file_attr(ino, json.len() as u64, 0o644, self.started, false))
             }
-            Key::SearchDir(dir) => {
-                self.gate(c, dir, false)?;
-                Ok(self.dir_attr(ino, 0o555, self.started, false))
-            }
             Key::Scratch(path) => self.scratch_attr(c, path, ino),
             Key::Inbox(path) => self.inbox_dir_attr(c, path, ino),
             Key::InboxFile(path) => self.inbox_attr(c, path, ino),
@@ -148,11 +144,6 @@ impl Fs {
             | Key::AsOf { .. }
             | Key::AsOfRestore { .. }
             | Key::AsOfSearch { .. } => self.as_of_attr(c, key, ino),
-            Key::Search { dir, name } => {
-                self.gate(c, dir, false)?;
-                super::search::parse_query_name(name)?;
-                Ok(self.file_attr(ino, 0, 0o444, SystemTime::now(), false))
-            }
             Key::Virtual(v) => super::features::owner(v)?.attr(self, c, v, ino),
         }
     }
@@ -294,6 +285,9 @@ impl Fs {
         parent: &Key,
         name: &str,
     ) -> Result<(Key, Option<Attr>)> {
+        if let Some(k) = self.feature_lookup(c, parent, name) {
+            return Ok((k?, None));
+        }
         if let Key::Dir(path) = parent {
             let access = self.gate(c, path, false)?;
             if place::classify_dir(&place::split(path))? == DirPlace::Node {
@@ -313,9 +307,6 @@ impl Fs {
         parent: &Key,
         name: &str,
     ) -> Result<Key> {
-        if let Some(k) = self.feature_lookup(c, parent, name) {
-            return k;
-        }
         match parent {
             Key::Root => match name {
                 "accounts" => Ok(Key::Accounts),
@@ -328,10 +319,6 @@ impl Fs {
                 }
                 self.gate(c, name, false)?;
                 Ok(Key::Dir(arc(name)))
-            }
-            Key::Dir(path) if name == names::SEARCH_DIR => {
-                self.gate(c, path, false)?;
-                Ok(Key::SearchDir(path.clone()))
             }
             Key::Dir(path)
                 if scratch::is_project(path)
@@ -355,14 +342,6 @@ impl Fs {
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))
-            }
-            Key::SearchDir(dir) => {
-                self.gate(c, dir, false)?;
-                super::search::parse_query_name(name)?;
-                Ok(Key::Search {
-                    dir: dir.clone(),
-                    name: arc(name),
-                })
             }
             Key::Dir(path) => {
                 self.gate(c, path, false)?;
@@ -407,10 +386,6 @@ impl Fs {
             names::VERSIONS_DIR => {
                 self.visible_node(node, access)?.ok_or(Error::NotFound)?;
                 return Ok((Key::Versions(arc(node)), None));
-            }
-            names::SEARCH_DIR => {
-                self.node_for(node, access)?;
-                return Ok((Key::SearchDir(arc(node)), None));
             }
             place::COMMIT_ERROR => return Ok((Key::CommitError(arc(node)), None)),
             _ => {}
