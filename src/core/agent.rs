@@ -441,6 +441,8 @@ pub fn help_text() -> &'static str {
      \x20      Update: rewrite files, then .meta.json again. Archive: \"status\":\"ARCHIVED\".\n\
      \x20      Delete: rm -r N. Move: mv N NEW (same account).\n\
      \x20      History: N/.versions/1/ ...; /bin/echo 2 > N/.versions/restore brings v2 back.\n\
+     \x20      The past: accounts/A/.as-of/2026-11-20T10:00:00Z/ is the account then (read-only;\n\
+     \x20      its .search/ searches the versions of then).\n\
      \x20      Expiry: \"ttl_seconds\":3600 in .meta.json; gone everywhere when it expires.\n\
      \x20      Use /bin/echo or a program to write .meta.json: the shell's builtin echo\n\
      \x20      cannot report a refused commit.\n\
@@ -448,7 +450,7 @@ pub fn help_text() -> &'static str {
      ERRORS EINVAL   bad name or refused commit: cat N/.commit-error says why\n\
      \x20      EFBIG    node over 300000 bytes: split it\n\
      \x20      EROFS    your account is read-only for you\n\
-     \x20      EACCES   not your account\n\
+     \x20      EACCES   not your account (or, as a user's or agent's own uid, not your part)\n\
      \x20      EPERM    generated or append-only file\n\
      \x20      EXDEV    move across accounts (copy and delete instead)\n\
      \x20      EDQUOT   account quota spent: cat accounts/ACCOUNT/.ctxfs/usage\n\
