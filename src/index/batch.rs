@@ -574,14 +574,7 @@ impl Index {
                 }
                 if doc.abstract_.is_empty() {
                     let c = texts.iter().find(|t| t.0 == 2).map(|t| t.1.as_str());
-                    let first = c.unwrap_or("").lines().find(|l| !l.trim().is_empty());
-                    doc.abstract_ = first
-                        .unwrap_or("")
-                        .trim_start_matches('#')
-                        .trim()
-                        .chars()
-                        .take(100)
-                        .collect();
+                    doc.abstract_ = text::first_line(c.unwrap_or(""));
                 }
                 doc.terms = lex::counts(&text::terms(&all));
                 let mut vecs = Vec::new();

@@ -220,6 +220,28 @@ pub struct Hit {
     pub with: Option<String>,
 }
 
+impl Hit {
+    /// A hit on the document at `path` (a store path), before any channel
+    /// scored it.
+    pub(crate) fn blank(path: &str) -> Hit {
+        Hit {
+            path: place::mount_path(path),
+            uri: place::uri_of(path),
+            score: 0.0,
+            abstract_: String::new(),
+            vector_rank: None,
+            vector_score: None,
+            lexical_rank: None,
+            lexical_score: None,
+            level: 2,
+            line: 0,
+            via: None,
+            superseded_by: None,
+            with: None,
+        }
+    }
+}
+
 /// Recent query vectors, oldest first in the queue.
 type QueryCache = (HashMap<String, ann::Vector>, VecDeque<String>);
 /// (level, text) of a node: 0 abstract, 1 overview, 2 content.

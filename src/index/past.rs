@@ -101,15 +101,7 @@ impl Index {
                 .map(|t| t.1.clone())
                 .unwrap_or_default();
             if abstract_.is_empty() {
-                abstract_ = content
-                    .lines()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("")
-                    .trim_start_matches('#')
-                    .trim()
-                    .chars()
-                    .take(100)
-                    .collect();
+                abstract_ = text::first_line(&content);
             }
             let terms = lex::counts(&text::terms(&all));
             let lex_id = px.lex.add(&terms);
@@ -186,19 +178,8 @@ impl Index {
         // Fusion, as the live search weighs its channels.
         let mut by: HashMap<u32, Hit> = HashMap::new();
         let blank = |i: u32| Hit {
-            path: place::mount_path(&px.paths[i as usize]),
-            uri: place::uri_of(&px.paths[i as usize]),
-            score: 0.0,
             abstract_: px.abstracts[i as usize].clone(),
-            vector_rank: None,
-            vector_score: None,
-            lexical_rank: None,
-            lexical_score: None,
-            level: 2,
-            line: 0,
-            via: None,
-            superseded_by: None,
-            with: None,
+            ..Hit::blank(&px.paths[i as usize])
         };
         for (r, (i, s, n)) in vec_hits.iter().enumerate() {
             let h = by.entry(*i).or_insert_with(|| blank(*i));
@@ -212,14 +193,7 @@ impl Index {
             h.lexical_rank = Some(r + 1);
             h.lexical_score = Some(*s);
         }
-        let wv = self
-            .cfg
-            .vector_weight
-            .unwrap_or(if self.embedder.kind() == "hash" {
-                0.25
-            } else {
-                1.0
-            });
+        let wv = self.vector_weight();
         let scale_v = Scale::of(vec_hits.iter().map(|h| h.1));
         let scale_l = Scale::of(lex_hits.iter().map(|h| h.1));
         let mut hits: Vec<(u32, Hit)> = by

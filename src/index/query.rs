@@ -235,21 +235,7 @@ impl Index {
 
         // Fusion.
         let mut by: HashMap<Arc<str>, Hit> = HashMap::new();
-        let blank = |p: &Arc<str>| Hit {
-            path: crate::schema::place::mount_path(p),
-            uri: place::uri_of(p),
-            score: 0.0,
-            abstract_: String::new(),
-            vector_rank: None,
-            vector_score: None,
-            lexical_rank: None,
-            lexical_score: None,
-            level: 2,
-            line: 0,
-            via: None,
-            superseded_by: None,
-            with: None,
-        };
+        let blank = |p: &Arc<str>| Hit::blank(p);
         for (r, (p, s, i)) in vec_hits.iter().enumerate() {
             let h = by.entry(p.clone()).or_insert_with(|| blank(p));
             h.vector_rank = Some(r + 1);
@@ -264,17 +250,7 @@ impl Index {
             h.lexical_rank = Some(r + 1);
             h.lexical_score = Some(*s);
         }
-        // The hashing fallback matches words as BM25 does, less well: it
-        // gets a smaller say (SciFact: hybrid 0.56 nDCG@10 at weight 1
-        // against BM25's 0.69).
-        let wv = self
-            .cfg
-            .vector_weight
-            .unwrap_or(if self.embedder.kind() == "hash" {
-                0.25
-            } else {
-                1.0
-            });
+        let wv = self.vector_weight();
         let scale_v = Scale::of(vec_hits.iter().map(|h| h.1));
         let scale_l = Scale::of(lex_hits.iter().map(|h| h.1));
         let mut hits: Vec<Hit> = by
@@ -588,6 +564,22 @@ impl AccountIndex {
 
 /// The range of one channel's scores over its candidates, to put them on
 /// a common 0..=1 scale before fusion.
+impl Index {
+    /// The vector channel's weight in the fusion (BM25's is 1): the
+    /// configured one, else 1, or 0.25 for the hashing fallback, which
+    /// matches words as BM25 does, less well (SciFact: hybrid 0.56 nDCG@10
+    /// at weight 1 against BM25's 0.69).
+    pub(super) fn vector_weight(&self) -> f32 {
+        self.cfg
+            .vector_weight
+            .unwrap_or(if self.embedder.kind() == "hash" {
+                0.25
+            } else {
+                1.0
+            })
+    }
+}
+
 pub(super) struct Scale {
     lo: f32,
     hi: f32,

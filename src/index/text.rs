@@ -89,6 +89,21 @@ fn push_chunk(out: &mut Vec<Chunk>, cur: &mut String, line: u32) {
     cur.clear();
 }
 
+/// A content's first non-empty line, its heading marks and the spaces
+/// around it trimmed, at most 100 characters: the abstract of a document
+/// that has none of its own.
+pub fn first_line(content: &str) -> String {
+    content
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim_start_matches('#')
+        .trim()
+        .chars()
+        .take(100)
+        .collect()
+}
+
 /// One line of text for a TSV column: tabs and line breaks become spaces.
 pub fn one_line(s: &str) -> String {
     s.split(['\t', '\n', '\r'])

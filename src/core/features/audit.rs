@@ -10,29 +10,17 @@ use crate::schema::names::AUDIT_FILE;
 
 pub(super) struct Audit;
 
-fn key(account: &str) -> Key {
-    Key::Virtual(VKey::new("audit", account, AUDIT_FILE))
-}
-
 impl Feature for Audit {
     fn id(&self) -> &'static str {
         "audit"
     }
 
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
-        match parent {
-            Key::AccountCtxfs(account) if name == AUDIT_FILE => {
-                Some(fs.gate(c, account, false).map(|_| key(account)))
-            }
-            _ => None,
-        }
+        super::account_file(fs, c, parent, name, "audit", AUDIT_FILE)
     }
 
     fn entries(&self, _fs: &Fs, _c: Caller, parent: &Key) -> Vec<(Key, String, Kind)> {
-        match parent {
-            Key::AccountCtxfs(account) => vec![(key(account), AUDIT_FILE.to_string(), Kind::File)],
-            _ => Vec::new(),
-        }
+        super::account_file_entry(parent, "audit", AUDIT_FILE)
     }
 
     fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {

@@ -20,29 +20,17 @@ a line per node (its version, or why it was refused).\n";
 
 pub(super) struct Batch;
 
-fn key(account: &str) -> Key {
-    Key::Virtual(VKey::new("batch", account, BATCH_FILE))
-}
-
 impl Feature for Batch {
     fn id(&self) -> &'static str {
         "batch"
     }
 
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
-        match parent {
-            Key::AccountCtxfs(account) if name == BATCH_FILE => {
-                Some(fs.gate(c, account, false).map(|_| key(account)))
-            }
-            _ => None,
-        }
+        super::account_file(fs, c, parent, name, "batch", BATCH_FILE)
     }
 
     fn entries(&self, _fs: &Fs, _c: Caller, parent: &Key) -> Vec<(Key, String, Kind)> {
-        match parent {
-            Key::AccountCtxfs(account) => vec![(key(account), BATCH_FILE.to_string(), Kind::File)],
-            _ => Vec::new(),
-        }
+        super::account_file_entry(parent, "batch", BATCH_FILE)
     }
 
     fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {

@@ -80,6 +80,38 @@ static FEATURES: &[&dyn Feature] = &[
     &version::Version,
 ];
 
+/// `accounts/{a}/.ctxfs/FILE` of feature `id`: its key when `name` is
+/// `file` in an account's `.ctxfs/` (the caller may read the account).
+fn account_file(
+    fs: &Fs,
+    c: Caller,
+    parent: &Key,
+    name: &str,
+    id: &'static str,
+    file: &str,
+) -> Option<Result<Key>> {
+    match parent {
+        Key::AccountCtxfs(account) if name == file => Some(
+            fs.gate(c, account, false)
+                .map(|_| Key::Virtual(VKey::new(id, account, file))),
+        ),
+        _ => None,
+    }
+}
+
+/// The entry of `accounts/{a}/.ctxfs/FILE` of feature `id` in the
+/// listing of `parent`, when it is an account's `.ctxfs/`.
+fn account_file_entry(parent: &Key, id: &'static str, file: &str) -> Vec<(Key, String, Kind)> {
+    match parent {
+        Key::AccountCtxfs(account) => vec![(
+            Key::Virtual(VKey::new(id, account, file)),
+            file.to_string(),
+            Kind::File,
+        )],
+        _ => Vec::new(),
+    }
+}
+
 /// The feature that owns `key`.
 pub(in crate::core) fn owner(key: &VKey) -> Result<&'static dyn Feature> {
     FEATURES

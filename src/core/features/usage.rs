@@ -9,29 +9,17 @@ use crate::schema::names::USAGE_FILE;
 
 pub(super) struct Usage;
 
-fn key(account: &str) -> Key {
-    Key::Virtual(VKey::new("usage", account, USAGE_FILE))
-}
-
 impl Feature for Usage {
     fn id(&self) -> &'static str {
         "usage"
     }
 
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
-        match parent {
-            Key::AccountCtxfs(account) if name == USAGE_FILE => {
-                Some(fs.gate(c, account, false).map(|_| key(account)))
-            }
-            _ => None,
-        }
+        super::account_file(fs, c, parent, name, "usage", USAGE_FILE)
     }
 
     fn entries(&self, _fs: &Fs, _c: Caller, parent: &Key) -> Vec<(Key, String, Kind)> {
-        match parent {
-            Key::AccountCtxfs(account) => vec![(key(account), USAGE_FILE.to_string(), Kind::File)],
-            _ => Vec::new(),
-        }
+        super::account_file_entry(parent, "usage", USAGE_FILE)
     }
 
     fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {
