@@ -153,7 +153,7 @@ impl Fs {
              ## Categories\n",
             s.active.len(),
             s.archived,
-            super::rfc3339(super::now_ns()),
+            crate::schema::time::rfc3339(crate::schema::time::now_ns()),
         );
         if by_cat.is_empty() {
             out.push_str("(none yet)\n");

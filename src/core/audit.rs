@@ -11,9 +11,11 @@
 //! can push out the record of another's actions, or of its own deletes.
 
 use super::commit::rules::By;
-use super::{now_ns, rfc3339_ms, Caller, Fs};
+use super::{Caller, Fs};
 use crate::error::{Error, Result};
 use crate::schema::counters;
+use crate::schema::time::now_ns;
+use crate::schema::time::rfc3339_ms;
 use crate::store::{Op, ScratchRec};
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -2,7 +2,9 @@
 //! deleted since its last commit. Writers of the account see the committed
 //! version with the overlay on top; readers never see it.
 
-use super::{now_ns, ns_of, time_of};
+use crate::schema::time::now_ns;
+use crate::schema::time::ns_of;
+use crate::schema::time::time_of;
 use crate::store::{DraftFileRec, DraftRec};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,10 +33,21 @@ pub struct DFile {
 
 /// Bytes of uncommitted files held in the daemon's memory (drafts and open
 /// scratchpad files): in all, and per account.
-#[derive(Default)]
 pub(crate) struct DraftMemory {
     total: Arc<AtomicU64>,
     by_account: std::sync::Mutex<std::collections::HashMap<String, Arc<AtomicU64>>>,
+    /// The most it may hold (`ctxfs mount --draft-memory-mb`).
+    limit: AtomicU64,
+}
+
+impl Default for DraftMemory {
+    fn default() -> Self {
+        DraftMemory {
+            total: Arc::default(),
+            by_account: Default::default(),
+            limit: AtomicU64::new(super::DEFAULT_DRAFT_MEMORY),
+        }
+    }
 }
 
 /// Where a file's bytes are counted.
@@ -67,6 +80,20 @@ impl DraftMemory {
             account,
             total: self.total.clone(),
         }
+    }
+
+    /// The most uncommitted bytes held in memory (0: the default).
+    pub(crate) fn set_limit(&self, bytes: u64) {
+        let bytes = if bytes == 0 {
+            super::DEFAULT_DRAFT_MEMORY
+        } else {
+            bytes
+        };
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
     }
 
     pub(crate) fn total(&self) -> u64 {

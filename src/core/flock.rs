@@ -6,8 +6,9 @@
 //! on one host excludes every holder on every other.
 
 use super::inodes::Key;
-use super::{lock, Caller, Fs};
+use super::{Caller, Fs};
 use crate::error::{Error, Result};
+use crate::locks::lock;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ pub const MAX_WAITS_PER_UID: usize = 8;
 pub const MAX_WAITS: usize = 64;
 
 #[derive(Default)]
-pub(super) struct Flocks {
+pub(crate) struct Flocks {
     table: std::sync::Mutex<HashMap<String, Held>>,
     moved: std::sync::Condvar,
     /// Blocking waits under way, by uid.
@@ -35,7 +36,7 @@ pub struct WaitSlot {
 
 impl Drop for WaitSlot {
     fn drop(&mut self) {
-        let mut w = lock(&self.fs.flocks.waits);
+        let mut w = lock(&self.fs.scratch.flocks.waits);
         if let Some(n) = w.get_mut(&self.uid) {
             *n -= 1;
             if *n == 0 {
@@ -112,7 +113,7 @@ impl Fs {
     /// A place for one more blocking wait of `uid`, or `ENOLCK` when it (or
     /// the daemon) has as many as it may.
     pub fn flock_wait_slot(self: &std::sync::Arc<Self>, uid: u32) -> Result<WaitSlot> {
-        let mut w = lock(&self.flocks.waits);
+        let mut w = lock(&self.scratch.flocks.waits);
         let all: usize = w.values().sum();
         let mine = w.get(&uid).copied().unwrap_or(0);
         if mine >= MAX_WAITS_PER_UID || all >= MAX_WAITS {
@@ -137,7 +138,7 @@ impl Fs {
         sleep: bool,
     ) -> Result<()> {
         let deadline = Instant::now() + MAX_WAIT;
-        let mut t = lock(&self.flocks.table);
+        let mut t = lock(&self.scratch.flocks.table);
         loop {
             let h = t.entry(name.to_string()).or_default();
             // A conversion drops the old lock first (flock(2) does too).
@@ -178,6 +179,7 @@ impl Fs {
             }
             // Local unlocks wake us; another daemon's are seen by polling.
             t = self
+                .scratch
                 .flocks
                 .moved
                 .wait_timeout(t, Duration::from_millis(20))
@@ -213,7 +215,7 @@ impl Fs {
     }
 
     fn unlock_owner(&self, name: &str, owner: u64) -> Result<()> {
-        let mut t = lock(&self.flocks.table);
+        let mut t = lock(&self.scratch.flocks.table);
         let Some(h) = t.get_mut(name) else {
             return Ok(());
         };
@@ -228,13 +230,13 @@ impl Fs {
         } else {
             Ok(())
         };
-        self.flocks.moved.notify_all();
+        self.scratch.flocks.moved.notify_all();
         r
     }
 
     /// An open file is gone: drop every lock it held.
     pub fn release_flocks(&self, owner: u64) {
-        let names: Vec<String> = lock(&self.flocks.table)
+        let names: Vec<String> = lock(&self.scratch.flocks.table)
             .iter()
             .filter(|(_, h)| h.exclusive == Some(owner) || h.shared.contains(&owner))
             .map(|(n, _)| n.clone())

@@ -105,10 +105,15 @@ impl LastResults {
     }
 }
 
-/// Open handles by number (numbers are never reused).
+/// What callers hold between requests: open handles by number (numbers
+/// are never reused), the listings being read, the last batch results.
 pub(super) struct Handles {
     next: AtomicU64,
     map: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Listings being read, by (directory inode, uid): see [`Fs::readdir`].
+    pub(super) listings: Mutex<HashMap<(u64, u32), Arc<super::Listing>>>,
+    /// The last batch result of each (account, uid), for `.ctxfs/batch`.
+    pub(super) batch_results: LastResults,
 }
 
 impl Default for Handles {
@@ -116,6 +121,8 @@ impl Default for Handles {
         Handles {
             next: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
+            batch_results: LastResults::default(),
         }
     }
 }

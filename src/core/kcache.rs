@@ -2,8 +2,12 @@
 //! thread that drops dentries and pages after changes, and the committed
 //! inodes readers hold open through the cache while a writer edits them.
 
+use crate::core::inodes::Key;
+use crate::core::Fs;
 use crate::locks::lock;
+use crate::schema::place;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::{mpsc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -14,6 +18,14 @@ pub enum Target {
     Entry { parent: u64, name: String },
     /// The cached attributes and pages (for a directory: its listing) of an inode.
     Inode(u64),
+}
+
+/// The kernel's side of the cache: the thread that drops its entries, and
+/// the committed inodes readers hold open through it.
+#[derive(Default)]
+pub(super) struct Kernel {
+    pub(super) inval: Invalidator,
+    pub(super) cached: CachedReads,
 }
 
 type Inval = (Vec<Target>, Option<mpsc::SyncSender<()>>);
@@ -146,5 +158,91 @@ impl CachedReads {
     /// The kernel forgot inode `ino`: a new inode number starts untainted.
     pub(super) fn forget(&self, ino: u64) {
         lock(&self.state).tainted.remove(&ino);
+    }
+}
+
+impl Fs {
+    /// Install the function that drops kernel cache entries (the FUSE
+    /// notifier), on its own thread.
+    pub fn set_invalidator(&self, f: impl Fn(&Target) + Send + 'static) {
+        self.kernel.inval.start(f);
+    }
+
+    /// Send invalidations. With `wait`, return once done: only call it so
+    /// when holding no lock a FUSE request may need.
+    pub(super) fn send_inval(&self, targets: Vec<Target>, wait: bool) {
+        self.kernel.inval.send(targets, wait);
+    }
+
+    pub(super) fn dir_ino(&self, dir: &str) -> Option<u64> {
+        lock(&self.inodes).peek(&Key::Dir(Arc::from(dir)))
+    }
+
+    pub(super) fn scratch_ino(&self, path: &str) -> Option<u64> {
+        lock(&self.inodes).peek(&Key::Scratch(Arc::from(path)))
+    }
+
+    /// Every inode the kernel may cache (after missed remote changes).
+    pub(super) fn all_inode_targets(&self) -> Vec<Target> {
+        lock(&self.inodes)
+            .all()
+            .into_iter()
+            .map(Target::Inode)
+            .collect()
+    }
+
+    /// Dentries of `names` in directory `dir` (if the kernel knows `dir`).
+    pub(super) fn entry_targets(&self, dir: &str, names: &[&str]) -> Vec<Target> {
+        match self.dir_ino(dir) {
+            Some(parent) => names
+                .iter()
+                .map(|n| Target::Entry {
+                    parent,
+                    name: n.to_string(),
+                })
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Cached attributes and listings of directories `dirs`.
+    pub(super) fn listing_targets(&self, dirs: &[&str]) -> Vec<Target> {
+        dirs.iter()
+            .filter_map(|d| self.dir_ino(d))
+            .map(Target::Inode)
+            .collect()
+    }
+
+    pub(super) fn invalidate(&self, dir: &str, names: &[&str], wait: bool) {
+        self.send_inval(self.entry_targets(dir, names), wait);
+    }
+
+    /// After a commit of `node`: its files' dentries, its listing and its
+    /// parent's (a new node appears there).
+    pub(super) fn invalidate_commit(&self, node: &str, wait: bool) {
+        let mut t = self.entry_targets(node, &place::NODE_FILES);
+        t.extend(self.listing_targets(&[node, place::parent_name(node).0]));
+        self.send_inval(t, wait);
+    }
+
+    /// After a batch: the listings of every directory above its nodes, up
+    /// to the account (a batch may make containers nobody made with
+    /// `mkdir`, such as a new agent: the kernel may hold its parent's
+    /// listing without them).
+    pub(super) fn invalidate_ancestors<'a>(&self, nodes: impl Iterator<Item = &'a str>) {
+        let mut dirs = std::collections::BTreeSet::new();
+        for n in nodes {
+            let mut d = n;
+            while let Some((parent, _)) = d.rsplit_once('/') {
+                if !dirs.insert(parent) {
+                    break;
+                }
+                d = parent;
+            }
+        }
+        let dirs: Vec<&str> = dirs.into_iter().collect();
+        // Batches commit at a close or from a background thread: no
+        // directory lock is held, so waiting cannot deadlock.
+        self.send_inval(self.listing_targets(&dirs), true);
     }
 }

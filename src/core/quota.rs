@@ -7,9 +7,10 @@
 //! since the epoch). Searches are counted in memory over a sliding minute.
 //! Usage is readable at `accounts/{a}/.ctxfs/usage`.
 
-use super::{now_ns, Caller, Fs};
+use super::{Caller, Fs};
 use crate::config::Quota;
 use crate::error::{Error, Result};
+use crate::schema::time::now_ns;
 use crate::store::Op;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -20,27 +21,33 @@ use crate::schema::time::day_of;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
 
-/// The quotas by account once the daemon has set them (none: unlimited),
-/// and the recent searches of each account (the searches-per-minute quota).
+/// What bounds the accounts: the quotas by account once the daemon has set
+/// them (none: unlimited), the recent searches of each account (the
+/// searches-per-minute quota), the memory uncommitted files hold, and the
+/// log lines refusals may write.
 #[derive(Default)]
-pub(super) struct Quotas {
-    limits: OnceLock<BTreeMap<String, Quota>>,
+pub(super) struct Limits {
+    quotas: OnceLock<BTreeMap<String, Quota>>,
     searches: Mutex<HashMap<String, VecDeque<Instant>>>,
+    /// Bytes of uncommitted files in memory, and their limit.
+    pub(super) draft_mem: super::draft::DraftMemory,
+    /// Log lines per account for refusals a client causes at will.
+    pub(super) log_budget: super::metrics::LogBudget,
 }
 
 impl Fs {
     pub fn set_quotas(&self, q: BTreeMap<String, Quota>) {
-        let _ = self.quotas.limits.set(q);
+        let _ = self.limits.quotas.set(q);
     }
 
     pub(super) fn quota(&self, account: &str) -> Option<&Quota> {
-        self.quotas.limits.get().and_then(|m| m.get(account))
+        self.limits.quotas.get().and_then(|m| m.get(account))
     }
 
     /// Count and log a refusal by quota; returns `err`.
     fn deny(&self, account: &str, kind: &'static str, err: Error) -> Error {
         self.metrics.quota_denial(account, kind);
-        if let Some(suppressed) = self.log_budget.take(account) {
+        if let Some(suppressed) = self.limits.log_budget.take(account) {
             tracing::info!(account, kind, %err, suppressed, "quota denial");
         }
         err
@@ -77,8 +84,8 @@ impl Fs {
         if growth == 0 {
             return Ok(());
         }
-        let limit = self.draft_limit.load(std::sync::atomic::Ordering::Relaxed);
-        let held = self.draft_mem.total();
+        let limit = self.limits.draft_mem.limit();
+        let held = self.limits.draft_mem.total();
         if held.saturating_add(growth) > limit {
             return Err(self.deny(
                 account,
@@ -92,7 +99,7 @@ impl Fs {
         // One account may hold half of it: another tenant's writes always
         // have room.
         let share = limit / 2;
-        let mine = self.draft_mem.of_account(account);
+        let mine = self.limits.draft_mem.of_account(account);
         if mine.saturating_add(growth) > share {
             return Err(self.deny(
                 account,
@@ -251,7 +258,7 @@ impl Fs {
             return Ok(());
         }
         let now = Instant::now();
-        let mut m = lock(&self.quotas.searches);
+        let mut m = lock(&self.limits.searches);
         let q = m.entry(account.to_string()).or_default();
         while q
             .front()
@@ -283,7 +290,7 @@ impl Fs {
                 .unwrap_or(0) as usize;
         }
         let now = Instant::now();
-        lock(&self.quotas.searches).get(account).map_or(0, |q| {
+        lock(&self.limits.searches).get(account).map_or(0, |q| {
             q.iter()
                 .filter(|t| now.duration_since(**t) < Duration::from_secs(60))
                 .count()
@@ -298,7 +305,7 @@ impl Fs {
         let pair = |used: i64, limit: Option<u64>| json!({"used": used.max(0), "limit": limit});
         let v = json!({
             "account": account,
-            "day": super::rfc3339(day as i128 * 86_400_000_000_000)[..10].to_string(),
+            "day": crate::schema::time::rfc3339(day as i128 * 86_400_000_000_000)[..10].to_string(),
             "bytes": pair(self.stored_bytes(account)? as i64, q.bytes),
             "conversation_bytes": self.store.counter(&counters::inbox_bytes_key(account))?.max(0),
             "writes_today": pair(self.store.counter(&writes_key(account, day))?, q.writes_per_day),

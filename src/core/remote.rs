@@ -51,13 +51,13 @@ impl Fs {
                 ChangeKind::Reset => {
                     tracing::warn!("change feed: changes were missed; dropping every cache");
                     targets.extend(self.all_inode_targets());
-                    if let Some(ix) = self.index.get() {
+                    if let Some(ix) = self.services.index() {
                         ix.evict_all();
                     }
                 }
             }
         }
-        if let Some(ix) = self.index.get() {
+        if let Some(ix) = self.services.index() {
             // The documents another daemon's indexer changed, in place: no
             // reload of the account (SEMANTICS "Several hosts").
             ix.apply_remote(&docs);

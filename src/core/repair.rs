@@ -4,9 +4,11 @@
 
 use super::commit::{Committed, Intent};
 use super::draft::{DFile, Slot};
-use super::{lock, now_ns, Fs};
+use super::Fs;
 use crate::error::Result;
+use crate::locks::lock;
 use crate::schema::place::{ABSTRACT, CONTENT, META, OVERVIEW, RELATIONS};
+use crate::schema::time::now_ns;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 

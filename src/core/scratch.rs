@@ -10,14 +10,69 @@
 //! does not take them itself, across all processes of this machine.
 
 use super::draft::DFile;
+use super::flock::Flocks;
 use super::inodes::Key;
-use super::{lock, Attr, Caller, Fs, Handle, Kind, Opened, SetAttr};
+use super::{Attr, Caller, Fs, Handle, Kind, Opened, SetAttr};
 use crate::error::{Error, Result};
+use crate::locks::lock;
 use crate::schema::names::{ACTIVITY_LOG, SCRATCHPAD};
 use crate::store::{Op, ScratchRec};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::SystemTime;
+
+/// The scratchpads' state in memory: the shared buffers of open files,
+/// the lock serialising structural changes, how much of each open activity
+/// log is stored, and the `flock` table.
+#[derive(Default)]
+pub(crate) struct Scratchpads {
+    /// Open files, by path: one buffer per file.
+    open: Mutex<HashMap<String, Arc<RwLock<DFile>>>>,
+    /// Serialises structural changes (and the inbox's records beside them).
+    structure: Mutex<()>,
+    /// Activity logs open here: how many bytes of the shared buffer are in
+    /// the store (the rest are appended at the next close or fsync).
+    log_synced: Mutex<HashMap<String, usize>>,
+    /// `flock` locks, taken by the daemon on a shared store.
+    pub(super) flocks: Flocks,
+}
+
+impl Scratchpads {
+    /// Held while the scratch table changes shape.
+    pub(crate) fn structure(&self) -> MutexGuard<'_, ()> {
+        lock(&self.structure)
+    }
+
+    /// The open buffer of `path`, if any.
+    fn buffer(&self, path: &str) -> Option<Arc<RwLock<DFile>>> {
+        lock(&self.open).get(path).cloned()
+    }
+
+    /// Bytes of activity log `path` already stored.
+    fn synced(&self, path: &str) -> usize {
+        lock(&self.log_synced).get(path).copied().unwrap_or(0)
+    }
+
+    fn set_synced(&self, path: &str, len: usize) {
+        lock(&self.log_synced).insert(path.to_string(), len);
+    }
+
+    /// Drop `path`'s buffer once no handle holds it.
+    fn release(&self, path: &str) {
+        let mut open = lock(&self.open);
+        if open.get(path).is_some_and(|f| Arc::strong_count(f) == 1) {
+            open.remove(path);
+            lock(&self.log_synced).remove(path);
+        }
+    }
+
+    /// Forget `path`'s buffer and log state (removed from the store).
+    fn forget(&self, path: &str) {
+        lock(&self.open).remove(path);
+        lock(&self.log_synced).remove(path);
+    }
+}
 
 /// Where a path (under `accounts/`) falls in a project's shared area.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +128,7 @@ fn rec_of(f: &DFile) -> ScratchRec {
         dir: false,
         data: f.data.clone(),
         mode: f.mode,
-        mtime_ns: super::ns_of(f.mtime),
+        mtime_ns: crate::schema::time::ns_of(f.mtime),
     }
 }
 
@@ -106,7 +161,7 @@ impl Fs {
 
     pub(super) fn scratch_attr(&self, c: Caller, path: &str, ino: u64) -> Result<Attr> {
         self.project_there(c, path, false)?;
-        let open = lock(&self.scratch_open).get(path).cloned();
+        let open = self.scratch.buffer(path);
         if let Some(f) = open {
             let f = crate::locks::read(&f);
             return Ok(self.plain_attr(ino, Kind::File, f.data.len() as u64, f.mode, f.mtime));
@@ -118,7 +173,7 @@ impl Fs {
                 if r.dir { Kind::Dir } else { Kind::File },
                 r.data.len() as u64,
                 r.mode,
-                super::time_of(r.mtime_ns),
+                crate::schema::time::time_of(r.mtime_ns),
             )),
             (Some(Area::Log), None) => Ok(self.plain_attr(ino, Kind::File, 0, 0o644, self.started)),
             _ => Err(Error::NotFound),
@@ -178,7 +233,7 @@ impl Fs {
     pub(super) fn scratch_mkdir(&self, c: Caller, dir: &str, name: &str, mode: u32) -> Result<()> {
         self.project_there(c, dir, true)?;
         check_name(name)?;
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         self.dir_is_there(dir)?;
         let path = format!("{dir}/{name}");
         if self.store.get_scratch(&path)?.is_some() {
@@ -188,7 +243,7 @@ impl Fs {
             dir: true,
             data: Vec::new(),
             mode: (mode & 0o7777) as u16,
-            mtime_ns: super::now_ns(),
+            mtime_ns: crate::schema::time::now_ns(),
         };
         self.store.apply(vec![Self::put_op(&path, &rec)?], false)
     }
@@ -206,7 +261,7 @@ impl Fs {
         check_name(name)?;
         let path = format!("{dir}/{name}");
         {
-            let _g = lock(&self.scratch_lock);
+            let _g = self.scratch.structure();
             self.dir_is_there(dir)?;
             match self.scratch_rec(&path)? {
                 Some(_) if flags & libc::O_EXCL != 0 => return Err(Error::Exists),
@@ -217,7 +272,7 @@ impl Fs {
                         dir: false,
                         data: Vec::new(),
                         mode: (mode & 0o7777) as u16,
-                        mtime_ns: super::now_ns(),
+                        mtime_ns: crate::schema::time::now_ns(),
                     };
                     self.store.apply(vec![Self::put_op(&path, &rec)?], false)?;
                 }
@@ -228,7 +283,7 @@ impl Fs {
 
     /// The shared buffer of file `path`, loaded on first open.
     fn scratch_file(&self, path: &str) -> Result<Arc<RwLock<DFile>>> {
-        let mut open = lock(&self.scratch_open);
+        let mut open = lock(&self.scratch.open);
         if let Some(f) = open.get(path) {
             return Ok(f.clone());
         }
@@ -236,7 +291,7 @@ impl Fs {
             (Some(r), _) if r.dir => return Err(Error::IsDir),
             (Some(r), _) => {
                 let f = DFile::new(r.data, r.mode);
-                crate::locks::write(&f).mtime = super::time_of(r.mtime_ns);
+                crate::locks::write(&f).mtime = crate::schema::time::time_of(r.mtime_ns);
                 f
             }
             (None, Some(Area::Log)) => DFile::new(Vec::new(), 0o644),
@@ -244,9 +299,9 @@ impl Fs {
         };
         if area(path) == Some(Area::Log) {
             let len = crate::locks::read(&f).data.len();
-            lock(&self.log_synced).insert(path.to_string(), len);
+            self.scratch.set_synced(path, len);
         }
-        crate::locks::write(&f).attach(self.draft_mem.charge_for(Self::account_of(path)));
+        crate::locks::write(&f).attach(self.limits.draft_mem.charge_for(Self::account_of(path)));
         open.insert(path.to_string(), f.clone());
         Ok(f)
     }
@@ -320,20 +375,20 @@ impl Fs {
         }
         // The snapshot is taken under the lock so that writes reach the
         // store in the order the buffer went through them.
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         if h.log {
             // Only the bytes this daemon added since it last wrote the log
             // go to the store, appended to the log as stored: other
             // daemons' lines in between are kept.
             let (tail, len, mode, mtime_ns) = {
                 let f = crate::locks::read(&h.file);
-                let synced = lock(&self.log_synced).get(&h.path).copied().unwrap_or(0);
+                let synced = self.scratch.synced(&h.path);
                 let synced = synced.min(f.data.len());
                 (
                     f.data[synced..].to_vec(),
                     f.data.len(),
                     f.mode,
-                    super::ns_of(f.mtime),
+                    crate::schema::time::ns_of(f.mtime),
                 )
             };
             if tail.is_empty() && !durable {
@@ -360,7 +415,7 @@ impl Fs {
                 mtime_ns,
             });
             self.store.apply(ops, durable)?;
-            lock(&self.log_synced).insert(h.path.clone(), len);
+            self.scratch.set_synced(&h.path, len);
             return Ok(());
         }
         let rec = rec_of(&crate::locks::read(&h.file));
@@ -387,11 +442,7 @@ impl Fs {
 
     /// After the handle is gone: drop the shared buffer once nobody holds it.
     pub(super) fn scratch_released(&self, path: &str) {
-        let mut open = lock(&self.scratch_open);
-        if open.get(path).is_some_and(|f| Arc::strong_count(f) == 1) {
-            open.remove(path);
-            lock(&self.log_synced).remove(path);
-        }
+        self.scratch.release(path);
     }
 
     pub(super) fn scratch_setattr(
@@ -413,20 +464,20 @@ impl Fs {
         }
         let is_dir = self.scratch_rec(path)?.is_some_and(|r| r.dir);
         if is_dir {
-            let _g = lock(&self.scratch_lock);
+            let _g = self.scratch.structure();
             if let Some(mut r) = self.scratch_rec(path)? {
                 if let Some(m) = sa.mode {
                     r.mode = (m & 0o7777) as u16;
                 }
                 if let Some(t) = sa.mtime {
-                    r.mtime_ns = super::ns_of(t);
+                    r.mtime_ns = crate::schema::time::ns_of(t);
                 }
                 self.store.apply(vec![Self::put_op(path, &r)?], false)?;
             }
             return self.scratch_attr(c, path, ino);
         }
         let file = self.scratch_file(path)?;
-        let g = lock(&self.scratch_lock);
+        let g = self.scratch.structure();
         let mut ops = Vec::new();
         let rec = {
             let mut f = crate::locks::write(&file);
@@ -476,7 +527,7 @@ impl Fs {
             Some(Area::Root) => return Err(Error::NotPermitted("the scratchpad itself stays")),
             _ => {}
         }
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         let r = self.scratch_rec(&path)?.ok_or(Error::NotFound)?;
         match (r.dir, want_dir) {
             (true, false) => return Err(Error::IsDir),
@@ -498,7 +549,7 @@ impl Fs {
         )?;
         ops.push(Op::DelScratch { path: path.clone() });
         self.store.apply(ops, false)?;
-        lock(&self.scratch_open).remove(&path);
+        lock(&self.scratch.open).remove(&path);
         Ok(())
     }
 
@@ -534,7 +585,7 @@ impl Fs {
                 "a directory cannot move inside itself".into(),
             ));
         }
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         self.dir_is_there(ddir)?;
         let s = self.scratch_rec(&src)?.ok_or(Error::NotFound)?;
         let mut ops = Vec::new();
@@ -582,7 +633,7 @@ impl Fs {
             }),
         )?);
         self.store.apply(ops, false)?;
-        let mut open = lock(&self.scratch_open);
+        let mut open = lock(&self.scratch.open);
         for (from, to, _) in moves {
             if let Some(f) = open.remove(&from) {
                 open.insert(to, f);
@@ -594,7 +645,7 @@ impl Fs {
     /// Remove the activity log of project `project` (uid 0 only).
     pub(super) fn scratch_drop_log(&self, project: &str) -> Result<()> {
         let path = format!("{project}/{ACTIVITY_LOG}");
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         if self.scratch_rec(&path)?.is_none() {
             // Never written: the log is implicit, like an empty structural
             // directory; removing it changes nothing.
@@ -602,8 +653,7 @@ impl Fs {
         }
         self.store
             .apply(vec![Op::DelScratch { path: path.clone() }], true)?;
-        lock(&self.scratch_open).remove(&path);
-        lock(&self.log_synced).remove(&path);
+        self.scratch.forget(&path);
         tracing::info!(project, "activity log removed by uid 0");
         Ok(())
     }

@@ -223,23 +223,23 @@ impl Drop for SyncSlot<'_> {
 
 impl Fs {
     pub fn set_index(&self, index: Arc<Index>) {
-        let _ = self.index.set(index);
+        self.services.set_index(index);
     }
 
     pub fn index(&self) -> Option<&Arc<Index>> {
-        self.index.get()
+        self.services.index()
     }
 
     /// Wake the indexer after a change that wrote outbox events.
     pub(super) fn notify_index(&self) {
-        if let Some(ix) = self.index.get() {
+        if let Some(ix) = self.services.index() {
             ix.notify();
         }
     }
 
     fn indexer(&self) -> Result<&Arc<Index>> {
-        self.index
-            .get()
+        self.services
+            .index()
             .ok_or_else(|| Error::Unavailable("no indexer runs in this process".into()))
     }
 
@@ -464,7 +464,7 @@ impl Fs {
         convs: &mut Conversations,
     ) -> Result<super::recall::Packed> {
         use crate::schema::names::{CONTENT, OVERVIEW};
-        let redactor = self.redaction().for_account(Self::account_of(dir));
+        let redactor = self.services.redaction().for_account(Self::account_of(dir));
         let base = crate::schema::place::mount_path(dir);
         let under = format!("{base}/");
         let mut items = Vec::with_capacity(judged.len());
@@ -562,8 +562,8 @@ impl Fs {
             return Err(Error::AccessDenied);
         }
         let ix = self.indexer()?;
-        let _slot = self.sync_waiters.enter(c.uid)?;
-        let target = self.last_event()?;
+        let _slot = self.services.sync_waiters.enter(c.uid)?;
+        let target = self.ids.last_event()?;
         ix.sync(target, &|| c.interrupted())?;
         // Several daemons: what the indexer did elsewhere has reached this one.
         self.store.caught_up()?;
@@ -645,7 +645,7 @@ impl Fs {
         for a in accounts {
             dead += self.store.counter(&crate::schema::counters::dlq_key(a))?;
         }
-        let v = match self.index.get() {
+        let v = match self.services.index() {
             Some(ix) => ix.status(accounts, full),
             None => json!({"running": false, "note": "no indexer in this process"}),
         };

@@ -9,9 +9,11 @@
 
 use super::commit::{Committed, Intent};
 use super::draft::{DFile, Draft, Slot};
-use super::{commit, now_ns, ns_of, Fs};
+use super::{commit, Fs};
 use crate::error::{Error, Result};
 use crate::schema::place::{self, DirPlace, META, NODE_FILES};
+use crate::schema::time::now_ns;
+use crate::schema::time::ns_of;
 use crate::store::{NodeRec, Status};
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
@@ -86,10 +88,10 @@ pub fn check_import(node: &str, files: Vec<(String, Vec<u8>)>) -> Result<ImportN
         match obj.get(k) {
             None => {
                 let now = now_ns();
-                Ok((super::rfc3339(now), now))
+                Ok((crate::schema::time::rfc3339(now), now))
             }
             Some(Value::String(s)) => humantime::parse_rfc3339_weak(s)
-                .map(|t| (super::rfc3339(ns_of(t)), ns_of(t)))
+                .map(|t| (crate::schema::time::rfc3339(ns_of(t)), ns_of(t)))
                 .map_err(|e| {
                     format!(
                         "{k} {} is not an RFC 3339 time: {e}",

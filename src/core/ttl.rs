@@ -6,10 +6,12 @@
 //! The expiry times live in the store (`Op::PutExpiry`) and in memory here,
 //! so the check on every lookup is one map probe.
 
-use super::{lock, now_ns, Fs};
+use super::Fs;
 use crate::error::Result;
+use crate::locks::lock;
 use crate::locks::{read, write};
 use crate::schema::place;
+use crate::schema::time::now_ns;
 use crate::store::Op;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -33,7 +35,7 @@ pub fn expiry_of(obj: &mut Map<String, Value>, now: i128) -> Result<Option<u64>,
         let at = now as u64 + secs * 1_000_000_000;
         obj.insert(
             "expires_at".into(),
-            Value::String(super::rfc3339(at as i128)),
+            Value::String(crate::schema::time::rfc3339(at as i128)),
         );
         return Ok(Some(at));
     }
@@ -49,7 +51,7 @@ pub fn expiry_of(obj: &mut Map<String, Value>, now: i128) -> Result<Option<u64>,
                     crate::schema::excerpt(s)
                 )
             })?;
-            let at = super::ns_of(t);
+            let at = crate::schema::time::ns_of(t);
             if at <= now {
                 return Err(format!(
                     "expires_at {} is in the past",

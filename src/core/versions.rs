@@ -11,12 +11,14 @@
 use super::commit::{Committed, Intent};
 use super::draft::{DFile, Draft, Slot};
 use super::inodes::Key;
-use super::{lock, time_of, Attr, Caller, Fs, Handle, Kind, Opened};
+use super::{Attr, Caller, Fs, Handle, Kind, Opened};
 use super::{Control, RestoreHandle};
 use crate::config::Access;
 use crate::error::{Error, Result};
+use crate::locks::lock;
 use crate::schema::names::{REDACT, RESTORE};
 use crate::schema::place::{META, NODE_FILES};
+use crate::schema::time::time_of;
 use crate::store::{NodeRec, Op, Status};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
@@ -404,7 +406,7 @@ impl Fs {
             } else {
                 format!("{}\n", crate::schema::redact::REDACTED).into_bytes()
             };
-            let blob = self.blob_id()?;
+            let blob = self.ids.blob()?;
             max_blob = max_blob.max(blob);
             freed -= bytes.len() as i64;
             files.push(crate::store::FileRec {

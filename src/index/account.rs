@@ -2,8 +2,59 @@
 //! BM25 postings first, then its graph from the dump, reconciled with the
 //! documents), and the vectors held for it.
 
-use super::*;
+use crate::error::Result;
+use crate::index::AccountIndex;
 
+use crate::index::Arc;
+
+use crate::index::AtomicBool;
+
+use crate::index::DOC_BYTES;
+
+use crate::index::Doc;
+
+use crate::index::GRAPHED_VEC_BYTES;
+
+use crate::index::HashMap;
+
+use crate::index::HashSet;
+
+use crate::index::Index;
+
+use crate::index::Instant;
+
+use crate::index::IxDoc;
+
+use crate::index::MAX_LOADED_ACCOUNTS;
+
+use crate::index::Mutex;
+
+use crate::index::OnceLock;
+
+use crate::index::PathBuf;
+
+use crate::index::RwLock;
+
+use crate::index::State;
+
+use crate::index::TRIM_AFTER_BYTES;
+
+use crate::index::TRIM_EVERY;
+
+use crate::index::VEC_BYTES;
+
+use crate::index::ann;
+
+use crate::index::bytes_vec;
+
+use crate::index::rlock;
+
+use crate::index::set_lex_path;
+
+use crate::index::wlock;
+
+use crate::locks::lock;
+use std::sync::atomic::Ordering;
 impl Index {
     /// The index of `account`, loaded on first use (for the daemon's own
     /// work: see [`Index::account_for`]).

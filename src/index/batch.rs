@@ -3,8 +3,73 @@
 //! remove the events in one transaction, then update the in-memory
 //! indexes; failures retry with backoff, then go to the dead-letter queue.
 
-use super::*;
+use crate::error::Result;
+use crate::index::AccountIndex;
+use xxhash_rust::xxh3::xxh3_128;
 
+use crate::index::Arc;
+
+use crate::index::BATCH;
+
+use crate::index::Change;
+
+use crate::index::Duration;
+
+use crate::index::EMBED_BATCH;
+
+use crate::index::Edge;
+
+use crate::index::HashMap;
+
+use crate::index::HashSet;
+
+use crate::index::Index;
+
+use crate::index::Instant;
+
+use crate::index::IxDoc;
+
+use crate::index::IxRec;
+
+use crate::index::LabeledVec;
+
+use crate::index::SystemTime;
+
+use crate::index::ann;
+
+use crate::index::bytes_vec;
+
+use crate::index::embed;
+
+use crate::index::lex;
+
+use crate::index::record_texts;
+
+use crate::index::records;
+
+use crate::index::rlock;
+
+use crate::index::text;
+
+use crate::index::vec_bytes;
+
+use crate::locks::lock;
+use crate::schema::event::EventStatus;
+
+use crate::schema::event::OutboxEvent;
+
+use crate::schema::event;
+
+use crate::schema::place;
+
+use crate::schema::time::now_ms;
+
+use crate::store::Op;
+
+use crate::store::StoredEvent;
+
+use serde_json::Value;
+use std::sync::atomic::Ordering;
 /// One unit of indexing work decoded from an outbox event.
 pub(super) enum Work {
     Upsert {

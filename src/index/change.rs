@@ -2,7 +2,26 @@
 //! store operations that record it, and its application to the in-memory
 //! state (BM25 postings, graph slots).
 
-use super::*;
+use crate::index::AccountIndex;
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::index::Arc;
+
+use crate::index::Doc;
+
+use crate::index::HashSet;
+
+use crate::index::IxDoc;
+
+use crate::index::LabeledVec;
+
+use crate::index::State;
+
+use crate::index::text;
+
+use crate::index::wlock;
+
+use crate::store::Op;
 
 /// (level, first line, text) of every record an upsert makes: L0, L1, and
 /// the chunks of L2. An overview the daemon derived from a content of one

@@ -40,9 +40,9 @@ use self::embed::Embedder;
 pub use self::past::{PastDoc, PastIndex};
 pub use self::reindex::node_texts;
 use crate::error::{Error, Result};
-use crate::schema::event::{self, EventStatus, OutboxEvent};
+use crate::schema::event::OutboxEvent;
 use crate::schema::place;
-use crate::store::{NodeRec, Op, Status, Store, StoredEvent};
+use crate::store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -50,7 +50,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
-use xxhash_rust::xxh3::xxh3_128;
 
 /// Events taken from the outbox per indexer step.
 const BATCH: usize = 256;
@@ -414,8 +413,6 @@ pub struct Index {
 
 /// What [`Index::on_changed_dirs`] installs.
 pub type DirsHook = Box<dyn Fn(&[String]) + Send + Sync>;
-
-use crate::schema::time::now_ms;
 
 use crate::locks::{lock, read as rlock, write as wlock};
 

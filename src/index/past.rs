@@ -9,7 +9,21 @@
 use super::answer::{judge_one, stems, Judged};
 use super::lex::{self, Lex};
 use super::query::{fuse, Scale};
-use super::*;
+use crate::error::Result;
+use crate::index::ann;
+use crate::index::bytes_vec;
+use crate::index::records;
+use crate::index::text;
+use crate::index::Arc;
+use crate::index::HashMap;
+use crate::index::HashSet;
+use crate::index::Hit;
+use crate::index::Index;
+use crate::index::Mode;
+use crate::index::Query;
+use crate::index::Texts;
+use crate::index::MAX_K;
+use xxhash_rust::xxh3::xxh3_128;
 
 /// One node of a view to search: its path in the view (store form,
 /// `acme/users/…`), the version's texts and the content's blob (to tell a

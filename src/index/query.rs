@@ -2,8 +2,52 @@
 //! channels fused by their min-max scaled scores, relation expansion, and
 //! the term statistics answers are judged with.
 
-use super::*;
+use crate::error::Error;
+use crate::error::Result;
+use crate::index::AccountIndex;
 
+use crate::index::Arc;
+
+use crate::index::HashMap;
+
+use crate::index::HashSet;
+
+use crate::index::Hit;
+
+use crate::index::Index;
+
+use crate::index::Instant;
+
+use crate::index::MAX_K;
+
+use crate::index::MESSAGE_LEVEL;
+
+use crate::index::MESSAGE_WEIGHT;
+
+use crate::index::Mode;
+
+use crate::index::Query;
+
+use crate::index::SUPERSEDED_WEIGHT;
+
+use crate::index::TREE_DIRS;
+
+use crate::index::ann;
+
+use crate::index::in_scope;
+
+use crate::index::rlock;
+
+use crate::index::text;
+
+use crate::locks::lock;
+use crate::schema::event;
+
+use crate::schema::place;
+
+use crate::store::Status;
+
+use std::sync::atomic::Ordering;
 impl Index {
     /// The query's vector, from a small cache of recent queries.
     pub(super) fn query_vec(&self, q: &str) -> Result<ann::Vector> {

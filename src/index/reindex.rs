@@ -2,8 +2,32 @@
 //! never indexed, for given paths, or everything (`ctxfs reindex`).
 
 use super::batch::work_of;
-use super::*;
+use crate::error::Result;
+use crate::index::edges_of;
+use crate::index::rlock;
+use crate::index::under_any;
+use crate::index::AccountIndex;
+use crate::index::Arc;
+use crate::index::Edge;
+use crate::index::HashMap;
+use crate::index::HashSet;
+use crate::index::Index;
+use crate::index::IxDoc;
+use crate::index::Pending;
+use crate::index::Texts;
+use crate::index::Work;
+use crate::index::BATCH;
+use crate::locks::lock;
+use crate::schema::event;
+use crate::schema::place;
+use crate::store::NodeRec;
+use crate::store::Op;
+use crate::store::Status;
+use crate::store::Store;
+use crate::store::StoredEvent;
 use crate::store::MODEL_MARK;
+use serde_json::Value;
+use std::sync::atomic::Ordering;
 
 /// The L0/L1/L2 texts of a committed node (for reindexing from the store).
 pub fn node_texts(store: &dyn Store, rec: &NodeRec) -> Result<(Texts, Vec<Edge>)> {

@@ -1,7 +1,11 @@
 //! Tests of the index over a real store: events in, searches out, loads, dumps and rebuilds.
 
 use super::*;
+use crate::schema::event;
+use crate::store::NodeRec;
+use crate::store::Op;
 use crate::store::RedbStore;
+use crate::store::Status;
 
 #[test]
 fn derived_overview_of_one_chunk_has_no_record() {

@@ -2,8 +2,30 @@
 //! outbox batch by batch; when idle it rebuilds graphs full of tombstones
 //! and dumps changed graphs.
 
-use super::*;
+use crate::error::Error;
+use crate::error::Result;
+use crate::index::AccountIndex;
 
+use crate::index::Arc;
+
+use crate::index::BATCH;
+
+use crate::index::Duration;
+
+use crate::index::Index;
+
+use crate::index::Instant;
+
+use crate::index::LabeledVec;
+
+use crate::index::ann;
+
+use crate::index::rlock;
+
+use crate::index::wlock;
+
+use crate::locks::lock;
+use std::sync::atomic::Ordering;
 /// The leadership role of the indexer on a shared store.
 pub(super) const LEADER_ROLE: &str = "indexer";
 

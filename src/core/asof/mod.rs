@@ -27,12 +27,14 @@ mod restore;
 mod search;
 
 use super::inodes::Key;
-use super::{lock, time_of, Attr, Caller, Fs, Kind};
+use super::{Attr, Caller, Fs, Kind};
 use crate::config::Access;
 use crate::error::{Error, Result};
 use crate::index::PastIndex;
+use crate::locks::lock;
 use crate::schema::names::{RESTORE, SEARCH_DIR};
 use crate::schema::place::{self, NODE_FILES};
+use crate::schema::time::time_of;
 use crate::store::NodeRec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

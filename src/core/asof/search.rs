@@ -25,7 +25,7 @@ impl Fs {
             let Some(rec) = self.placed_rec(placed, Access::Read)? else {
                 continue;
             };
-            if rec.status != Status::Active || self.is_unindexed(then) {
+            if rec.status != Status::Active || self.services.is_unindexed(then) {
                 continue;
             }
             let (texts, _) = crate::index::node_texts(self.store.as_ref(), &rec)?;

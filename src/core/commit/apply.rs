@@ -87,14 +87,17 @@ impl Fs {
         let now = now_ns();
         let redactor = match intent {
             Intent::Broken(_) => None,
-            _ => self.redaction().for_account(Self::account_of(node)),
+            _ => self
+                .services
+                .redaction()
+                .for_account(Self::account_of(node)),
         };
         let plan = match Plan::build(view, intent, now, redactor.as_ref()) {
             Outcome::Commit(p) => *p,
             Outcome::StillPending => return Ok(Committed::StillPending),
             Outcome::Refused(r) => {
                 self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                if let Some(suppressed) = self.log_budget.take(Self::account_of(node)) {
+                if let Some(suppressed) = self.limits.log_budget.take(Self::account_of(node)) {
                     tracing::info!(node, reason = %r.reason(), suppressed, "commit refused");
                 }
                 d.error = Some(r.reason().to_string());
@@ -108,11 +111,11 @@ impl Fs {
         let version = plan.version;
         let id = match &rec {
             Some(r) => r.id,
-            None => self.node_id()?,
+            None => self.ids.node()?,
         };
         let expires = plan.expires;
         // On a shared store the events' ids are taken in the transaction.
-        let ids = self.defer_event_ids();
+        let ids = self.ids.defer_events();
         let ops = self.commit_ops(node, id, rec.as_ref(), stale.as_ref(), plan, &intent);
         drop(ids);
         let ops = match ops {
@@ -243,7 +246,7 @@ impl Fs {
             match c {
                 Content::Keep(fr) => files.push(fr),
                 Content::New(bytes, mtime_ns, mode) => {
-                    let blob = self.blob_id()?;
+                    let blob = self.ids.blob()?;
                     max_blob = max_blob.max(blob);
                     files.push(FileRec {
                         name: name.to_string(),
@@ -300,13 +303,13 @@ impl Fs {
             None => {}
         }
         let mut max_seq = 0;
-        let unindexed = self.is_unindexed(node);
+        let unindexed = self.services.is_unindexed(node);
         for change in plan.events {
             let change = match change {
                 Change::UpsertContext { .. } if unindexed => Change::UnindexContext {},
                 c => c,
             };
-            let seq = self.event_seq()?;
+            let seq = self.ids.event()?;
             max_seq = seq;
             ops.push(Op::PutEvent {
                 seq,

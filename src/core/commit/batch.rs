@@ -150,7 +150,7 @@ impl Fs {
             }
         }
         let now = now_ns();
-        let redactor = self.redaction().for_account(account);
+        let redactor = self.services.redaction().for_account(account);
         let mut done: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
         // In transactions of BATCH_CHUNK nodes, each holding only its
         // nodes' locks: another tenant's commit waits for one chunk at
@@ -164,7 +164,7 @@ impl Fs {
             // Writes and bytes of the chunk's nodes so far (for the quota;
             // earlier chunks are in the store's counters).
             let mut pending = (0i64, 0i64);
-            let ids = self.defer_event_ids();
+            let ids = self.ids.defer_events();
             for (line, path, n) in chunk {
                 let cx = Planning {
                     now,
@@ -227,7 +227,7 @@ impl Fs {
         intent: Intent,
     ) -> Result<Vec<u32>> {
         let guards = self.stripes_of(drafts.iter().map(|(p, _, _)| p.as_str()));
-        let redactor = self.redaction().for_account(account);
+        let redactor = self.services.redaction().for_account(account);
         // On a shared store another daemon may commit one of the nodes
         // between the reads and the transaction: planned again, as a
         // single commit is.
@@ -238,7 +238,7 @@ impl Fs {
             let mut versions = Vec::new();
             let mut expiries = Vec::new();
             let mut pending = (0i64, 0i64);
-            let ids = self.defer_event_ids();
+            let ids = self.ids.defer_events();
             for (path, was, draft) in &drafts {
                 if self.draft(path).is_some_and(|d| !lock(&d).files.is_empty()) {
                     return Err(Error::Busy(
@@ -373,7 +373,7 @@ impl Fs {
         let (version, expires) = (plan.version, plan.expires);
         let id = match &rec {
             Some(r) => r.id,
-            None => self.node_id().map_err(|e| e.to_string())?,
+            None => self.ids.node().map_err(|e| e.to_string())?,
         };
         let node_ops = self
             .commit_ops(path, id, rec.as_ref(), stale.as_ref(), plan, &Intent::Close)

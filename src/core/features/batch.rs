@@ -46,7 +46,7 @@ impl Feature for Batch {
                 account: account.clone(),
                 caller: c,
                 buf: Mutex::new(crate::core::draft::HeldBuf::new(
-                    fs.draft_mem.charge_for(account),
+                    fs.limits.draft_mem.charge_for(account),
                 )),
             }));
             return Ok(Opened {
@@ -57,7 +57,7 @@ impl Feature for Batch {
             });
         }
         fs.gate(c, account, false)?;
-        let text = match fs.batch_results.get(account, c.uid) {
+        let text = match fs.handles.batch_results.get(account, c.uid) {
             Some(r) => r.to_vec(),
             None => BATCH_HELP.as_bytes().to_vec(),
         };

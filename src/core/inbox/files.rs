@@ -3,7 +3,40 @@
 //! queueing at close, `NAME.status`, `NAME.review` and its decision, and
 //! unlink.
 
-use super::*;
+use crate::core::inbox::entry_of;
+use crate::core::inbox::record_results;
+use crate::core::inbox::split_name;
+use crate::core::inbox::Arc;
+use crate::core::inbox::Entry;
+use crate::core::inbox::InboxHandle;
+use crate::core::inbox::Job;
+use crate::core::inbox::Mutex;
+use crate::core::inbox::State;
+use crate::core::inbox::SystemTime;
+use crate::core::inbox::HASHES;
+use crate::core::inbox::JOBS;
+use crate::core::inbox::REVIEW_EXT;
+use crate::core::inbox::STATUS_EXT;
+use crate::core::inodes::Key;
+use crate::core::Attr;
+use crate::core::Caller;
+use crate::core::Fs;
+use crate::core::Handle;
+use crate::core::Kind;
+use crate::core::Opened;
+use crate::error::Error;
+use crate::error::Result;
+use crate::extract;
+use crate::locks::lock;
+use crate::schema::counters::llm_tokens_key;
+use crate::schema::place;
+use crate::schema::time::day_of;
+use crate::schema::time::now_ns;
+use crate::schema::time::rfc3339_ms;
+use crate::store::Op;
+use crate::store::ScratchRec;
+use serde_json::json;
+use serde_json::Value;
 
 impl Fs {
     fn inbox_there(&self, c: Caller, inbox: &str, write: bool) -> Result<()> {
@@ -26,15 +59,15 @@ impl Fs {
         let (inbox, name) = split_name(path);
         self.inbox_there(c, inbox, false)?;
         let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;
-        let mtime = |ms: i128| crate::core::time_of(ms);
+        let mtime = |ms: i128| crate::schema::time::time_of(ms);
         match entry {
             Entry::Conversation => match self.conversation_rec(path)? {
                 Some(r) => {
                     Ok(self.file_attr(ino, r.data.len() as u64, 0o444, mtime(r.mtime_ns), false))
                 }
                 None if self
-                    .inbox
-                    .get()
+                    .services
+                    .inbox()
                     .is_some_and(|ib| lock(&ib.writing).contains(path)) =>
                 {
                     Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
@@ -43,13 +76,19 @@ impl Fs {
             },
             Entry::Status => {
                 let j = self.status_job(inbox, &stem)?.ok_or(Error::NotFound)?;
-                let redactor = self.redaction().for_account(Self::account_of(inbox));
+                let redactor = self
+                    .services
+                    .redaction()
+                    .for_account(Self::account_of(inbox));
                 let n = status_text(&j, redactor.as_ref()).len() as u64;
                 Ok(self.file_attr(ino, n, 0o444, SystemTime::now(), false))
             }
             Entry::Review => match self.job_of_stem(inbox, &stem)? {
                 Some(j) if j.state == State::Review => {
-                    let redactor = self.redaction().for_account(Self::account_of(inbox));
+                    let redactor = self
+                        .services
+                        .redaction()
+                        .for_account(Self::account_of(inbox));
                     let n = review_text(&j, redactor.as_ref()).len() as u64;
                     Ok(self.file_attr(ino, n, 0o644, SystemTime::now(), false))
                 }
@@ -92,7 +131,7 @@ impl Fs {
     /// Why the inbox cannot take a conversation from `c` now, if it cannot.
     fn inbox_writable(&self, c: Caller, inbox: &str) -> Result<()> {
         self.inbox_there(c, inbox, true)?;
-        if self.inbox.get().is_none() {
+        if self.services.inbox().is_none() {
             return Err(Error::Unsupported);
         }
         let account = Self::account_of(inbox);
@@ -135,7 +174,7 @@ impl Fs {
                 "a queued conversation is read-only; write a new NAME",
             ));
         }
-        if let Some(ib) = self.inbox.get() {
+        if let Some(ib) = self.services.inbox() {
             lock(&ib.writing).insert(path.clone());
         }
         Ok(self.inbox_handle(c, path, false))
@@ -143,13 +182,13 @@ impl Fs {
 
     /// The handle is gone: a conversation never closed with bytes is no more.
     pub(in crate::core) fn inbox_released(&self, h: &InboxHandle) {
-        if let Some(ib) = self.inbox.get() {
+        if let Some(ib) = self.services.inbox() {
             lock(&ib.writing).remove(&h.path);
         }
     }
 
     fn inbox_handle(&self, c: Caller, path: String, review: bool) -> Opened {
-        let charge = self.draft_mem.charge_for(Self::account_of(&path));
+        let charge = self.limits.draft_mem.charge_for(Self::account_of(&path));
         let fh = self.new_handle(Handle::Inbox(InboxHandle {
             path,
             caller: c,
@@ -194,7 +233,10 @@ impl Fs {
                     return Err(Error::NotPermitted("read-only virtual file"));
                 }
                 let j = self.status_job(inbox, &stem)?.ok_or(Error::NotFound)?;
-                let redactor = self.redaction().for_account(Self::account_of(inbox));
+                let redactor = self
+                    .services
+                    .redaction()
+                    .for_account(Self::account_of(inbox));
                 Ok(data(status_text(&j, redactor.as_ref())))
             }
             Entry::Review => {
@@ -205,7 +247,10 @@ impl Fs {
                 if write {
                     return Ok(self.inbox_handle(c, path.to_string(), true));
                 }
-                let redactor = self.redaction().for_account(Self::account_of(inbox));
+                let redactor = self
+                    .services
+                    .redaction()
+                    .for_account(Self::account_of(inbox));
                 Ok(data(review_text(&j, redactor.as_ref())))
             }
         }
@@ -270,7 +315,7 @@ impl Fs {
             Some(why) => Err(why),
             None => extract::parse(name, &bytes).map_err(|e| e.to_string()),
         };
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         if self.store.get_scratch(&h.path)?.is_some() {
             return Err(Error::NotPermitted(
                 "a queued conversation is read-only; write a new NAME",
@@ -300,7 +345,8 @@ impl Fs {
         let (bytes, conv) = match redact_conversation(
             name,
             &bytes,
-            self.redaction()
+            self.services
+                .redaction()
                 .for_account(Self::account_of(inbox))
                 .as_ref(),
         ) {
@@ -387,7 +433,7 @@ impl Fs {
         self.store.apply(ops, true)?;
         self.notify_index();
         drop(_g);
-        if let Some(ib) = self.inbox.get() {
+        if let Some(ib) = self.services.inbox() {
             if job.state == State::Queued {
                 lock(&ib.pending).insert((inbox.to_string(), name.to_string()));
             }
@@ -419,7 +465,7 @@ impl Fs {
                 "the conversation is being extracted; remove it when its NAME.status says done",
             )
         };
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         let mut ops = Vec::new();
         let file = match entry {
             Entry::Status => {
@@ -471,7 +517,7 @@ impl Fs {
             }
         };
         self.store.apply(ops, true)?;
-        if let Some(ib) = self.inbox.get() {
+        if let Some(ib) = self.services.inbox() {
             lock(&ib.pending).remove(&(inbox.to_string(), file));
         }
         self.notify_index();
@@ -490,7 +536,7 @@ impl Fs {
     /// Apply `word` (`accept` or `drop`) to the job of `stem` in review.
     fn decide(&self, caller: Caller, inbox: &str, stem: &str, word: &str) -> Result<()> {
         let name = format!("{stem}{REVIEW_EXT}");
-        let _g = lock(&self.scratch_lock);
+        let _g = self.scratch.structure();
         let mut job = self.job_of_stem(inbox, stem)?.ok_or(Error::NotFound)?;
         if job.state != State::Review {
             return Err(Error::NotFound);

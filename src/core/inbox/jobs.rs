@@ -2,8 +2,43 @@
 //! one job's try (its budget, attempts and state); what a try does with the
 //! conversation is `extraction.rs`.
 
-use super::*;
+use crate::core::inbox::Arc;
+use crate::core::Fs;
+use crate::error::Result;
+use crate::extract::llm;
 
+use crate::core::inbox::BTreeSet;
+
+use crate::core::inbox::Inbox;
+
+use crate::core::inbox::JOBS;
+
+use crate::core::inbox::Job;
+
+use crate::core::inbox::RESCAN;
+
+use crate::core::inbox::State;
+
+use crate::core::inbox::summaries;
+
+use crate::error::Error;
+use crate::extract::Conversation;
+
+use crate::extract;
+
+use crate::locks::lock;
+use crate::schema::counters::llm_tokens_key;
+
+use crate::schema::names::INBOX;
+
+use crate::schema::time::day_of;
+
+use crate::schema::time::now_ns;
+use crate::schema::time::rfc3339_ms;
+
+use crate::store::Op;
+
+use std::sync::atomic::Ordering;
 impl Fs {
     // ---- the jobs -----------------------------------------------------------
 
@@ -95,12 +130,12 @@ impl Fs {
 
     /// Start the extraction threads.
     pub fn start_inbox(self: &Arc<Self>) -> Result<()> {
-        let Some(ib) = self.inbox.get().cloned() else {
+        let Some(ib) = self.services.inbox().cloned() else {
             return Ok(());
         };
         if ib.summaries {
             // The indexer tells which directories' summaries went stale.
-            if let Some(ix) = self.index.get() {
+            if let Some(ix) = self.services.index() {
                 let w = Arc::downgrade(&ib);
                 ix.on_changed_dirs(Box::new(move |dirs| {
                     if let Some(ib) = w.upgrade() {
@@ -199,7 +234,7 @@ impl Fs {
 fn run_job(ib: &Inbox, inbox: &str, file: &str) {
     // Start: budget, attempts, state.
     let start = ib.with_fs(|fs| -> Result<Option<(Job, Conversation)>> {
-        let _g = lock(&fs.scratch_lock);
+        let _g = fs.scratch.structure();
         let Some(mut job) = fs.get_job(inbox, file)? else {
             return Ok(None);
         };
@@ -261,7 +296,7 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
     let outcome = super::extraction::extract_job(ib, inbox, &mut job, &conv, &mut spent);
     let account = Fs::account_of(inbox).to_string();
     let saved = ib.with_fs(|fs| -> Result<()> {
-        let _g = lock(&fs.scratch_lock);
+        let _g = fs.scratch.structure();
         let now = now_ns();
         job.tokens.prompt += spent.prompt;
         job.tokens.completion += spent.completion;

@@ -18,13 +18,13 @@
 //! `{inbox}/NAME.json` the conversation, `{inbox}/.jobs/NAME.json` its job,
 //! `{inbox}/.hashes/{sha256}` the file that content was first ingested as.
 
-use super::{inodes::Key, lock, Attr, Caller, Fs, Handle, Kind, Opened};
+use super::{Caller, Fs};
 use crate::config::LlmSection;
 use crate::error::{Error, Result};
-use crate::extract::{self, llm, prompt, Conversation};
-use crate::schema::counters::llm_tokens_key;
+use crate::extract::{self, llm, Conversation};
+use crate::locks::lock;
 use crate::schema::place;
-use crate::schema::time::{day_of, now_ns, rfc3339_ms};
+use crate::schema::time::rfc3339_ms;
 use crate::store::{Op, ScratchRec};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -375,13 +375,13 @@ fn provenance(user: &str, file: &str, conv: &Conversation, messages: &[usize]) -
 impl Fs {
     pub fn set_inbox(self: &Arc<Self>, inbox: Arc<Inbox>) {
         *lock(&inbox.fs) = Arc::downgrade(self);
-        let _ = self.inbox.set(inbox);
+        self.services.set_inbox(inbox);
     }
 
     /// `inbox` of `.ctxfs/status`: whether conversations are taken, and by
     /// which model.
     pub(super) fn inbox_status(&self) -> Value {
-        match self.inbox.get() {
+        match self.services.inbox() {
             Some(ib) => json!({
                 "llm": "configured",
                 "model": ib.client.model(),
@@ -412,16 +412,16 @@ impl Fs {
                 .map(|i| (i, Change::DeleteContext {}))
                 .collect(),
             // Under a prefix the account keeps out of the index.
-            Some(_) if self.is_unindexed(path) => Vec::new(),
+            Some(_) if self.services.is_unindexed(path) => Vec::new(),
             Some(ns) => {
-                let r = self.redaction().for_account(&account);
+                let r = self.services.redaction().for_account(&account);
                 extract::message_changes(conv, r.as_ref(), ns)
             }
         };
         let mut ops = Vec::with_capacity(changes.len() + 1);
         let mut max_seq = 0;
         for (i, change) in changes {
-            let seq = self.event_seq()?;
+            let seq = self.ids.event()?;
             max_seq = seq;
             let doc = message_path(path, i);
             ops.push(Op::PutEvent {

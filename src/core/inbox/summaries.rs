@@ -14,11 +14,28 @@
 //! extraction threads, which write the summary again once the directory
 //! has been quiet for `summary_delay_s`, when no conversation waits.
 
-use super::*;
 use crate::core::agent::{is_category, Derived};
+use crate::core::inbox::AtomicUsize;
+use crate::core::inbox::Duration;
+use crate::core::inbox::Inbox;
+use crate::core::inbox::RESCAN;
+use crate::core::Fs;
+use crate::error::Result;
+use crate::extract::llm;
+use crate::extract::prompt;
 use crate::extract::support::Sources;
+use crate::locks::lock;
+use crate::schema::counters::llm_tokens_key;
 use crate::schema::names::SUMMARY_ROW;
+use crate::schema::time::day_of;
+use crate::schema::time::now_ns;
+use crate::schema::time::rfc3339_ms;
+use crate::store::Op;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use serde_json::Value;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// Completion tokens of one summary request.
@@ -166,7 +183,7 @@ impl Fs {
                 }
                 Some(_) => {}
                 None => {
-                    if let Some(ib) = self.inbox.get() {
+                    if let Some(ib) = self.services.inbox() {
                         ib.touch(&[dir.to_string()], false);
                     }
                 }

@@ -1,7 +1,34 @@
 //! File I/O: `open`, `create`, `read`, `write`, `flush` (the commit of
 //! `.meta.json` at close), `release`, `fsync`, `setattr`, `access`.
 
-use super::*;
+use crate::config::Access;
+use crate::core::ops::arc;
+use crate::core::ops::read_lock;
+use crate::core::ops::write_lock;
+use crate::core::ops::Key;
+use crate::core::Attr;
+use crate::core::Caller;
+use crate::core::DFile;
+use crate::core::DraftHandle;
+use crate::core::Fs;
+use crate::core::Handle;
+use crate::core::Kind;
+use crate::core::Opened;
+use crate::core::SetAttr;
+use crate::core::Slot;
+use crate::core::MAX_FILE_BYTES;
+use crate::error::Error;
+use crate::error::Result;
+use crate::locks::lock;
+use crate::schema::place;
+use crate::schema::place::DirPlace;
+use crate::schema::place::META;
+use crate::schema::time::time_of;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::time::SystemTime;
 
 impl Fs {
     // ---- files --------------------------------------------------------------------
@@ -46,7 +73,7 @@ impl Fs {
                 None => return Err(Error::NotFound),
             },
         };
-        write_lock(&file).attach(self.draft_mem.charge_for(Self::account_of(node)));
+        write_lock(&file).attach(self.limits.draft_mem.charge_for(Self::account_of(node)));
         d.files.insert(name.to_string(), Slot::File(file.clone()));
         d.touch();
         if rec.as_ref().and_then(|r| r.file(name)).is_some() {
@@ -113,7 +140,7 @@ impl Fs {
             }
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
-            Key::Virtual(v) => super::features::owner(v)?.open(self, c, v, write),
+            Key::Virtual(v) => crate::core::features::owner(v)?.open(self, c, v, write),
             Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
             Key::CommitError(node) => data(self.commit_error_text(c, node)?),
             Key::Event { node, seq } => data(self.event_json(c, node, *seq)?),
@@ -137,7 +164,7 @@ impl Fs {
                         if write && opened.is_ok() {
                             // The kernel truncates and resizes this inode for
                             // everyone once this open returns (see `Cached`).
-                            self.cached.taint(ino);
+                            self.kernel.cached.taint(ino);
                         }
                         return opened;
                     }
@@ -146,7 +173,7 @@ impl Fs {
                 let f = rec.file(name).ok_or(Error::NotFound)?;
                 let bytes = self.store.read_blob(rec.account(), f.blob, f.size)?;
                 let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
-                let stale = stale || !self.cached.open(ino, fh);
+                let stale = stale || !self.kernel.cached.open(ino, fh);
                 // A current inode's pages never change (a new version is a
                 // new inode), so the kernel keeps them. A stale inode serves
                 // the current version's bytes around its cached pages.
@@ -253,7 +280,7 @@ impl Fs {
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handle(fh)?;
         match &*h {
-            Handle::Data(d) => Ok(super::draft::slice_at(d, offset, size)),
+            Handle::Data(d) => Ok(crate::core::draft::slice_at(d, offset, size)),
             Handle::Draft(d) => Ok(read_lock(&d.file).read_at(offset, size)),
             Handle::Scratch(s) => Ok(Self::scratch_read(s, offset, size)),
             Handle::Restore(_) | Handle::Batch(_) | Handle::Inbox(_) => Err(Error::BadHandle),
@@ -326,8 +353,11 @@ impl Fs {
         if let Handle::Batch(b) = &*h {
             let bytes = lock(&b.buf).take();
             if !bytes.is_empty() {
-                let keep =
-                    |result: Vec<u8>| self.batch_results.keep(&b.account, b.caller.uid, result);
+                let keep = |result: Vec<u8>| {
+                    self.handles
+                        .batch_results
+                        .keep(&b.account, b.caller.uid, result)
+                };
                 // The fronts commit through batch lines: theirs is the name.
                 let via = match b.caller.front() {
                     "shell" => "batch",
@@ -363,7 +393,7 @@ impl Fs {
     }
 
     pub fn release(&self, fh: u64) {
-        self.cached.release(fh);
+        self.kernel.cached.release(fh);
         let h = self.handles.remove(fh);
         if let Some(h) = h {
             if let Handle::Inbox(i) = &*h {
@@ -413,8 +443,8 @@ impl Fs {
                 return self.attr_of(c, &key, ino);
             }
             Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
-            Key::Virtual(v) if !super::features::owner(v)?.takes_writes() => {
-                return Err(super::features::owner(v)?.setattr(self, c, v));
+            Key::Virtual(v) if !crate::core::features::owner(v)?.takes_writes() => {
+                return Err(crate::core::features::owner(v)?.setattr(self, c, v));
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
@@ -426,7 +456,7 @@ impl Fs {
             Key::Virtual(v)
                 if sa.mode.is_none()
                     && sa.size == Some(0)
-                    && super::features::owner(v)?.takes_writes() =>
+                    && crate::core::features::owner(v)?.takes_writes() =>
             {
                 return self.attr_of(c, &key, ino)
             }

@@ -1,7 +1,31 @@
 //! Directory listings (`readdir`): the entries of a directory as one
 //! caller sees them, kept per (directory, uid) between the calls of one reading.
 
-use super::*;
+use crate::config::Access;
+use crate::core::cookie;
+use crate::core::inbox;
+use crate::core::ops::arc;
+use crate::core::ops::join;
+use crate::core::ops::view_names;
+use crate::core::ops::Key;
+use crate::core::ops::MAX_LISTINGS;
+use crate::core::ops::READDIR_BATCH;
+use crate::core::scratch;
+use crate::core::Caller;
+use crate::core::DirBatch;
+use crate::core::DirEntry;
+use crate::core::Fs;
+use crate::core::Kind;
+use crate::core::Listing;
+use crate::core::Slot;
+use crate::error::Error;
+use crate::error::Result;
+use crate::locks::lock;
+use crate::schema::names;
+use crate::schema::place;
+use crate::schema::place::DirPlace;
+use crate::store::Status;
+use std::sync::Arc;
 
 impl Fs {
     // ---- directories -----------------------------------------------------------
@@ -169,7 +193,7 @@ impl Fs {
             }
             Key::Virtual(v) => {
                 shared = false;
-                for (k, name, kind) in super::features::owner(v)?.list(self, c, v)? {
+                for (k, name, kind) in crate::core::features::owner(v)?.list(self, c, v)? {
                     entries.push(d(k, &name, kind));
                 }
             }
@@ -245,13 +269,13 @@ impl Fs {
         let kept = if offset == 0 {
             None
         } else {
-            lock(&self.listings).get(&key).cloned()
+            lock(&self.handles.listings).get(&key).cloned()
         };
         let snap = match kept {
             Some(s) => s,
             None => {
                 let s = Arc::new(self.listing(c, ino)?);
-                let mut l = lock(&self.listings);
+                let mut l = lock(&self.handles.listings);
                 // Listings abandoned half-read are not kept forever; a
                 // dropped one is rebuilt on demand.
                 if l.len() >= MAX_LISTINGS {
@@ -271,7 +295,7 @@ impl Fs {
             .cloned()
             .collect();
         if entries.is_empty() {
-            lock(&self.listings).remove(&key);
+            lock(&self.handles.listings).remove(&key);
         }
         Ok(DirBatch {
             entries,

@@ -1,7 +1,33 @@
 //! Attributes and name lookup: what a name in a directory is for one
 //! caller (`lookup`, `getattr`), and the views of nodes it is built from.
 
-use super::*;
+use crate::config::Access;
+use crate::core::inbox;
+use crate::core::ops::arc;
+use crate::core::ops::join;
+use crate::core::ops::read_lock;
+use crate::core::ops::Key;
+use crate::core::ops::NodeView;
+use crate::core::scratch;
+use crate::core::Attr;
+use crate::core::Caller;
+use crate::core::DFile;
+use crate::core::Fs;
+use crate::core::Handle;
+use crate::core::Kind;
+use crate::core::Slot;
+use crate::error::Error;
+use crate::error::Result;
+use crate::locks::lock;
+use crate::schema::names;
+use crate::schema::place;
+use crate::schema::place::DirPlace;
+use crate::schema::time::time_of;
+use crate::store::NodeRec;
+use crate::store::Status;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::time::SystemTime;
 
 impl Fs {
     // ---- attributes --------------------------------------------------------
@@ -96,7 +122,7 @@ impl Fs {
             } => {
                 let access = self.gate(c, node, false)?;
                 let (rec, stale) = self.current_rec(node, *id, *version, access)?;
-                let stale = stale || self.cached.is_tainted(ino);
+                let stale = stale || self.kernel.cached.is_tainted(ino);
                 let f = rec.file(name).ok_or(Error::NotFound)?;
                 let attr = self.committed_file_attr(ino, &rec, f);
                 // A stale inode's answer is not cached: the next lookup
@@ -144,7 +170,7 @@ impl Fs {
             | Key::AsOf { .. }
             | Key::AsOfRestore { .. }
             | Key::AsOfSearch { .. } => self.as_of_attr(c, key, ino),
-            Key::Virtual(v) => super::features::owner(v)?.attr(self, c, v, ino),
+            Key::Virtual(v) => crate::core::features::owner(v)?.attr(self, c, v, ino),
         }
     }
 
@@ -271,7 +297,7 @@ impl Fs {
     pub(in crate::core) fn event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
         let access = self.gate(c, node, false)?;
         self.node_for(node, access)?;
-        super::search::event_file(self.store.node_events(node)?, seq)
+        crate::core::search::event_file(self.store.node_events(node)?, seq)
     }
 
     // ---- lookup, getattr ----------------------------------------------------

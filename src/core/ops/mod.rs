@@ -2,19 +2,19 @@
 //! attributes (`lookup.rs`), listings (`listing.rs`), file I/O
 //! (`files.rs`), changes to the tree (`tree.rs`).
 
+use crate::core::Draft;
+use crate::core::Slot;
+use crate::store::NodeRec;
+use std::sync::Arc;
+use std::sync::Mutex;
 mod files;
 mod listing;
 mod lookup;
 mod tree;
 
-use super::commit::{self, blob_bytes, Intent};
+use super::commit::{blob_bytes, Intent};
 use super::inodes::Key;
-use super::scratch;
-use super::*;
-use crate::schema::counters;
-use crate::schema::event::{Change, OutboxEvent};
-use crate::schema::place::{self, DirPlace, META, NODE_FILES};
-use serde_json::Value;
+use crate::schema::place::NODE_FILES;
 
 /// A node as one caller sees it: its visible committed record and, for
 /// writers, its draft.

@@ -1,7 +1,42 @@
 //! Changes to the tree: `mkdir`, `rmdir`, `unlink` and `rename` of files,
 //! nodes and containers, with the store operations of deletes and moves.
 
-use super::*;
+use crate::config::Access;
+use crate::core::commit;
+use crate::core::inbox;
+use crate::core::ops::blob_bytes;
+use crate::core::ops::join;
+use crate::core::ops::view_names;
+use crate::core::ops::Intent;
+use crate::core::ops::Key;
+use crate::core::scratch;
+use crate::core::stripe_of;
+use crate::core::Attr;
+use crate::core::Caller;
+use crate::core::DFile;
+use crate::core::Draft;
+use crate::core::Fs;
+use crate::core::Slot;
+use crate::error::Error;
+use crate::error::Result;
+use crate::locks::lock;
+use crate::schema::counters;
+use crate::schema::event::Change;
+use crate::schema::event::OutboxEvent;
+use crate::schema::names;
+use crate::schema::place;
+use crate::schema::place::DirPlace;
+use crate::schema::place::META;
+use crate::schema::time::now_ns;
+use crate::schema::time::rfc3339;
+use crate::schema::time::rfc3339_ms;
+use crate::store::NodeRec;
+use crate::store::Op;
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::MutexGuard;
+use std::sync::RwLock;
 
 impl Fs {
     /// The path of directory `name` in `parent`, for a change by writer `c`
@@ -247,7 +282,7 @@ impl Fs {
     /// a commit over an expired node).
     pub(in crate::core) fn remove_ops(&self, node: &str, rec: &NodeRec) -> Result<Vec<Op>> {
         let account = Self::account_of(node).to_string();
-        let seq = self.event_seq()?;
+        let seq = self.ids.event()?;
         let freed = self.history_bytes(rec)?;
         let mut ops = vec![
             Op::DelNode {
@@ -339,7 +374,7 @@ impl Fs {
             return match self.child_key(c, &pkey, name) {
                 // Generated again at the next open: removing it changes
                 // nothing, and `rm -r` of a user directory goes through.
-                Ok((Key::Virtual(v), _)) => super::features::owner(&v)?.unlink(self, c, &v),
+                Ok((Key::Virtual(v), _)) => crate::core::features::owner(&v)?.unlink(self, c, &v),
                 Ok(_) => Err(Error::IsDir),
                 Err(e) => Err(e),
             };
@@ -613,7 +648,7 @@ impl Fs {
                 };
                 match rewritten {
                     Some(bytes) => {
-                        let id = self.blob_id()?;
+                        let id = self.ids.blob()?;
                         files.push(crate::store::FileRec {
                             name: f.name.clone(),
                             blob: id,
@@ -642,7 +677,7 @@ impl Fs {
                 files,
                 ..rec.clone()
             };
-            let seq = self.event_seq()?;
+            let seq = self.ids.event()?;
             let account = Self::account_of(dst).to_string();
             ops.extend(self.container_ops(dst));
             ops.extend([
