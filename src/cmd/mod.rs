@@ -2,6 +2,7 @@
 //! `bench-ann`) and `search` over a mount, each taking plain options: only
 //! `crate::cli` knows clap.
 
+use crate::schema::place;
 mod transfer;
 
 pub use self::transfer::{export, import};
@@ -95,7 +96,7 @@ pub fn compact(data: &Path) -> Result<i32> {
     let mut dead = 0;
     for (node, seq) in store.dead_letters()? {
         if store.get_node(&node)?.is_none() {
-            let account = node.split('/').next().unwrap_or("").to_string();
+            let account = place::account_of(&node).to_string();
             ops.push(crate::store::Op::DropDead {
                 seq,
                 node_path: node,

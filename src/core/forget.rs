@@ -140,7 +140,7 @@ impl Fs {
             }),
         )?);
         self.store.apply(ops, true)?;
-        self.as_of.forget_account(Self::account_of(prefix));
+        self.as_of.forget_account(place::account_of(prefix));
         for r in &recs {
             self.set_expiry(&r.path, None);
         }

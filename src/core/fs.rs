@@ -18,6 +18,7 @@ use crate::core::inbox;
 use crate::core::types::STRIPES;
 use crate::error::{Error, Result};
 use crate::locks::lock;
+use crate::schema::place;
 #[allow(unused_imports)]
 use crate::schema::time::{now_ns, ns_of, rfc3339, rfc3339_ms, time_of};
 use crate::schema::{counters, names};
@@ -84,7 +85,7 @@ impl Fs {
             match crate::store::DraftRec::decode(&bytes) {
                 Ok(rec) => {
                     let d = Draft::from_rec(rec);
-                    let charge = fs.limits.draft_mem.charge_for(Self::account_of(&path));
+                    let charge = fs.limits.draft_mem.charge_for(place::account_of(&path));
                     for slot in d.files.values() {
                         if let Slot::File(f) = slot {
                             crate::locks::write(f).attach(charge.clone());
@@ -111,7 +112,7 @@ impl Fs {
         })?;
         let mut by_account: HashMap<String, i64> = HashMap::new();
         for r in &recs {
-            let a = Self::account_of(&r.path).to_string();
+            let a = place::account_of(&r.path).to_string();
             *by_account.entry(a).or_default() += self.history_bytes(r)? as i64;
         }
         let mut ops: Vec<Op> = by_account
@@ -186,13 +187,13 @@ impl Fs {
     /// account it is limited to.
     pub(super) fn access_of(&self, caller: Caller, path: &str) -> Access {
         self.tenancy
-            .access_at(caller.uid, Self::account_of(path), Self::in_account(path))
+            .access_at(caller.uid, place::account_of(path), place::in_account(path))
     }
 
     /// May `caller` read (or with `write`, change) `path` (an account or
     /// anything in it)?
     pub(super) fn gate(&self, caller: Caller, path: &str, write: bool) -> Result<Access> {
-        let account = Self::account_of(path);
+        let account = place::account_of(path);
         match self.access_of(caller, path) {
             Access::None => {
                 self.metrics.auth_failure(account, "denied");
@@ -299,16 +300,6 @@ impl Fs {
         Ok(self
             .live_node(node)?
             .filter(|r| Self::shows(r.status, access)))
-    }
-
-    /// Account of a node or directory path.
-    pub(super) fn account_of(path: &str) -> &str {
-        path.split('/').next().unwrap_or("")
-    }
-
-    /// `path` under its account (`users/u/…` of `acme/users/u/…`).
-    pub(super) fn in_account(path: &str) -> &str {
-        path.split_once('/').map_or("", |(_, r)| r)
     }
 
     /// Periodic upkeep of a shared store (nothing on one's own).

@@ -10,6 +10,7 @@
 use super::{Caller, Fs};
 use crate::config::Quota;
 use crate::error::{Error, Result};
+use crate::schema::place;
 use crate::schema::time::now_ns;
 use crate::store::Op;
 use serde_json::json;
@@ -219,7 +220,7 @@ impl Fs {
 
     /// The counter ops of one write of `node` that stores `new_bytes`.
     pub(super) fn write_quota_ops(&self, node: &str, new_bytes: u64) -> Result<Vec<Op>> {
-        let account = Self::account_of(node);
+        let account = place::account_of(node);
         let mut ops = vec![Op::Count {
             key: writes_key(account, day_of(now_ns())),
             delta: 1,

@@ -16,6 +16,7 @@ use super::{Attr, Caller, Fs, Handle, Kind, Opened, SetAttr};
 use crate::error::{Error, Result};
 use crate::locks::lock;
 use crate::schema::names::{ACTIVITY_LOG, SCRATCHPAD};
+use crate::schema::place;
 use crate::store::{Op, ScratchRec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -301,7 +302,7 @@ impl Fs {
             let len = crate::locks::read(&f).data.len();
             self.scratch.set_synced(path, len);
         }
-        crate::locks::write(&f).attach(self.limits.draft_mem.charge_for(Self::account_of(path)));
+        crate::locks::write(&f).attach(self.limits.draft_mem.charge_for(place::account_of(path)));
         open.insert(path.to_string(), f.clone());
         Ok(f)
     }
@@ -352,11 +353,11 @@ impl Fs {
             return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
         }
         let end = start.saturating_add(data.len() as u64);
-        self.check_growth(Self::account_of(&h.path), len, end)?;
+        self.check_growth(place::account_of(&h.path), len, end)?;
         if !h.dirty.load(Ordering::Relaxed) {
             // Its write-back counts as one of the account's writes of the
             // day (`writes_per_day`), appends to the log included.
-            self.check_write_quota(Self::account_of(&h.path), 0)?;
+            self.check_write_quota(place::account_of(&h.path), 0)?;
         }
         let n = f.write_at(start, data)?;
         h.dirty.store(true, Ordering::Relaxed);
@@ -399,11 +400,11 @@ impl Fs {
                 ops.extend(self.write_quota_ops(&h.path, 0)?);
                 // Every append says who made it, in the account's trail.
                 ops.extend(self.audit_ops(
-                    Self::account_of(&h.path),
+                    place::account_of(&h.path),
                     h.by,
                     serde_json::json!({
                         "op": "log-append",
-                        "path": Self::in_account(&h.path),
+                        "path": place::in_account(&h.path),
                         "bytes": tail.len(),
                     }),
                 )?);
@@ -427,11 +428,11 @@ impl Fs {
         if changed {
             ops.extend(self.write_quota_ops(&h.path, 0)?);
             ops.extend(self.audit_ops(
-                Self::account_of(&h.path),
+                place::account_of(&h.path),
                 h.by,
                 serde_json::json!({
                     "op": "scratch-write",
-                    "path": Self::in_account(&h.path),
+                    "path": place::in_account(&h.path),
                     "bytes": rec.data.len(),
                 }),
             )?);
@@ -485,15 +486,15 @@ impl Fs {
                 return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
             }
             if let Some(size) = sa.size {
-                self.check_growth(Self::account_of(path), f.data.len() as u64, size)?;
+                self.check_growth(place::account_of(path), f.data.len() as u64, size)?;
                 if size < f.data.len() as u64 {
                     // What was cut off stays on record (by whom, how much).
                     ops = self.audit_ops(
-                        Self::account_of(path),
+                        place::account_of(path),
                         c.by(None),
                         serde_json::json!({
                             "op": "scratch-truncate",
-                            "path": Self::in_account(path),
+                            "path": place::in_account(path),
                             "bytes": size,
                             "was": f.data.len(),
                         }),
@@ -539,11 +540,11 @@ impl Fs {
         }
         // Who removed another writer's file stays on record.
         let mut ops = self.audit_ops(
-            Self::account_of(&path),
+            place::account_of(&path),
             c.by(None),
             serde_json::json!({
                 "op": "scratch-remove",
-                "path": Self::in_account(&path),
+                "path": place::in_account(&path),
                 "bytes": r.data.len(),
             }),
         )?;
@@ -624,12 +625,12 @@ impl Fs {
             ops.push(Self::put_op(to, rec)?);
         }
         ops.extend(self.audit_ops(
-            Self::account_of(&src),
+            place::account_of(&src),
             c.by(None),
             serde_json::json!({
                 "op": "scratch-rename",
-                "from": Self::in_account(&src),
-                "to": Self::in_account(&dst),
+                "from": place::in_account(&src),
+                "to": place::in_account(&dst),
             }),
         )?);
         self.store.apply(ops, false)?;

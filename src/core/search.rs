@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::index::answer::Answer;
 use crate::index::{Index, Mode, Query};
 use crate::schema::event::{event_seq, EventStatus, OutboxEvent};
+use crate::schema::place;
 use crate::store::Op;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -248,14 +249,14 @@ impl Fs {
         // The directory must be there for the caller (readers: committed only).
         self.attr_of(c, &Key::Dir(dir.clone()), 0)?;
         let qn = parse_query_name(name)?;
-        self.check_search_rate(Self::account_of(dir))?;
+        self.check_search_rate(place::account_of(dir))?;
         let ix = self.indexer()?;
         // One more than asked, to say whether more results exist; with a
         // time range, more candidates, filtered below.
         let ranged = qn.since.is_some() || qn.until.is_some();
         // A user's or an agent's uid searching from above its part: the
         // others' hits are dropped below, so more candidates.
-        let scoped = self.tenancy.scope(c.uid, Self::account_of(dir)).is_some();
+        let scoped = self.tenancy.scope(c.uid, place::account_of(dir)).is_some();
         let above_part = scoped && self.per_caller_dir(&crate::schema::place::split(dir));
         let q = Query {
             text: qn.text.clone(),
@@ -464,7 +465,10 @@ impl Fs {
         convs: &mut Conversations,
     ) -> Result<super::recall::Packed> {
         use crate::schema::names::{CONTENT, OVERVIEW};
-        let redactor = self.services.redaction().for_account(Self::account_of(dir));
+        let redactor = self
+            .services
+            .redaction()
+            .for_account(place::account_of(dir));
         let base = crate::schema::place::mount_path(dir);
         let under = format!("{base}/");
         let mut items = Vec::with_capacity(judged.len());
@@ -613,7 +617,7 @@ impl Fs {
             vec![Op::ReviveEvent {
                 seq,
                 node_path: src_node.to_string(),
-                account: Self::account_of(src_node).to_string(),
+                account: place::account_of(src_node).to_string(),
                 json,
             }],
             true,
@@ -633,7 +637,7 @@ impl Fs {
             vec![Op::DropDead {
                 seq,
                 node_path: node.to_string(),
-                account: Self::account_of(node).to_string(),
+                account: place::account_of(node).to_string(),
             }],
             true,
         )

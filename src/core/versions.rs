@@ -17,6 +17,7 @@ use crate::config::Access;
 use crate::error::{Error, Result};
 use crate::locks::lock;
 use crate::schema::names::{REDACT, RESTORE};
+use crate::schema::place;
 use crate::schema::place::{META, NODE_FILES};
 use crate::schema::time::time_of;
 use crate::store::{NodeRec, Op, Status};
@@ -426,7 +427,7 @@ impl Fs {
             rec: NodeRec { files, ..old },
         });
         ops.push(Op::Count {
-            key: crate::schema::counters::bytes_key(Self::account_of(node)),
+            key: crate::schema::counters::bytes_key(place::account_of(node)),
             delta: -freed,
         });
         ops.push(Op::HighWater {
@@ -434,16 +435,16 @@ impl Fs {
             value: max_blob,
         });
         ops.extend(self.audit_ops(
-            Self::account_of(node),
+            place::account_of(node),
             by,
             serde_json::json!({
                 "op": "redact",
-                "node": Self::in_account(node),
+                "node": place::in_account(node),
                 "version": v,
             }),
         )?);
         self.store.apply(ops, true)?;
-        self.as_of.forget_account(Self::account_of(node));
+        self.as_of.forget_account(place::account_of(node));
         tracing::info!(node, version = v, "version redacted");
         Ok(())
     }

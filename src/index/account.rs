@@ -4,6 +4,7 @@
 
 use crate::error::Result;
 use crate::index::AccountIndex;
+use crate::schema::place;
 
 use crate::index::Arc;
 
@@ -426,7 +427,7 @@ impl Index {
     pub(super) fn stored_accounts(&self) -> Result<Vec<String>> {
         let mut out: Vec<String> = Vec::new();
         self.store.scan_ix("", &mut |path, _| {
-            let a = path.split('/').next().unwrap_or("");
+            let a = place::account_of(path);
             if out.last().map(String::as_str) != Some(a) {
                 out.push(a.to_string());
             }

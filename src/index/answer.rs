@@ -8,6 +8,7 @@
 use super::{text, Hit, Index, Mode, Query};
 use crate::error::Result;
 use crate::schema::names::CONTENT;
+use crate::schema::place;
 
 /// Matching lines of `content.md` a result names at most.
 const MAX_LINES: usize = 12;
@@ -155,7 +156,7 @@ impl Index {
         }];
         let mut answered_by = q.text.clone();
         if needs_retry(best(&judged)) {
-            let account = scope.split('/').next().unwrap_or("");
+            let account = place::account_of(scope);
             let variants = variants(&q.text, self.respell(account, &q.text)?, semantic, q.mode);
             // The variants' vectors in one pass of the model, before the
             // first of them is searched.
@@ -208,7 +209,7 @@ impl Index {
         let mut qterms = text::terms(query);
         qterms.sort();
         qterms.dedup();
-        let account = scope.split('/').next().unwrap_or("");
+        let account = place::account_of(scope);
         let weights = self.idf(account, &qterms)?;
         let stems = stems(&qterms);
         let mut out = Vec::with_capacity(hits.len());
@@ -217,7 +218,7 @@ impl Index {
             let rec = self.store.get_node(node)?;
             let content = match rec.as_ref().and_then(|r| r.file(CONTENT)) {
                 Some(f) => String::from_utf8_lossy(&self.store.read_blob(
-                    node.split('/').next().unwrap_or(""),
+                    place::account_of(node),
                     f.blob,
                     f.size,
                 )?)

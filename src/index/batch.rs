@@ -107,7 +107,7 @@ pub(super) struct Pending {
 pub(super) fn parse_event(ev: &StoredEvent) -> Option<Pending> {
     let event = OutboxEvent::decode(&ev.json).ok()?;
     let path = event.node()?.to_string();
-    let account = path.split('/').next()?.to_string();
+    let account = place::account_of(&path).to_string();
     let work = work_of(&path, &event.change)?;
     // The store files an event under the node's path after the change (a
     // move's under its destination).
@@ -570,7 +570,7 @@ impl Index {
         } else {
             p.path.clone()
         };
-        let account = path.split('/').next().unwrap_or("").to_string();
+        let account = place::account_of(&path).to_string();
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         ops.push(Op::DeadEvent {
             seq: p.ev.seq,

@@ -9,6 +9,7 @@ use super::change::{remove_doc, Change};
 use super::{ann, bytes_vec, AccountIndex, Index, IxDoc, LabeledVec};
 use crate::error::Result;
 use crate::locks::{lock, read as rlock, write as wlock};
+use crate::schema::place;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 
@@ -20,7 +21,7 @@ impl Index {
     pub fn apply_remote(&self, paths: &[String]) {
         let mut by_account: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for p in paths {
-            let a = p.split('/').next().unwrap_or("");
+            let a = place::account_of(p);
             by_account.entry(a).or_default().push(p);
         }
         for (account, paths) in by_account {

@@ -109,7 +109,7 @@ impl Index {
             mode: Mode::Hybrid,
             ..q.clone()
         };
-        let account = scope.split('/').next().unwrap_or("");
+        let account = place::account_of(scope);
         let ai = self.account_for(account, q.tenant)?;
         if !ai.ready.load(Ordering::Acquire) {
             return self.search_in(scope, &flat, false);
@@ -157,7 +157,7 @@ impl Index {
     /// whose directory is `scope` (its children, and a conversation's
     /// messages when `scope` is its inbox).
     fn search_in(&self, scope: &str, q: &Query, direct: bool) -> Result<Vec<Hit>> {
-        let account = scope.split('/').next().unwrap_or("");
+        let account = place::account_of(scope);
         let k = q.k.clamp(1, MAX_K);
         let ai = self.account_for(account, q.tenant)?;
         // Hybrid degrades to the lexical channel when the query cannot be
@@ -505,7 +505,7 @@ impl Index {
     /// Which of `terms` (sorted) the indexed node at `path` holds (its
     /// abstract, overview and content, as BM25 counts them).
     pub fn holds(&self, path: &str, terms: &[String]) -> Result<Vec<bool>> {
-        let account = path.split('/').next().unwrap_or("");
+        let account = place::account_of(path);
         let ai = self.account(account)?;
         let st = rlock(&ai.st);
         Ok(match st.docs.get(path) {

@@ -104,7 +104,7 @@ impl Index {
         if under_any(&self.cfg.unindexed, conv) {
             return Ok(Vec::new());
         }
-        let account = conv.split('/').next().unwrap_or("");
+        let account = place::account_of(conv);
         let r = self.cfg.redaction.for_account(account);
         Ok(crate::extract::message_changes(
             &c,
@@ -193,7 +193,7 @@ impl Index {
         }
         let mut missing = Vec::new();
         self.store.scan_nodes(&mut |r| {
-            let a = r.path.split('/').next().unwrap_or("");
+            let a = place::account_of(&r.path);
             if r.status == Status::Active && short.contains(a) {
                 missing.push(r.path);
             }
@@ -204,7 +204,7 @@ impl Index {
             .map(|a| Ok((a.clone(), self.account(a)?)))
             .collect::<Result<_>>()?;
         missing.retain(|p| {
-            let a = p.split('/').next().unwrap_or("");
+            let a = place::account_of(p);
             accounts
                 .get(a)
                 .is_some_and(|ai| !rlock(&ai.st).docs.contains_key(p.as_str()))
@@ -243,7 +243,7 @@ impl Index {
                     },
                     event: None,
                     path: path.clone(),
-                    account: path.split('/').next().unwrap_or("").to_string(),
+                    account: place::account_of(path).to_string(),
                     work,
                 };
                 if let Some((conv, i)) = event::message_of(path) {

@@ -163,7 +163,7 @@ impl OutboxEvent {
     }
 
     pub fn account(&self) -> Option<&str> {
-        self.node().and_then(|n| n.split('/').next())
+        self.node().map(place::account_of)
     }
 
     /// The type as written in `event_type`.

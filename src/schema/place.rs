@@ -170,6 +170,17 @@ pub fn store_path(mount_path: &str) -> &str {
     mount_path.strip_prefix("accounts/").unwrap_or(mount_path)
 }
 
+/// The account of a store path (`A` of `A/…`): its first segment.
+pub fn account_of(store_path: &str) -> &str {
+    store_path.split('/').next().unwrap_or("")
+}
+
+/// A store path under its account (`users/u/…` of `A/users/u/…`; empty
+/// for the account itself).
+pub fn in_account(store_path: &str) -> &str {
+    store_path.split_once('/').map_or("", |(_, r)| r)
+}
+
 /// `ctx://` URI of a node path.
 pub fn uri_of(node: &str) -> String {
     format!("ctx://{node}")
@@ -296,6 +307,10 @@ mod tests {
     fn mount_and_store_paths_are_one_prefix_apart() {
         assert_eq!(mount_path("acme/users/u"), "accounts/acme/users/u");
         assert_eq!(store_path("accounts/acme/users/u"), "acme/users/u");
+        assert_eq!(account_of("acme/users/u"), "acme");
+        assert_eq!(account_of("acme"), "acme");
+        assert_eq!(in_account("acme/users/u"), "users/u");
+        assert_eq!(in_account("acme"), "");
         assert_eq!(store_path("acme/users/u"), "acme/users/u");
         assert_eq!(store_path(&mount_path("a/b#3")), "a/b#3");
     }

@@ -7,6 +7,7 @@ use super::{NodeRec, Status, Store, Violation};
 use crate::error::Result;
 use crate::schema::counters;
 use crate::schema::names::{CONTENT, META};
+use crate::schema::place;
 use std::collections::HashSet;
 
 /// Node records whose stored rows one step of the check reads at once.
@@ -131,7 +132,7 @@ pub fn check(store: &dyn Store) -> Result<Vec<Violation>> {
     // 8 (in part): node counts per account and status.
     let mut counted: std::collections::BTreeMap<String, i64> = Default::default();
     for rec in &recs {
-        let account = rec.path.split('/').next().unwrap_or("");
+        let account = place::account_of(&rec.path);
         *counted
             .entry(counters::nodes_key(account, rec.status))
             .or_default() += 1;

@@ -403,7 +403,7 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
                 let account = e["uri"]
                     .as_str()
                     .and_then(place::node_of_uri)
-                    .and_then(|p| p.split('/').next())
+                    .map(place::account_of)
                     .unwrap_or("");
                 *recount
                     .entry(crate::schema::counters::outbox_key(account))
@@ -440,7 +440,7 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Vec<Violation>> {
                 let account = e["uri"]
                     .as_str()
                     .and_then(place::node_of_uri)
-                    .and_then(|p| p.split('/').next())
+                    .map(place::account_of)
                     .unwrap_or("");
                 *recount
                     .entry(crate::schema::counters::dlq_key(account))

@@ -2,6 +2,7 @@
 //! default; a networked backend (PostgreSQL) implements the same trait: every
 //! `apply` is one transaction.
 
+use crate::schema::place;
 mod check;
 mod fsck;
 mod pg;
@@ -48,7 +49,7 @@ pub struct NodeRec {
 impl NodeRec {
     /// The account the node belongs to (its path's first segment).
     pub fn account(&self) -> &str {
-        self.path.split('/').next().unwrap_or("")
+        place::account_of(&self.path)
     }
 
     pub fn file(&self, name: &str) -> Option<&FileRec> {
@@ -358,7 +359,7 @@ pub trait Store: Send + Sync {
         let mut out = std::collections::HashMap::new();
         self.scan_ix("", &mut |path, _| {
             if !path.contains('#') {
-                let account = path.split('/').next().unwrap_or("");
+                let account = place::account_of(path);
                 *out.entry(account.to_string()).or_default() += 1;
             }
             Ok(())

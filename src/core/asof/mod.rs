@@ -249,7 +249,7 @@ impl Fs {
                 };
                 // Its path then, if it was in this account (a move keeps
                 // a node in its account).
-                let path = if Self::account_of(&then.path) == account {
+                let path = if place::account_of(&then.path) == account {
                     then.path.clone()
                 } else {
                     now.clone()
@@ -366,7 +366,7 @@ impl Fs {
         let Key::AsOf { time, at, path } = parent else {
             return Err(Error::NotDir);
         };
-        let account = Self::account_of(path);
+        let account = place::account_of(path);
         let access = self.gate(c, path, false)?;
         let view = self.as_of_view(account, *at)?;
         if name == SEARCH_DIR && view.is_dir(path) {
@@ -422,7 +422,7 @@ impl Fs {
                 Ok(self.file_attr(ino, size, 0o644, self.started, false))
             }
             Key::AsOf { at, path, .. } => {
-                let account = Self::account_of(path);
+                let account = place::account_of(path);
                 let access = self.gate(c, path, false)?;
                 let view = self.as_of_view(account, *at)?;
                 self.view_dir_attr(&view, path, access, ino)
@@ -446,7 +446,7 @@ impl Fs {
             // `.as-of/` itself lists nothing: any time is reached by path.
             return Ok(out);
         };
-        let account = Self::account_of(path);
+        let account = place::account_of(path);
         let access = self.gate(c, path, false)?;
         let view = self.as_of_view(account, *at)?;
         if let Some(placed) = view.node(path) {

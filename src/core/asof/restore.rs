@@ -113,8 +113,11 @@ impl Fs {
             format!("{account}/{rel}")
         };
         // A user's or an agent's uid restores inside its own part only.
-        let may_write =
-            |p: &str| self.tenancy.access_at(by.uid, account, Self::in_account(p)) == Access::Write;
+        let may_write = |p: &str| {
+            self.tenancy
+                .access_at(by.uid, account, place::in_account(p))
+                == Access::Write
+        };
         if !may_write(&prefix) {
             return Err(Error::AccessDenied);
         }
@@ -134,7 +137,7 @@ impl Fs {
             if cur.id != placed.id {
                 continue;
             }
-            let shown = Self::in_account(&placed.now).to_string();
+            let shown = place::in_account(&placed.now).to_string();
             if !may_write(&placed.now) {
                 lines.push(json!({"node": shown, "skipped": "moved since to where this uid may not write"}));
                 continue;
@@ -163,7 +166,7 @@ impl Fs {
             }
             let mut line = json!({"node": shown, "restored_from": old.version});
             if **then != *placed.now {
-                line["was_at"] = Value::from(Self::in_account(then));
+                line["was_at"] = Value::from(place::in_account(then));
             }
             lines.push(line);
             drafts.push((
@@ -182,7 +185,7 @@ impl Fs {
             }
             for (name, cur) in self.store.list_nodes(&dir)? {
                 if !then_ids.contains(&cur.id) && !self.expired(&cur.path) {
-                    let shown = Self::in_account(&format!("{dir}/{name}")).to_string();
+                    let shown = place::in_account(&format!("{dir}/{name}")).to_string();
                     lines.push(json!({"node": shown, "made_since": true, "left": true}));
                 }
             }

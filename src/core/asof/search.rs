@@ -61,7 +61,7 @@ impl Fs {
             return Err(Error::NotFound);
         };
         let name = name.as_deref().ok_or(Error::IsDir)?;
-        let account = Self::account_of(dir);
+        let account = place::account_of(dir);
         let access = self.gate(c, dir, false)?;
         let qn = crate::core::search::parse_query_name(name)?;
         if qn.budget.is_some()
@@ -119,7 +119,7 @@ impl Fs {
             }
             j.hit.path = format!(
                 "accounts/{account}/.as-of/{time}/{}",
-                Self::in_account(&then)
+                place::in_account(&then)
             );
             kept.push(j);
         }
@@ -133,8 +133,11 @@ impl Fs {
             .is_some_and(|j| j.tier >= crate::index::answer::Tier::Medium);
         self.render_results(
             &qn,
-            format!("accounts/{account}/.as-of/{time}/{}", Self::in_account(dir))
-                .trim_end_matches('/'),
+            format!(
+                "accounts/{account}/.as-of/{time}/{}",
+                place::in_account(dir)
+            )
+            .trim_end_matches('/'),
             crate::core::search::Results {
                 judged: &kept,
                 tried: Vec::new(),

@@ -11,6 +11,7 @@ use crate::locks::{lock, read};
 use crate::schema::counters;
 use crate::schema::event::{Change, OutboxEvent};
 use crate::schema::names::{ABSTRACT, CONTENT, META, NODE_FILES, OVERVIEW};
+use crate::schema::place;
 use crate::schema::time::{now_ns, ns_of, rfc3339_ms};
 use crate::store::{FileRec, NodeRec, Op};
 use serde_json::Value;
@@ -90,14 +91,14 @@ impl Fs {
             _ => self
                 .services
                 .redaction()
-                .for_account(Self::account_of(node)),
+                .for_account(place::account_of(node)),
         };
         let plan = match Plan::build(view, intent, now, redactor.as_ref()) {
             Outcome::Commit(p) => *p,
             Outcome::StillPending => return Ok(Committed::StillPending),
             Outcome::Refused(r) => {
                 self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                if let Some(suppressed) = self.limits.log_budget.take(Self::account_of(node)) {
+                if let Some(suppressed) = self.limits.log_budget.take(place::account_of(node)) {
                     tracing::info!(node, reason = %r.reason(), suppressed, "commit refused");
                 }
                 d.error = Some(r.reason().to_string());
@@ -175,7 +176,7 @@ impl Fs {
                 if matches!(name, ABSTRACT | OVERVIEW | CONTENT) {
                     let b = self
                         .store
-                        .read_blob(Self::account_of(node), f.blob, f.size)?;
+                        .read_blob(place::account_of(node), f.blob, f.size)?;
                     kept_text.push((name, String::from_utf8_lossy(&b).into_owned()));
                 }
             }
@@ -187,7 +188,7 @@ impl Fs {
             Some(f) => {
                 let b = self
                     .store
-                    .read_blob(Self::account_of(node), f.blob, f.size)?;
+                    .read_blob(place::account_of(node), f.blob, f.size)?;
                 serde_json::from_slice::<Value>(&b)
                     .ok()
                     .and_then(|v| v.get("derived").cloned())
@@ -217,7 +218,7 @@ impl Fs {
         plan: Plan,
         intent: &Intent,
     ) -> Result<Vec<Op>> {
-        let account = Self::account_of(node).to_string();
+        let account = place::account_of(node).to_string();
         let mut ops = Vec::new();
         // Who did it, in the account's audit trail, in this transaction.
         let by = plan.by.unwrap_or(super::rules::By {
@@ -229,7 +230,7 @@ impl Fs {
             by,
             serde_json::json!({
                 "op": "commit",
-                "node": Self::in_account(node),
+                "node": place::in_account(node),
                 "version": plan.version,
                 "status": plan.status.as_str(),
             }),

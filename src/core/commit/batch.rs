@@ -176,7 +176,7 @@ impl Fs {
                     Ok((v, expires)) => planned.push((line, path, v, expires)),
                     Err(e) => {
                         self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                        let node = Self::in_account(&path).to_string();
+                        let node = place::in_account(&path).to_string();
                         results.push(outcome(line, &node, Err(e)));
                     }
                 }
@@ -197,7 +197,7 @@ impl Fs {
             self.invalidate_ancestors(planned.iter().map(|(_, p, _, _)| p.as_str()));
             for (line, path, v, _) in &planned {
                 self.invalidate_commit(path, false);
-                let node = Self::in_account(path);
+                let node = place::in_account(path);
                 results.push(outcome(*line, node, Ok(*v)));
             }
             done.extend(planned);
@@ -251,7 +251,7 @@ impl Fs {
                     _ => {
                         return Err(Error::Stale(format!(
                             "{} changed meanwhile; nothing was committed, try again",
-                            Self::in_account(path)
+                            place::in_account(path)
                         )))
                     }
                 }
@@ -261,13 +261,13 @@ impl Fs {
                     Outcome::StillPending => {
                         return Err(Error::BadCommit(format!(
                             "{}: its status cannot be committed",
-                            Self::in_account(path)
+                            place::in_account(path)
                         )))
                     }
                     Outcome::Refused(r) => {
                         return Err(Error::BadCommit(format!(
                             "{}: {}",
-                            Self::in_account(path),
+                            place::in_account(path),
                             r.reason()
                         )))
                     }
@@ -379,7 +379,7 @@ impl Fs {
             .commit_ops(path, id, rec.as_ref(), stale.as_ref(), plan, &Intent::Close)
             .map_err(|e| e.to_string())?;
         // The quota counts this node with those planned before it.
-        let account = Self::account_of(path);
+        let account = place::account_of(path);
         let (w, b) = self.counted(account, &node_ops);
         self.check_pending(account, pending.0 + w, pending.1 + b)
             .map_err(|e| e.to_string())?;

@@ -119,7 +119,7 @@ pub fn check_relations(bytes: &[u8], node: &str) -> Result<Vec<Value>, String> {
         return Err(format!("more than {MAX_RELATIONS} edges"));
     }
     let uri = place::uri_of(node);
-    let account = node.split('/').next().unwrap_or("");
+    let account = place::account_of(node);
     for (i, e) in edges.iter().enumerate() {
         let Value::Object(o) = e else {
             return Err(format!("edge {i} is not an object"));
@@ -142,7 +142,7 @@ pub fn check_relations(bytes: &[u8], node: &str) -> Result<Vec<Value>, String> {
             crate::error::Error::Invalid(why) => format!("edge {i}: to_uri: {why}"),
             other => format!("edge {i}: to_uri {}: {other}", excerpt(to)),
         })?;
-        if to_node.split('/').next() != Some(account) {
+        if crate::schema::place::account_of(to_node) != account {
             return Err(format!(
                 "edge {i}: to_uri {} is in another account",
                 excerpt(to)

@@ -10,6 +10,7 @@ use crate::core::{agent, Attr, Caller, Fs, Kind, Opened};
 use crate::error::{Error, Result};
 use crate::locks::lock;
 use crate::schema::names::{self, CTXFS_FILES};
+use crate::schema::place;
 use crate::store::Status;
 use std::sync::atomic::Ordering;
 
@@ -110,7 +111,7 @@ impl Fs {
         }
         let (mut pending, mut edits) = (0, 0);
         for (path, d) in self.drafts.snapshot().iter() {
-            if writable.iter().any(|a| *a == Self::account_of(path)) {
+            if writable.iter().any(|a| *a == place::account_of(path)) {
                 if lock(d).base.is_none() {
                     pending += 1;
                 } else {

@@ -21,7 +21,7 @@ pub(super) fn extract_job(
     conv: &Conversation,
     spent: &mut llm::Usage,
 ) -> Outcome {
-    let account = Fs::account_of(inbox).to_string();
+    let account = place::account_of(inbox).to_string();
     // `{a}/users/{u}/inbox`
     let user = place::split(inbox)[2].to_string();
     let style = ib.style;

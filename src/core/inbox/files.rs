@@ -79,7 +79,7 @@ impl Fs {
                 let redactor = self
                     .services
                     .redaction()
-                    .for_account(Self::account_of(inbox));
+                    .for_account(place::account_of(inbox));
                 let n = status_text(&j, redactor.as_ref()).len() as u64;
                 Ok(self.file_attr(ino, n, 0o444, SystemTime::now(), false))
             }
@@ -88,7 +88,7 @@ impl Fs {
                     let redactor = self
                         .services
                         .redaction()
-                        .for_account(Self::account_of(inbox));
+                        .for_account(place::account_of(inbox));
                     let n = review_text(&j, redactor.as_ref()).len() as u64;
                     Ok(self.file_attr(ino, n, 0o644, SystemTime::now(), false))
                 }
@@ -134,7 +134,7 @@ impl Fs {
         if self.services.inbox().is_none() {
             return Err(Error::Unsupported);
         }
-        let account = Self::account_of(inbox);
+        let account = place::account_of(inbox);
         if let Some(max) = self.quota(account).and_then(|q| q.llm_tokens_per_day) {
             let used = self
                 .store
@@ -188,7 +188,7 @@ impl Fs {
     }
 
     fn inbox_handle(&self, c: Caller, path: String, review: bool) -> Opened {
-        let charge = self.limits.draft_mem.charge_for(Self::account_of(&path));
+        let charge = self.limits.draft_mem.charge_for(place::account_of(&path));
         let fh = self.new_handle(Handle::Inbox(InboxHandle {
             path,
             caller: c,
@@ -236,7 +236,7 @@ impl Fs {
                 let redactor = self
                     .services
                     .redaction()
-                    .for_account(Self::account_of(inbox));
+                    .for_account(place::account_of(inbox));
                 Ok(data(status_text(&j, redactor.as_ref())))
             }
             Entry::Review => {
@@ -250,7 +250,7 @@ impl Fs {
                 let redactor = self
                     .services
                     .redaction()
-                    .for_account(Self::account_of(inbox));
+                    .for_account(place::account_of(inbox));
                 Ok(data(review_text(&j, redactor.as_ref())))
             }
         }
@@ -291,7 +291,7 @@ impl Fs {
         }
         // Buffered bytes count as uncommitted ones (draft memory, quota).
         let now = buf.len() as u64;
-        if let Err(e) = self.check_growth(Self::account_of(&h.path), now, (end as u64).max(now)) {
+        if let Err(e) = self.check_growth(place::account_of(&h.path), now, (end as u64).max(now)) {
             *lock(&h.refused) = Some(format!("a write was refused: {e}"));
             return Err(e);
         }
@@ -347,7 +347,7 @@ impl Fs {
             &bytes,
             self.services
                 .redaction()
-                .for_account(Self::account_of(inbox))
+                .for_account(place::account_of(inbox))
                 .as_ref(),
         ) {
             Some(red) => match extract::parse(name, &red) {
@@ -384,7 +384,7 @@ impl Fs {
             State::Queued,
         );
         // Stored conversations count in the account's byte quota.
-        let account = Self::account_of(inbox);
+        let account = place::account_of(inbox);
         let size = bytes.len() as u64;
         if let Err(e) = self.check_bytes(account, size) {
             let job = Job {
@@ -508,9 +508,9 @@ impl Fs {
                 }
                 ops.extend(self.conversation_bytes_op(&path)?);
                 ops.extend(self.audit_ops(
-                    Self::account_of(inbox),
+                    place::account_of(inbox),
                     c.by(None),
-                    json!({"op": "conversation-remove", "conversation": Self::in_account(&path)}),
+                    json!({"op": "conversation-remove", "conversation": place::in_account(&path)}),
                 )?);
                 ops.push(Op::DelScratch { path });
                 name.to_string()
@@ -545,7 +545,7 @@ impl Fs {
         match word {
             "accept" => {
                 let lines = job.proposal.join("\n");
-                let account = Self::account_of(inbox);
+                let account = place::account_of(inbox);
                 let (result, _) = self.commit_batch(caller, account, lines.as_bytes(), "inbox")?;
                 record_results(&mut job, &result);
                 job.state = State::Done;
@@ -578,11 +578,11 @@ impl Fs {
         job.finished_at = Some(rfc3339_ms(now));
         let removed = job.status_removed;
         self.audit(
-            Self::account_of(inbox),
+            place::account_of(inbox),
             caller.by(Some("inbox")),
             json!({
                 "op": "review",
-                "conversation": format!("{}/{stem}", Self::in_account(inbox)),
+                "conversation": format!("{}/{stem}", place::in_account(inbox)),
                 "decision": word,
             }),
         )?;

@@ -6,6 +6,7 @@ use crate::core::inbox::Arc;
 use crate::core::Fs;
 use crate::error::Result;
 use crate::extract::llm;
+use crate::schema::place;
 
 use crate::core::inbox::BTreeSet;
 
@@ -102,7 +103,7 @@ impl Fs {
             if !due || lock(&ib.running).contains(&format!("{inbox}/{file}")) {
                 continue;
             }
-            let account = Self::account_of(&inbox).to_string();
+            let account = place::account_of(&inbox).to_string();
             let cand = (j.queued_at.clone(), inbox, file);
             match oldest.get(&account) {
                 Some(o) if o.0 <= cand.0 => {}
@@ -238,7 +239,7 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
         let Some(mut job) = fs.get_job(inbox, file)? else {
             return Ok(None);
         };
-        let account = Fs::account_of(inbox);
+        let account = place::account_of(inbox);
         let now = now_ns();
         if let Some(max) = fs.quota(account).and_then(|q| q.llm_tokens_per_day) {
             let used = fs
@@ -294,7 +295,7 @@ fn run_job(ib: &Inbox, inbox: &str, file: &str) {
     let t0 = std::time::Instant::now();
     let mut spent = llm::Usage::default();
     let outcome = super::extraction::extract_job(ib, inbox, &mut job, &conv, &mut spent);
-    let account = Fs::account_of(inbox).to_string();
+    let account = place::account_of(inbox).to_string();
     let saved = ib.with_fs(|fs| -> Result<()> {
         let _g = fs.scratch.structure();
         let now = now_ns();

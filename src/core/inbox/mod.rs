@@ -406,7 +406,7 @@ impl Fs {
         stored_ns: Option<u64>,
     ) -> Result<Vec<Op>> {
         use crate::schema::event::{message_path, Change};
-        let account = Self::account_of(path).to_string();
+        let account = place::account_of(path).to_string();
         let changes: Vec<(usize, Change)> = match stored_ns {
             None => (0..conv.messages.len())
                 .map(|i| (i, Change::DeleteContext {}))
@@ -517,7 +517,7 @@ impl Fs {
     /// account's quota (none when nothing is stored at `path`).
     pub(in crate::core) fn conversation_bytes_op(&self, path: &str) -> Result<Option<Op>> {
         Ok(self.conversation_rec(path)?.map(|r| Op::Count {
-            key: crate::schema::counters::inbox_bytes_key(Self::account_of(path)),
+            key: crate::schema::counters::inbox_bytes_key(place::account_of(path)),
             delta: -(r.data.len() as i64),
         }))
     }

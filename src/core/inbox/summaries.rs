@@ -27,6 +27,7 @@ use crate::extract::support::Sources;
 use crate::locks::lock;
 use crate::schema::counters::llm_tokens_key;
 use crate::schema::names::SUMMARY_ROW;
+use crate::schema::place;
 use crate::schema::time::day_of;
 use crate::schema::time::now_ns;
 use crate::schema::time::rfc3339_ms;
@@ -238,7 +239,7 @@ pub(super) fn run_due_summary(ib: &Inbox) -> bool {
     let Some(dir) = ib.due_summary() else {
         return false;
     };
-    let account = Fs::account_of(&dir).to_string();
+    let account = place::account_of(&dir).to_string();
     // The listing, unless the stored summary is current or the account's
     // LLM tokens of today are spent.
     let plan = ib.with_fs(|fs| -> Result<Option<Derived>> {

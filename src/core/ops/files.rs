@@ -59,10 +59,10 @@ impl Fs {
         {
             Some(fr) => {
                 // A copy of the committed file in memory: it counts.
-                self.check_growth(Self::account_of(node), 0, fr.size)?;
+                self.check_growth(place::account_of(node), 0, fr.size)?;
                 let f = DFile::new(
                     self.store
-                        .read_blob(Self::account_of(node), fr.blob, fr.size)?,
+                        .read_blob(place::account_of(node), fr.blob, fr.size)?,
                     fr.mode,
                 );
                 write_lock(&f).mtime = time_of(fr.mtime_ns);
@@ -73,7 +73,7 @@ impl Fs {
                 None => return Err(Error::NotFound),
             },
         };
-        write_lock(&file).attach(self.limits.draft_mem.charge_for(Self::account_of(node)));
+        write_lock(&file).attach(self.limits.draft_mem.charge_for(place::account_of(node)));
         d.files.insert(name.to_string(), Slot::File(file.clone()));
         d.touch();
         if rec.as_ref().and_then(|r| r.file(name)).is_some() {
@@ -324,7 +324,7 @@ impl Fs {
         // Uncommitted bytes count against the account's byte quota and the
         // daemon's draft memory: refused at the write, before they are held.
         let grown = start.saturating_add(data.len() as u64);
-        self.check_growth(Self::account_of(&d.node), f.data.len() as u64, grown)?;
+        self.check_growth(place::account_of(&d.node), f.data.len() as u64, grown)?;
         let n = f.write_at(start, data)?;
         d.dirty.store(true, Ordering::Relaxed);
         Ok(n)
@@ -484,7 +484,7 @@ impl Fs {
         {
             let mut f = write_lock(&file);
             if let Some(size) = sa.size {
-                self.check_growth(Self::account_of(&node), f.data.len() as u64, size)?;
+                self.check_growth(place::account_of(&node), f.data.len() as u64, size)?;
             }
             f.set_attr(&sa)?;
         }

@@ -259,11 +259,11 @@ impl Fs {
             ops.extend(self.remove_ops(node, rec)?);
             ops.extend(self.write_quota_ops(node, 0)?);
             ops.extend(self.audit_ops(
-                Self::account_of(node),
+                place::account_of(node),
                 c.by(None),
                 serde_json::json!({
                     "op": "delete",
-                    "node": Self::in_account(node),
+                    "node": place::in_account(node),
                     "version": rec.version,
                 }),
             )?);
@@ -272,7 +272,7 @@ impl Fs {
         self.notify_index();
         self.set_expiry(node, None);
         self.drafts.remove(node);
-        self.as_of.forget_account(Self::account_of(node));
+        self.as_of.forget_account(place::account_of(node));
         self.stats.deletes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -281,7 +281,7 @@ impl Fs {
     /// its expiry and its `DELETE_CONTEXT` event (delete, expiry sweep, and
     /// a commit over an expired node).
     pub(in crate::core) fn remove_ops(&self, node: &str, rec: &NodeRec) -> Result<Vec<Op>> {
-        let account = Self::account_of(node).to_string();
+        let account = place::account_of(node).to_string();
         let seq = self.ids.event()?;
         let freed = self.history_bytes(rec)?;
         let mut ops = vec![
@@ -452,7 +452,7 @@ impl Fs {
                 "only files and directories of accounts can be renamed",
             ));
         };
-        let (sa, da) = (Self::account_of(&sp), Self::account_of(&dp));
+        let (sa, da) = (place::account_of(&sp), place::account_of(&dp));
         // Both ends, whole: a user's uid moves nothing into or out of its part.
         self.gate(c, &join(&sp, name), true)?;
         self.gate(c, &join(&dp, newname), true)?;
@@ -657,7 +657,7 @@ impl Fs {
                             mode: f.mode,
                         });
                         ops.push(Op::PutBlobOf {
-                            account: Self::account_of(dst).to_string(),
+                            account: place::account_of(dst).to_string(),
                             id,
                             data: Arc::from(bytes),
                         });
@@ -678,7 +678,7 @@ impl Fs {
                 ..rec.clone()
             };
             let seq = self.ids.event()?;
-            let account = Self::account_of(dst).to_string();
+            let account = place::account_of(dst).to_string();
             ops.extend(self.container_ops(dst));
             ops.extend([
                 Op::DelNode {
@@ -708,17 +708,17 @@ impl Fs {
             ]);
             new_base = Some((rec.id, version));
             ops.extend(self.audit_ops(
-                Self::account_of(dst),
+                place::account_of(dst),
                 c.by(Some("move")),
                 serde_json::json!({
                     "op": "move",
-                    "from": Self::in_account(src),
-                    "to": Self::in_account(dst),
+                    "from": place::in_account(src),
+                    "to": place::in_account(dst),
                     "version": version,
                 }),
             )?);
             let new_bytes = blob_bytes(&ops);
-            self.check_write_quota(Self::account_of(dst), new_bytes)?;
+            self.check_write_quota(place::account_of(dst), new_bytes)?;
             ops.extend(self.write_quota_ops(dst, new_bytes)?);
             if let Some(at) = expiry {
                 ops.push(Op::DelExpiry {

@@ -2,8 +2,9 @@
 //! transaction. Every statement on an account's rows names the account
 //! first: it is the first column of every key of those tables.
 
-use super::{account_of, decode, encode, i, pe, split};
+use super::{decode, encode, i, pe, split};
 use crate::error::{Error, Result};
+use crate::schema::place::account_of;
 use crate::store::{Op, EVENT_PLACEHOLDER};
 use std::collections::BTreeSet;
 use tokio_postgres::error::SqlState;
@@ -32,7 +33,7 @@ fn event_account(json: &[u8]) -> Result<String> {
     Ok(ev
         .uri
         .strip_prefix("ctx://")
-        .and_then(|r| r.split('/').next())
+        .map(account_of)
         .unwrap_or("")
         .to_string())
 }

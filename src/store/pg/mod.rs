@@ -33,6 +33,7 @@
 use super::{NodeRec, Op, RemoteChange, Store, StoredEvent};
 use crate::error::{Error, Result};
 use crate::locks::lock;
+use crate::schema::place;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use std::future::Future;
 use std::path::Path;
@@ -74,11 +75,6 @@ fn encode(rec: &NodeRec) -> Result<Vec<u8>> {
 
 fn split(path: &str) -> (&str, &str) {
     crate::schema::place::parent_name(path)
-}
-
-/// The account a store path belongs to (its first segment).
-fn account_of(path: &str) -> &str {
-    path.split('/').next().unwrap_or("")
 }
 
 /// A blob whose stored length is not the one its record says (absent: 0).
@@ -338,7 +334,7 @@ impl Store for PgStore {
         let (p, n) = split(path);
         let rec = match self.bytes_opt(
             "SELECT rec FROM nodes WHERE account = $1 AND parent = $2 AND name = $3",
-            &[&account_of(path), &p, &n],
+            &[&place::account_of(path), &p, &n],
         )? {
             Some(b) => Some(decode(&b)?),
             None => None,
@@ -369,7 +365,7 @@ impl Store for PgStore {
         }
         self.query(
             "SELECT name, rec FROM nodes WHERE account = $1 AND parent = $2 ORDER BY name",
-            &[&account_of(parent), &parent],
+            &[&place::account_of(parent), &parent],
         )?
         .iter()
         .map(|r| Ok((r.get::<_, String>(0), decode(&r.get::<_, Vec<u8>>(1))?)))
@@ -390,7 +386,7 @@ impl Store for PgStore {
             .query(
                 "SELECT 1 FROM nodes WHERE account = $1 AND parent = $2 \
                  UNION ALL SELECT 1 FROM dirs WHERE account = $1 AND parent = $2 LIMIT 1",
-                &[&account_of(parent), &parent],
+                &[&place::account_of(parent), &parent],
             )?
             .is_empty())
     }
@@ -404,7 +400,7 @@ impl Store for PgStore {
         let there = !self
             .query(
                 "SELECT 1 FROM dirs WHERE account = $1 AND parent = $2 AND name = $3",
-                &[&account_of(path), &p, &n],
+                &[&place::account_of(path), &p, &n],
             )?
             .is_empty();
         let mut c = lock(&self.cache.dirs);
@@ -427,7 +423,7 @@ impl Store for PgStore {
         } else {
             self.query(
                 "SELECT name FROM dirs WHERE account = $1 AND parent = $2 ORDER BY name",
-                &[&account_of(parent), &parent],
+                &[&place::account_of(parent), &parent],
             )?
         };
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
@@ -450,7 +446,7 @@ impl Store for PgStore {
         let (mut accounts, mut parents, mut names) = (Vec::new(), Vec::new(), Vec::new());
         for p in paths {
             let (parent, name) = split(p);
-            accounts.push(account_of(p));
+            accounts.push(place::account_of(p));
             parents.push(parent);
             names.push(name);
         }
@@ -502,7 +498,7 @@ impl Store for PgStore {
     fn node_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
         self.events(
             "SELECT seq, json FROM outbox WHERE account = $1 AND node_path = $2 ORDER BY seq",
-            &[&account_of(node_path), &node_path],
+            &[&place::account_of(node_path), &node_path],
         )
     }
 
@@ -577,14 +573,14 @@ impl Store for PgStore {
     fn dead_events(&self, node_path: &str) -> Result<Vec<StoredEvent>> {
         self.events(
             "SELECT seq, json FROM dlq WHERE account = $1 AND node_path = $2 ORDER BY seq",
-            &[&account_of(node_path), &node_path],
+            &[&place::account_of(node_path), &node_path],
         )
     }
 
     fn get_ix(&self, path: &str) -> Result<Option<Vec<u8>>> {
         self.bytes_opt(
             "SELECT data FROM ix_docs WHERE account = $1 AND path = $2",
-            &[&account_of(path), &path],
+            &[&place::account_of(path), &path],
         )
     }
 
@@ -593,7 +589,7 @@ impl Store for PgStore {
         // prefix + DEL. An account's documents are read with its name; only
         // the daemon-wide scan (prefix "") reads every account's.
         let hi = format!("{prefix}\u{7f}");
-        let account = account_of(prefix).to_string();
+        let account = place::account_of(prefix).to_string();
         let mut from = prefix.to_string();
         let mut first = true;
         loop {
@@ -656,7 +652,7 @@ impl Store for PgStore {
         let (p, n) = split(path);
         self.bytes_opt(
             "SELECT data FROM scratch WHERE account = $1 AND parent = $2 AND name = $3",
-            &[&account_of(path), &p, &n],
+            &[&place::account_of(path), &p, &n],
         )
     }
 
@@ -664,7 +660,7 @@ impl Store for PgStore {
         Ok(self
             .query(
                 "SELECT name, data FROM scratch WHERE account = $1 AND parent = $2 ORDER BY name",
-                &[&account_of(parent), &parent],
+                &[&place::account_of(parent), &parent],
             )?
             .iter()
             .map(|r| (r.get::<_, String>(0), r.get::<_, Vec<u8>>(1)))
@@ -862,6 +858,6 @@ mod tests {
             "postgres://u:***@h:5432/db"
         );
         assert_eq!(shown_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(account_of("acme/users/a"), "acme");
+        assert_eq!(place::account_of("acme/users/a"), "acme");
     }
 }

@@ -7,6 +7,7 @@ use super::{
     OUTBOX_BY_NODE, SCRATCH, VECS, VERSIONS, WAL_SEQ,
 };
 use crate::error::Result;
+use crate::schema::place;
 use crate::store::{Op, Store};
 use ::redb::ReadableTable;
 use std::collections::HashMap;
@@ -18,10 +19,6 @@ fn join(parent: &str, name: &str) -> String {
     } else {
         format!("{parent}/{name}")
     }
-}
-
-fn account_of(path: &str) -> String {
-    path.split('/').next().unwrap_or("").to_string()
 }
 
 /// The events of a queue (the outbox or the dead letters): seq, node, JSON.
@@ -124,7 +121,7 @@ impl RedbStore {
             )?;
         }
         for (seq, node_path, json) in events(&txn, OUTBOX_BY_NODE, OUTBOX)? {
-            let account = account_of(&node_path);
+            let account = place::account_of(&node_path).to_string();
             f(
                 "outbox",
                 Op::PutEvent {
@@ -136,7 +133,7 @@ impl RedbStore {
             )?;
         }
         for (seq, node_path, json) in events(&txn, DLQ_BY_NODE, DLQ)? {
-            let account = account_of(&node_path);
+            let account = place::account_of(&node_path).to_string();
             f(
                 "dlq",
                 Op::DeadEvent {
