@@ -2,7 +2,7 @@
 //! and how it meets what is already there. Pure: the core looks up the
 //! existing node and asks the model to merge.
 
-use super::{Candidate, Kind};
+use super::{quote, Candidate, Kind, Style};
 
 /// How a candidate meets an existing node at its place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,9 +241,262 @@ pub fn update_of(new: &str, old: &str) -> Option<String> {
     marks(new).into_iter().find(|m| !before.contains(m))
 }
 
+/// What a placed candidate meets where it lands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Meets<'a> {
+    /// No node on the subject, and no near-duplicate.
+    Nothing,
+    /// For appends: the same event or case is already at `path`
+    /// (similarity `sim`), its `content.md` `stored`.
+    Same {
+        path: &'a str,
+        sim: f32,
+        stored: &'a str,
+    },
+    /// An ACTIVE node at `path` (the target's, or a near-duplicate's), its
+    /// `content.md` `stored`; `taken`: an earlier candidate of this
+    /// conversation already writes it.
+    Node {
+        path: &'a str,
+        stored: &'a str,
+        taken: bool,
+    },
+}
+
+/// What a candidate does to the memory: decided from what it meets, before
+/// any model call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// A new node, `created` (nothing on the subject yet) or `appended`;
+    /// with `supersedes`, an update of the same event at that path.
+    New {
+        action: &'static str,
+        why: String,
+        supersedes: Option<String>,
+    },
+    /// The node it meets becomes `text` (quotes added, no model).
+    Merged { text: String, why: String },
+    /// The model merges it into the node it meets.
+    AskModel,
+    /// Nothing is written; `at` names the node it meets, if any.
+    Skip { at: Option<String>, why: String },
+}
+
+/// The step of a candidate of `kind` and `text`, placed with `mode`, that
+/// meets `meets`, in memories of `style`.
+pub fn step(mode: Mode, style: Style, kind: Kind, text: &str, meets: Meets) -> Step {
+    let kind = kind.as_str();
+    match (mode, meets) {
+        (Mode::Append, Meets::Same { path, sim, stored }) => {
+            let new = style.comparable(text);
+            match update_of(&new, &style.comparable(body(stored))) {
+                // The same event told again with a new date or number: what
+                // changed is a new node that supersedes the old one, which
+                // stays (what was planned then) but ranks below it.
+                Some(new) => Step::New {
+                    action: "appended",
+                    why: format!(
+                        "an update of {path} (similarity {sim:.2}; {} is new): supersedes it",
+                        crate::schema::excerpt(&new)
+                    ),
+                    supersedes: Some(path.to_string()),
+                },
+                None => Step::Skip {
+                    at: Some(path.to_string()),
+                    why: format!("the same {kind} is already in {path} (similarity {sim:.2})"),
+                },
+            }
+        }
+        (Mode::Append, _) => Step::New {
+            action: "appended",
+            why: format!("a new {kind}"),
+            supersedes: None,
+        },
+        (Mode::Merge, Meets::Nothing | Meets::Same { .. }) => Step::New {
+            action: "created",
+            why: format!("no {kind} on this subject yet"),
+            supersedes: None,
+        },
+        (
+            Mode::Merge,
+            Meets::Node {
+                path, taken: true, ..
+            },
+        ) => Step::Skip {
+            at: Some(path.to_string()),
+            why: "merged with another memory of this conversation".into(),
+        },
+        // Quotes are merged without a model: the new ones added.
+        (Mode::Merge, Meets::Node { path, stored, .. }) if style == Style::Quoted => {
+            let old = body(stored);
+            match quote::merge(old, text) {
+                Some((text, n)) => Step::Merged {
+                    text,
+                    why: format!("{n} new quote{}", if n == 1 { "" } else { "s" }),
+                },
+                None => Step::Skip {
+                    at: Some(path.to_string()),
+                    why: format!("already known: {}", crate::schema::excerpt(old)),
+                },
+            }
+        }
+        (Mode::Merge, Meets::Node { .. }) => Step::AskModel,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The merge decisions, one row each: mode, style, what the candidate
+    /// meets, its text, and the step (its action, or what it skips on).
+    #[test]
+    fn steps_as_a_table() {
+        let node = |stored, taken| Meets::Node {
+            path: "users/u/memories/preferences/tea",
+            stored,
+            taken,
+        };
+        let same = |stored| Meets::Same {
+            path: "users/u/memories/events/trip-1",
+            sim: 0.93,
+            stored,
+        };
+        let q_old = "# Tea\n\nAnn said on 2023-05-01: \"I drink green tea\"\n";
+        let w_old = "# Tea\n\nThe user drinks green tea.\n";
+        let rows: Vec<(Mode, Style, Meets, &str, &str)> = vec![
+            // Merge mode: a new subject is created whatever the style.
+            (
+                Mode::Merge,
+                Style::Quoted,
+                Meets::Nothing,
+                "Ann said on 2023-05-02: \"x\"",
+                "created",
+            ),
+            (
+                Mode::Merge,
+                Style::Written,
+                Meets::Nothing,
+                "The user drinks tea.",
+                "created",
+            ),
+            // A near-duplicate event met by a merge-mode candidate: created.
+            (
+                Mode::Merge,
+                Style::Written,
+                same(w_old),
+                "The user drinks tea.",
+                "created",
+            ),
+            // A node an earlier candidate of this conversation writes: skipped.
+            (
+                Mode::Merge,
+                Style::Quoted,
+                node(q_old, true),
+                "Ann said on 2023-05-02: \"x\"",
+                "skip:merged with another",
+            ),
+            (
+                Mode::Merge,
+                Style::Written,
+                node(w_old, true),
+                "The user drinks tea.",
+                "skip:merged with another",
+            ),
+            // Quotes merge without a model: new ones added, known ones skipped.
+            (
+                Mode::Merge,
+                Style::Quoted,
+                node(q_old, false),
+                "Ann said on 2023-05-02: \"I like oolong\"",
+                "merged:1 new quote",
+            ),
+            (
+                Mode::Merge,
+                Style::Quoted,
+                node(q_old, false),
+                "Ann said on 2023-05-09: \"I drink green tea\"",
+                "skip:already known",
+            ),
+            // Written memories ask the model to merge.
+            (
+                Mode::Merge,
+                Style::Written,
+                node(w_old, false),
+                "The user likes oolong.",
+                "ask",
+            ),
+            // Append mode: always a new node, unless the same event is there.
+            (
+                Mode::Append,
+                Style::Written,
+                Meets::Nothing,
+                "The user flew to Rome.",
+                "appended",
+            ),
+            (
+                Mode::Append,
+                Style::Written,
+                node(w_old, false),
+                "The user flew to Rome.",
+                "appended",
+            ),
+            (
+                Mode::Append,
+                Style::Written,
+                same("# Trip\n\nThe user flies to Rome.\n"),
+                "The user flies to Rome.",
+                "skip:the same event",
+            ),
+            // The same event with a new date supersedes the old one.
+            (
+                Mode::Append,
+                Style::Written,
+                same("# Trip\n\nThe user flies to Rome.\n"),
+                "The user flies to Rome in June.",
+                "supersedes",
+            ),
+            (
+                Mode::Append,
+                Style::Quoted,
+                same("# Trip\n\nAnn said on 2023-05-01: \"I fly to Rome\"\n"),
+                "Ann said on 2023-05-03: \"I fly to Rome\"",
+                "skip:the same event",
+            ),
+            (
+                Mode::Append,
+                Style::Quoted,
+                same("# Trip\n\nAnn said on 2023-05-01: \"I fly to Rome\"\n"),
+                "Ann said on 2023-05-03: \"I fly to Rome on 4 June\"",
+                "supersedes",
+            ),
+        ];
+        for (i, (mode, style, meets, text, want)) in rows.into_iter().enumerate() {
+            let got = step(mode, style, Kind::Event, text, meets);
+            let ok = match (&got, want.split_once(':')) {
+                (
+                    Step::New {
+                        action,
+                        supersedes: None,
+                        ..
+                    },
+                    None,
+                ) => *action == want,
+                (
+                    Step::New {
+                        supersedes: Some(p),
+                        ..
+                    },
+                    None,
+                ) => want == "supersedes" && p.ends_with("trip-1"),
+                (Step::Merged { why, .. }, Some(("merged", w))) => why.starts_with(w),
+                (Step::AskModel, None) => want == "ask",
+                (Step::Skip { why, at }, Some(("skip", w))) => why.starts_with(w) && at.is_some(),
+                _ => false,
+            };
+            assert!(ok, "row {i}: want {want}, got {got:?}");
+        }
+    }
 
     fn cand(kind: Kind, topic: &str, text: &str, m: &[usize]) -> Candidate {
         Candidate {

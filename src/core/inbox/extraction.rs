@@ -9,7 +9,7 @@ use super::{
 };
 use crate::core::{Caller, Fs};
 use crate::error::{Error, Result};
-use crate::extract::{self, llm, policy, prompt, quote, Candidate, Conversation};
+use crate::extract::{self, llm, policy, prompt, Candidate, Conversation};
 use crate::schema::place;
 use serde_json::{json, Value};
 
@@ -25,46 +25,10 @@ pub(super) fn extract_job(
     // `{a}/users/{u}/inbox`
     let user = place::split(inbox)[2].to_string();
     let style = ib.style;
-    let schema = style.schema(conv.messages.len());
-    // A conversation longer than the model's context is extracted a window
-    // of whole messages at a time, never cut.
-    let answer_room = ib.client.max_tokens() as usize;
-    let windows = match prompt::windows(conv, ib.context_tokens, answer_room, style.overhead()) {
-        Ok(w) => w,
-        Err(e) => return Outcome::Fail(e),
+    let cands = match candidates(ib, job, conv, spent) {
+        Ok(c) => c,
+        Err(o) => return o,
     };
-    job.windows = windows.len();
-    let mut cands = Vec::new();
-    job.dropped.clear();
-    let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
-        ib.client.chat_json(req, &schema, spent)
-    };
-    for w in windows {
-        let mut answer = match ask(style.request(conv, w.clone()), spent) {
-            Ok(v) => v,
-            Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
-            Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
-        };
-        // An answer that quoted nothing of these messages (a small model
-        // copying the worked example) is asked again, once, without it.
-        if let Some(again) = style.request_again(&answer, conv, w.clone()) {
-            job.dropped.push(format!(
-                "messages {}..{}: the model's answer quoted none of them; asked again without the example",
-                w.start, w.end
-            ));
-            answer = match ask(again, spent) {
-                Ok(v) => v,
-                Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
-                Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
-            };
-        }
-        let (found, dropped) = match style.candidates(&answer, conv, w) {
-            Ok(x) => x,
-            Err(e) => return Outcome::Retry(e),
-        };
-        cands.extend(found);
-        job.dropped.extend(dropped);
-    }
     job.changes.clear();
     let mut placed = Vec::new();
     for c in cands {
@@ -136,88 +100,64 @@ pub(super) fn extract_job(
         let mut base = 0u32;
         // An earlier event this one updates.
         let mut supersedes: Option<String> = None;
-        let (content, action, why) = match (t.mode, found) {
-            (policy::Mode::Append, Existing::Same(other, sim, stored)) => {
-                let new = style.comparable(&c.text);
-                match policy::update_of(&new, &style.comparable(policy::body(&stored))) {
-                    // The same event told again with a new date or number:
-                    // what changed is a new node that supersedes the old
-                    // one, which stays (what was planned then) but ranks
-                    // below it in search.
-                    Some(new) => {
-                        supersedes = Some(other.clone());
-                        (
-                            Some(policy::content(&c.topic, c.kind, &c.text)),
-                            "appended",
-                            format!(
-                                "an update of {other} (similarity {sim:.2}; {} is new): \
-                                 supersedes it",
-                                crate::schema::excerpt(&new)
-                            ),
-                        )
-                    }
-                    None => {
-                        change.path = other.clone();
-                        (
-                            None,
-                            "skipped",
-                            format!(
-                                "the same {} is already in {other} (similarity {sim:.2})",
-                                c.kind.as_str()
-                            ),
-                        )
-                    }
-                }
-            }
-            (policy::Mode::Append, _) => (
-                Some(policy::content(&c.topic, c.kind, &c.text)),
-                "appended",
-                format!("a new {}", c.kind.as_str()),
-            ),
-            (policy::Mode::Merge, Existing::None | Existing::Same(..)) => (
-                Some(policy::content(&c.topic, c.kind, &c.text)),
-                "created",
-                format!("no {} on this subject yet", c.kind.as_str()),
-            ),
-            (policy::Mode::Merge, Existing::Node(node, ..))
-                if lines.iter().any(|(n, _): &(String, String)| *n == node) =>
-            {
-                change.path = node;
+        let meets = match &found {
+            Existing::None => policy::Meets::Nothing,
+            Existing::Same(path, sim, stored) => policy::Meets::Same {
+                path,
+                sim: *sim,
+                stored,
+            },
+            Existing::Node(path, stored, ..) => policy::Meets::Node {
+                path,
+                stored,
+                taken: lines.iter().any(|(n, _): &(String, String)| n == path),
+            },
+        };
+        let step = policy::step(t.mode, style, c.kind, &c.text, meets);
+        // A merge into the node met: planned on its version, its sources kept.
+        if let (
+            policy::Step::Merged { .. } | policy::Step::AskModel,
+            Existing::Node(_, _, sources, version),
+        ) = (&step, &found)
+        {
+            earlier = sources.clone();
+            base = *version;
+        }
+        let (content, action, why) = match step {
+            policy::Step::New {
+                action,
+                why,
+                supersedes: old,
+            } => {
+                supersedes = old;
                 (
-                    None,
-                    "skipped",
-                    "merged with another memory of this conversation".into(),
+                    Some(policy::content(&c.topic, c.kind, &c.text)),
+                    action,
+                    why,
                 )
             }
-            (policy::Mode::Merge, Existing::Node(node, stored, sources, version))
-                if style == extract::Style::Quoted =>
-            {
-                // Quotes are merged without a model: the new ones added.
-                earlier = sources;
-                base = version;
-                t.node = node.clone();
-                change.path = node;
-                let old = policy::body(&stored);
-                match quote::merge(old, &c.text) {
-                    Some((text, n)) => (
-                        Some(policy::content(&title_of(&stored, &c.topic), c.kind, &text)),
-                        "merged",
-                        format!("{n} new quote{}", if n == 1 { "" } else { "s" }),
-                    ),
-                    None => (
-                        None,
-                        "skipped",
-                        format!("already known: {}", crate::schema::excerpt(old)),
-                    ),
+            policy::Step::Skip { at, why } => {
+                if let Some(at) = at {
+                    change.path = at;
                 }
+                (None, "skipped", why)
             }
-            (policy::Mode::Merge, Existing::Node(node, stored, sources, version)) => {
-                earlier = sources;
-                base = version;
-                let dup = node != t.node;
+            policy::Step::Merged { text, why } => {
+                let Existing::Node(node, stored, ..) = &found else {
+                    unreachable!("a merge meets a node")
+                };
                 t.node = node.clone();
-                change.path = node;
-                let old = policy::body(&stored).to_string();
+                change.path = node.clone();
+                let content = policy::content(&title_of(stored, &c.topic), c.kind, &text);
+                (Some(content), "merged", why)
+            }
+            policy::Step::AskModel => {
+                let Existing::Node(node, stored, ..) = &found else {
+                    unreachable!("a merge meets a node")
+                };
+                let dup = *node != t.node;
+                t.node = node.clone();
+                change.path = node.clone();
                 // The day's budget holds within a job too: a merge-heavy
                 // conversation stops at it and waits for the next day.
                 if let Some(why) = ib
@@ -226,51 +166,9 @@ pub(super) fn extract_job(
                 {
                     return Outcome::Wait(why);
                 }
-                match ib.client.chat_json(
-                    prompt::merge_messages(&old, &c.text),
-                    &prompt::merge_schema(),
-                    spent,
-                ) {
-                    Ok(v) => {
-                        let text = v["text"].as_str().unwrap_or("").trim().to_string();
-                        let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
-                        // Each sentence of the merged text from the cited
-                        // messages or the version it replaces, or no merge.
-                        let refused = extract::sources(&c, conv, Some(&old))
-                            .split(&text)
-                            .1
-                            .into_iter()
-                            .next();
-                        if let Some((s, why)) = refused {
-                            (
-                                None,
-                                "skipped",
-                                format!(
-                                    "merge refused: the model wrote {} ({why}), which neither \
-                                     the messages it cites nor the version it replaces say",
-                                    crate::schema::excerpt(&s)
-                                ),
-                            )
-                        } else if text.is_empty() || prompt::same_text(&text, &old) {
-                            (
-                                None,
-                                "skipped",
-                                format!("already known: {}", crate::schema::excerpt(&old)),
-                            )
-                        } else {
-                            (
-                                Some(policy::content(&title_of(&stored, &c.topic), c.kind, &text)),
-                                "merged",
-                                if dup {
-                                    format!("near-duplicate of this memory; {changed}")
-                                } else {
-                                    changed
-                                },
-                            )
-                        }
-                    }
-                    Err(llm::LlmError::Transient(e)) => return Outcome::Retry(e),
-                    Err(llm::LlmError::Permanent(e)) => return Outcome::Fail(e),
+                match merge_by_model(ib, &c, conv, stored, dup, spent) {
+                    Ok(x) => x,
+                    Err(o) => return o,
                 }
             }
         };
@@ -278,50 +176,153 @@ pub(super) fn extract_job(
         change.why = why;
         change.uri = place::uri_of(&format!("{account}/{}", change.path));
         if let Some(content) = content {
-            let here = provenance(&user, &job.file, conv, &c.messages);
-            let mut meta = json!({
-                "status": "ACTIVE",
-                "source": "extraction",
-                "kind": c.kind.as_str(),
-                "provenance": here,
-            });
-            // When it became known (the newest message it cites), and for
-            // an event or case when it happened (the date its text names).
-            let said = extract::when::said_on(conv, &c.messages);
-            if let Some(d) = said {
-                meta["valid_from"] = json!(d.to_string());
-            }
-            if matches!(c.kind, extract::Kind::Event | extract::Kind::Case) {
-                if let Some(d) = extract::when::first_date(&c.text).or(said) {
-                    meta["happened"] = json!(d.to_string());
-                }
-            }
-            if action == "merged" {
-                // What this version changed, in the model's words.
-                meta["changed"] = json!(change.why);
-            }
-            if !earlier.is_empty() {
-                // Every conversation the merged text holds facts of, newest first.
-                let mut all = vec![meta["provenance"].clone()];
-                all.extend(earlier.into_iter().take(MAX_SOURCES - 1));
-                meta["sources"] = Value::Array(all);
-            }
-            let mut line =
-                json!({"node": t.node, "content": content, "meta": meta, "if_version": base});
-            if let Some(old) = &supersedes {
-                line["relations"] = json!([{
-                    "from_uri": place::uri_of(&format!("{account}/{}", t.node)),
-                    "to_uri": place::uri_of(&format!("{account}/{old}")),
-                    "relation_type": crate::schema::names::SUPERSEDES,
-                    "reason": change.why,
-                }]);
-            }
-            let line = line.to_string();
-            lines.push((t.node.clone(), line));
+            let w = Write {
+                node: &t.node,
+                content,
+                merged: action == "merged",
+                why: &change.why,
+                earlier,
+                base,
+                supersedes,
+            };
+            lines.push((
+                t.node.clone(),
+                batch_line(&account, &user, &job.file, conv, &c, w),
+            ));
         }
         job.changes.push(change);
     }
-    if ib.review.contains(&account) {
+    commit_or_hold(ib, job, &account, lines)
+}
+
+/// The model's candidates for `conv`, a window of whole messages at a
+/// time; what it quoted of nothing is noted in `job.dropped`.
+fn candidates(
+    ib: &Inbox,
+    job: &mut Job,
+    conv: &Conversation,
+    spent: &mut llm::Usage,
+) -> std::result::Result<Vec<Candidate>, Outcome> {
+    let style = ib.style;
+    let schema = style.schema(conv.messages.len());
+    // A conversation longer than the model's context is extracted a window
+    // of whole messages at a time, never cut.
+    let answer_room = ib.client.max_tokens() as usize;
+    let windows = match prompt::windows(conv, ib.context_tokens, answer_room, style.overhead()) {
+        Ok(w) => w,
+        Err(e) => return Err(Outcome::Fail(e)),
+    };
+    job.windows = windows.len();
+    let mut cands = Vec::new();
+    job.dropped.clear();
+    let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
+        ib.client.chat_json(req, &schema, spent)
+    };
+    for w in windows {
+        let mut answer = match ask(style.request(conv, w.clone()), spent) {
+            Ok(v) => v,
+            Err(llm::LlmError::Transient(e)) => return Err(Outcome::Retry(e)),
+            Err(llm::LlmError::Permanent(e)) => return Err(Outcome::Fail(e)),
+        };
+        // An answer that quoted nothing of these messages (a small model
+        // copying the worked example) is asked again, once, without it.
+        if let Some(again) = style.request_again(&answer, conv, w.clone()) {
+            job.dropped.push(format!(
+                "messages {}..{}: the model's answer quoted none of them; asked again without the example",
+                w.start, w.end
+            ));
+            answer = match ask(again, spent) {
+                Ok(v) => v,
+                Err(llm::LlmError::Transient(e)) => return Err(Outcome::Retry(e)),
+                Err(llm::LlmError::Permanent(e)) => return Err(Outcome::Fail(e)),
+            };
+        }
+        let (found, dropped) = match style.candidates(&answer, conv, w) {
+            Ok(x) => x,
+            Err(e) => return Err(Outcome::Retry(e)),
+        };
+        cands.extend(found);
+        job.dropped.extend(dropped);
+    }
+    Ok(cands)
+}
+
+/// What a candidate writes: its node, content, and what the line of the
+/// batch says of where it comes from.
+struct Write<'a> {
+    node: &'a str,
+    content: String,
+    merged: bool,
+    why: &'a str,
+    /// The sources of the text a merge keeps.
+    earlier: Vec<Value>,
+    /// The version the change is planned on (0: a node that is not there).
+    base: u32,
+    /// An earlier event this one updates.
+    supersedes: Option<String>,
+}
+
+/// The batch line of candidate `c` of `user`'s conversation `file`: its
+/// content with the meta that says where it comes from and when, over the
+/// version it was planned on.
+fn batch_line(
+    account: &str,
+    user: &str,
+    file: &str,
+    conv: &Conversation,
+    c: &Candidate,
+    w: Write,
+) -> String {
+    let here = provenance(user, file, conv, &c.messages);
+    let mut meta = json!({
+        "status": "ACTIVE",
+        "source": "extraction",
+        "kind": c.kind.as_str(),
+        "provenance": here,
+    });
+    // When it became known (the newest message it cites), and for
+    // an event or case when it happened (the date its text names).
+    let said = extract::when::said_on(conv, &c.messages);
+    if let Some(d) = said {
+        meta["valid_from"] = json!(d.to_string());
+    }
+    if matches!(c.kind, extract::Kind::Event | extract::Kind::Case) {
+        if let Some(d) = extract::when::first_date(&c.text).or(said) {
+            meta["happened"] = json!(d.to_string());
+        }
+    }
+    if w.merged {
+        // What this version changed, in the model's words.
+        meta["changed"] = json!(w.why);
+    }
+    if !w.earlier.is_empty() {
+        // Every conversation the merged text holds facts of, newest first.
+        let mut all = vec![meta["provenance"].clone()];
+        all.extend(w.earlier.into_iter().take(MAX_SOURCES - 1));
+        meta["sources"] = Value::Array(all);
+    }
+    let mut line =
+        json!({"node": w.node, "content": w.content, "meta": meta, "if_version": w.base});
+    if let Some(old) = &w.supersedes {
+        line["relations"] = json!([{
+            "from_uri": place::uri_of(&format!("{account}/{}", w.node)),
+            "to_uri": place::uri_of(&format!("{account}/{old}")),
+            "relation_type": crate::schema::names::SUPERSEDES,
+            "reason": w.why,
+        }]);
+    }
+    line.to_string()
+}
+
+/// Commit the batch `lines` (or propose it, with review on), holding
+/// what would instruct the agent for a writer.
+fn commit_or_hold(
+    ib: &Inbox,
+    job: &mut Job,
+    account: &str,
+    lines: Vec<(String, String)>,
+) -> Outcome {
+    if ib.review.contains(account) {
         job.proposal = lines.into_iter().map(|(_, l)| l).collect();
         job.state = State::Review;
         return Outcome::Finished;
@@ -353,7 +354,7 @@ pub(super) fn extract_job(
     let proposal = std::mem::take(&mut job.proposal);
     if !proposal.is_empty() {
         let r = ib.with_fs(|fs| {
-            fs.commit_batch(caller, &account, proposal.join("\n").as_bytes(), "inbox")
+            fs.commit_batch(caller, account, proposal.join("\n").as_bytes(), "inbox")
         });
         match r {
             None => return Outcome::Retry("the daemon is stopping".into()),
@@ -373,6 +374,64 @@ pub(super) fn extract_job(
     }
     job.state = State::Done;
     Outcome::Finished
+}
+
+/// The model merges candidate `c` into the node whose `content.md` is
+/// `stored` (`dup`: a near-duplicate, not the target itself): the new
+/// content, `merged` or `skipped`, and why. Each sentence of the merged
+/// text must come from the cited messages or the version it replaces.
+fn merge_by_model(
+    ib: &Inbox,
+    c: &Candidate,
+    conv: &Conversation,
+    stored: &str,
+    dup: bool,
+    spent: &mut llm::Usage,
+) -> std::result::Result<(Option<String>, &'static str, String), Outcome> {
+    let old = policy::body(stored).to_string();
+    let v = match ib.client.chat_json(
+        prompt::merge_messages(&old, &c.text),
+        &prompt::merge_schema(),
+        spent,
+    ) {
+        Ok(v) => v,
+        Err(llm::LlmError::Transient(e)) => return Err(Outcome::Retry(e)),
+        Err(llm::LlmError::Permanent(e)) => return Err(Outcome::Fail(e)),
+    };
+    let text = v["text"].as_str().unwrap_or("").trim().to_string();
+    let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
+    let refused = extract::sources(c, conv, Some(&old))
+        .split(&text)
+        .1
+        .into_iter()
+        .next();
+    Ok(if let Some((s, why)) = refused {
+        (
+            None,
+            "skipped",
+            format!(
+                "merge refused: the model wrote {} ({why}), which neither the messages it \
+                 cites nor the version it replaces say",
+                crate::schema::excerpt(&s)
+            ),
+        )
+    } else if text.is_empty() || prompt::same_text(&text, &old) {
+        (
+            None,
+            "skipped",
+            format!("already known: {}", crate::schema::excerpt(&old)),
+        )
+    } else {
+        (
+            Some(policy::content(&title_of(stored, &c.topic), c.kind, &text)),
+            "merged",
+            if dup {
+                format!("near-duplicate of this memory; {changed}")
+            } else {
+                changed
+            },
+        )
+    })
 }
 
 /// The `# title` of a stored `content.md`, or `topic` when it has none.
