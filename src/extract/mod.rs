@@ -304,11 +304,11 @@ impl Style {
         }
     }
 
-    /// The JSON schema of an answer about `n_messages` messages.
-    pub fn schema(self, n_messages: usize) -> Value {
+    /// The JSON schema of an answer about messages `range` of `conv`.
+    pub fn schema(self, conv: &Conversation, range: std::ops::Range<usize>) -> Value {
         match self {
-            Style::Quoted => quote::schema(n_messages),
-            Style::Written => prompt::extract_schema(n_messages),
+            Style::Quoted => quote::schema(conv, range),
+            Style::Written => prompt::extract_schema(conv.messages.len()),
         }
     }
 
@@ -360,6 +360,7 @@ impl Style {
         match self {
             Style::Quoted => {
                 let (mut found, dropped) = quote::candidates(answer, conv, range.clone())?;
+                stated::settle_kinds(conv, &mut found);
                 let swept = stated::preferences(conv, range, &found);
                 found.extend(swept);
                 Ok((found, dropped))

@@ -101,6 +101,45 @@ fn named(rest: &str) -> Option<String> {
 
 /// The preferences stated in the user's messages of `range` that none of
 /// `picked` holds, as quoted memories.
+/// The topic of sentence `s` when it states a preference outright.
+fn stated(s: &str) -> Option<String> {
+    if s.trim_end().ends_with('?') {
+        return None;
+    }
+    let m = opening().find(s)?;
+    let rest = &s[m.end()..];
+    if m.as_str().to_lowercase().ends_with("want") && rest.starts_with(" to ") {
+        return None;
+    }
+    named(rest)
+}
+
+/// The model's picks from the user's own messages that state a preference
+/// outright are preferences, whatever kind the model gave them (a small
+/// model files "I prefer answers with Python examples" as an entity as
+/// often as not): their kind and topic are set here.
+pub fn settle_kinds(conv: &Conversation, picked: &mut [Candidate]) {
+    for c in picked.iter_mut() {
+        if c.kind == Kind::Preference
+            || c.messages.len() != 1
+            || conv
+                .messages
+                .get(c.messages[0])
+                .is_none_or(|m| m.role != "user")
+        {
+            continue;
+        }
+        let quoted = super::quote::quoted(&c.text);
+        if let Some(topic) = super::support::sentences(&quoted)
+            .iter()
+            .find_map(|s| stated(s))
+        {
+            c.kind = Kind::Preference;
+            c.topic = topic;
+        }
+    }
+}
+
 pub fn preferences(
     conv: &Conversation,
     range: std::ops::Range<usize>,
@@ -189,6 +228,45 @@ mod tests {
         assert_eq!(
             got[0].text,
             "The user said: \"I prefer answers with Python examples, and please never use Java in examples.\""
+        );
+    }
+
+    #[test]
+    fn a_pick_stating_a_preference_is_a_preference_whatever_its_kind() {
+        let c = conv(&[
+            (
+                "user",
+                "I prefer answers with Python examples, and please never use Java in examples.",
+            ),
+            ("assistant", "I prefer tea myself."),
+            ("user", "My dog Biscuit turns 3 next week."),
+        ]);
+        let pick = |kind, i: usize, words: &str| Candidate {
+            kind,
+            topic: "model's".into(),
+            text: super::super::quote::statement(&c, i, words),
+            messages: vec![i],
+        };
+        let mut picked = vec![
+            pick(
+                Kind::Entity,
+                0,
+                "I prefer answers with Python examples, and please never use Java in examples.",
+            ),
+            // The other speaker's preference is theirs: an entity stays one.
+            pick(Kind::Entity, 1, "I prefer tea myself."),
+            // Nothing stated: the model's kind stands.
+            pick(Kind::Event, 2, "My dog Biscuit turns 3 next week."),
+        ];
+        settle_kinds(&c, &mut picked);
+        let got: Vec<(Kind, &str)> = picked.iter().map(|p| (p.kind, p.topic.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Kind::Preference, "answers with Python examples"),
+                (Kind::Entity, "model's"),
+                (Kind::Event, "model's"),
+            ]
         );
     }
 

@@ -204,7 +204,6 @@ fn candidates(
     spent: &mut llm::Usage,
 ) -> std::result::Result<Vec<Candidate>, Outcome> {
     let style = ib.style;
-    let schema = style.schema(conv.messages.len());
     // A conversation longer than the model's context is extracted a window
     // of whole messages at a time, never cut.
     let answer_room = ib.client.max_tokens() as usize;
@@ -215,10 +214,13 @@ fn candidates(
     job.windows = windows.len();
     let mut cands = Vec::new();
     job.dropped.clear();
-    let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
-        ib.client.chat_json(req, &schema, spent)
-    };
     for w in windows {
+        // The answer's schema names this window's messages (and, quoted,
+        // the sentences each may give).
+        let schema = style.schema(conv, w.clone());
+        let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
+            ib.client.chat_json(req, &schema, spent)
+        };
         let mut answer = match ask(style.request(conv, w.clone()), spent) {
             Ok(v) => v,
             Err(llm::LlmError::Transient(e)) => return Err(Outcome::Retry(e)),
