@@ -542,14 +542,47 @@ pub fn candidates(
             ));
             continue;
         }
+        let text = statement(conv, i, &span);
+        // The same words picked again (under another kind or topic: a
+        // small model repeats an item until its list is full) are one memory.
+        if out.iter().any(|c: &Candidate| c.text == text) {
+            dropped.push(format!(
+                "memory {n} ({}): picked twice",
+                crate::schema::excerpt(quote)
+            ));
+            continue;
+        }
+        // A topic that names nothing (empty, or a kind's name) is the
+        // quote's first words that can carry a fact.
+        if topic.is_empty()
+            || super::prompt::KINDS
+                .iter()
+                .any(|k| topic.eq_ignore_ascii_case(k.as_str()))
+        {
+            topic = topic_of(&span);
+        }
         out.push(Candidate {
             kind,
             topic,
-            text: statement(conv, i, &span),
+            text,
             messages: vec![i],
         });
     }
     Ok((out, dropped))
+}
+
+/// A topic from a quote's own words: its first three that can carry a fact.
+fn topic_of(span: &str) -> String {
+    let picked: Vec<String> = words(&unbracketed(span))
+        .into_iter()
+        .filter(|w| {
+            w.chars().count() >= 3
+                && !crate::schema::words::is_stopword(w)
+                && !CHAT.contains(&w.as_str())
+        })
+        .take(3)
+        .collect();
+    picked.join(" ")
 }
 
 /// A merge without a model: `old`'s lines, then each line of `new` whose
@@ -675,6 +708,25 @@ mod tests {
         let mut only = q.clone();
         only.messages[0].content = "How are you? Any news?".into();
         assert_eq!(schema(&only, 0..1)["properties"]["memories"]["maxItems"], 0);
+    }
+
+    #[test]
+    fn a_pick_made_twice_is_one_memory_and_a_kind_is_no_topic() {
+        let c = conv();
+        let item = |kind: &str, topic: &str| json!({"message": 3, "quote": "Their names are Pepper, Precious and Panda.", "kind": kind, "topic": topic});
+        let (found, dropped) = candidates(
+            &json!({"memories": [item("entity", "entity"), item("preference", "dogs"), item("event", "")]}),
+            &c,
+            0..c.messages.len(),
+        )
+        .unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].topic, "names pepper precious");
+        assert_eq!(dropped.len(), 2, "{dropped:?}");
+        assert!(
+            dropped.iter().all(|d| d.ends_with("picked twice")),
+            "{dropped:?}"
+        );
     }
 
     fn one(v: Value) -> (Vec<Candidate>, Vec<String>) {
