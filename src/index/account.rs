@@ -6,9 +6,9 @@ use crate::error::Result;
 use crate::index::AccountIndex;
 use crate::schema::place;
 
-use crate::index::Arc;
+use std::sync::Arc;
 
-use crate::index::AtomicBool;
+use std::sync::atomic::AtomicBool;
 
 use crate::index::DOC_BYTES;
 
@@ -16,25 +16,25 @@ use crate::index::Doc;
 
 use crate::index::GRAPHED_VEC_BYTES;
 
-use crate::index::HashMap;
+use std::collections::HashMap;
 
-use crate::index::HashSet;
+use std::collections::HashSet;
 
 use crate::index::Index;
 
-use crate::index::Instant;
+use std::time::Instant;
 
 use crate::index::IxDoc;
 
 use crate::index::MAX_LOADED_ACCOUNTS;
 
-use crate::index::Mutex;
+use std::sync::Mutex;
 
 use crate::index::OnceLock;
 
-use crate::index::PathBuf;
+use std::path::PathBuf;
 
-use crate::index::RwLock;
+use std::sync::RwLock;
 
 use crate::index::State;
 

@@ -7,25 +7,25 @@ use crate::error::Result;
 use crate::index::AccountIndex;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::index::Arc;
+use std::sync::Arc;
 
 use crate::index::BATCH;
 
 use crate::index::Change;
 
-use crate::index::Duration;
+use std::time::Duration;
 
 use crate::index::EMBED_BATCH;
 
 use crate::index::Edge;
 
-use crate::index::HashMap;
+use std::collections::HashMap;
 
-use crate::index::HashSet;
+use std::collections::HashSet;
 
 use crate::index::Index;
 
-use crate::index::Instant;
+use std::time::Instant;
 
 use crate::index::IxDoc;
 
@@ -33,7 +33,7 @@ use crate::index::IxRec;
 
 use crate::index::LabeledVec;
 
-use crate::index::SystemTime;
+use std::time::SystemTime;
 
 use crate::index::ann;
 

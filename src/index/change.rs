@@ -5,11 +5,11 @@
 use crate::index::AccountIndex;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::index::Arc;
+use std::sync::Arc;
 
 use crate::index::Doc;
 
-use crate::index::HashSet;
+use std::collections::HashSet;
 
 use crate::index::IxDoc;
 

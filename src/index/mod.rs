@@ -22,6 +22,7 @@ mod change;
 mod config;
 pub mod embed;
 mod follow;
+mod fusion;
 pub mod lex;
 mod past;
 mod query;

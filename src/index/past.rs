@@ -7,22 +7,22 @@
 //! Ranks fuse as in the live search, and results are judged the same way.
 
 use super::answer::{judge_one, stems, Judged};
+use super::fusion::Channels;
 use super::lex::{self, Lex};
-use super::query::{fuse, Scale};
 use crate::error::Result;
 use crate::index::ann;
 use crate::index::bytes_vec;
 use crate::index::records;
 use crate::index::text;
-use crate::index::Arc;
-use crate::index::HashMap;
-use crate::index::HashSet;
 use crate::index::Hit;
 use crate::index::Index;
 use crate::index::Mode;
 use crate::index::Query;
 use crate::index::Texts;
 use crate::index::MAX_K;
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
 /// One node of a view to search: its path in the view (store form,
@@ -207,21 +207,16 @@ impl Index {
             h.lexical_rank = Some(r + 1);
             h.lexical_score = Some(*s);
         }
-        let wv = self.vector_weight();
-        let scale_v = Scale::of(vec_hits.iter().map(|h| h.1));
-        let scale_l = Scale::of(lex_hits.iter().map(|h| h.1));
+        let channels = Channels::of(
+            q.mode,
+            self.vector_weight(),
+            vec_hits.iter().map(|h| h.1),
+            lex_hits.iter().map(|h| h.1),
+        );
         let mut hits: Vec<(u32, Hit)> = by
             .into_iter()
             .map(|(i, mut h)| {
-                h.score = match q.mode {
-                    Mode::Vector => h.vector_score.unwrap_or(0.0),
-                    Mode::Lexical => h.lexical_score.unwrap_or(0.0),
-                    Mode::Hybrid | Mode::Tree => fuse(
-                        wv,
-                        h.vector_score.map(|s| scale_v.unit(s)),
-                        h.lexical_score.map(|s| scale_l.unit(s)),
-                    ),
-                };
+                h.score = channels.score(h.vector_score, h.lexical_score);
                 (i, h)
             })
             .collect();

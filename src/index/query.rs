@@ -4,31 +4,31 @@
 
 use crate::error::Error;
 use crate::error::Result;
+use crate::index::fusion::draw;
+use crate::index::fusion::message_live;
+use crate::index::fusion::weighted;
+use crate::index::fusion::Channels;
 use crate::index::AccountIndex;
 
-use crate::index::Arc;
+use std::sync::Arc;
 
-use crate::index::HashMap;
+use std::collections::HashMap;
 
-use crate::index::HashSet;
+use std::collections::HashSet;
 
 use crate::index::Hit;
 
 use crate::index::Index;
 
-use crate::index::Instant;
+use std::time::Instant;
 
 use crate::index::MAX_K;
 
 use crate::index::MESSAGE_LEVEL;
 
-use crate::index::MESSAGE_WEIGHT;
-
 use crate::index::Mode;
 
 use crate::index::Query;
-
-use crate::index::SUPERSEDED_WEIGHT;
 
 use crate::index::TREE_DIRS;
 
@@ -294,29 +294,26 @@ impl Index {
             h.lexical_rank = Some(r + 1);
             h.lexical_score = Some(*s);
         }
-        let wv = self.vector_weight();
-        let scale_v = Scale::of(vec_hits.iter().map(|h| h.1));
-        let scale_l = Scale::of(lex_hits.iter().map(|h| h.1));
+        let channels = Channels::of(
+            q.mode,
+            self.vector_weight(),
+            vec_hits.iter().map(|h| h.1),
+            lex_hits.iter().map(|h| h.1),
+        );
         let mut hits: Vec<Hit> = by
             .into_iter()
             .map(|(p, mut h)| {
-                h.score = match q.mode {
-                    Mode::Vector => h.vector_score.unwrap_or(0.0),
-                    Mode::Lexical => h.lexical_score.unwrap_or(0.0),
-                    Mode::Hybrid | Mode::Tree => fuse(
-                        wv,
-                        h.vector_score.map(|s| scale_v.unit(s)),
-                        h.lexical_score.map(|s| scale_l.unit(s)),
-                    ),
-                };
-                if p.contains('#') {
-                    // A conversation's message: below a memory saying the same.
-                    h.score *= MESSAGE_WEIGHT;
+                let message = p.contains('#');
+                let superseder = st.superseder(&p);
+                h.score = weighted(
+                    channels.score(h.vector_score, h.lexical_score),
+                    message,
+                    superseder.is_some(),
+                );
+                if message {
                     h.level = MESSAGE_LEVEL;
                 }
-                if let Some(by) = st.superseder(&p) {
-                    // What a newer node replaced: below it.
-                    h.score *= SUPERSEDED_WEIGHT;
+                if let Some(by) = superseder {
                     h.superseded_by = Some(crate::schema::place::mount_path(by));
                 }
                 if let Some(d) = st.docs.get(&p) {
@@ -374,12 +371,7 @@ impl Index {
                     // message indexed before the index kept `source` is
                     // judged by the name alone).
                     let from = st.docs.get(node).and_then(|d| d.ix.source);
-                    let live = match (now, from) {
-                        (None, _) => false,
-                        (Some(_), None) => true,
-                        (Some(n), Some(f)) => n == f,
-                    };
-                    if live {
+                    if message_live(now, from) {
                         sources += 1;
                         out.push(h);
                     }
@@ -405,25 +397,7 @@ impl Index {
                 }
             }
         }
-        if !drawn.is_empty() {
-            let mut placed = Vec::with_capacity(out.len() + drawn.len());
-            for h in out {
-                if h.level == MESSAGE_LEVEL {
-                    let mut i = 0;
-                    while i < drawn.len() {
-                        if drawn[i].1.contains(&h.path) {
-                            let mut m = drawn.remove(i).0;
-                            m.with = Some(h.path.clone());
-                            placed.push(m);
-                        } else {
-                            i += 1;
-                        }
-                    }
-                }
-                placed.push(h);
-            }
-            out = placed;
-        }
+        let mut out = draw(out, drawn);
         if q.expand {
             let mut extra = Vec::new();
             for h in &out {
@@ -621,71 +595,5 @@ impl Index {
             } else {
                 1.0
             })
-    }
-}
-
-pub(super) struct Scale {
-    lo: f32,
-    hi: f32,
-}
-
-impl Scale {
-    pub(super) fn of(scores: impl Iterator<Item = f32>) -> Scale {
-        scores.fold(
-            Scale {
-                lo: f32::INFINITY,
-                hi: f32::NEG_INFINITY,
-            },
-            |s, x| Scale {
-                lo: s.lo.min(x),
-                hi: s.hi.max(x),
-            },
-        )
-    }
-
-    /// 1 for the channel's best candidate, 0 for its weakest (1 when all
-    /// tie).
-    pub(super) fn unit(&self, x: f32) -> f32 {
-        let d = self.hi - self.lo;
-        if d > 0.0 {
-            ((x - self.lo) / d).clamp(0.0, 1.0)
-        } else {
-            1.0
-        }
-    }
-}
-
-/// The hybrid score: a convex combination of the channels' scaled scores,
-/// the vector channel weighing `wv` against the lexical channel's 1; a
-/// node one channel did not return counts 0 there. Rank fusion (RRF)
-/// ignores how far apart scores are, so a node both channels list low
-/// beat a node one channel is sure of; the scores keep that distance
-/// (BENCHMARKS: SciFact nDCG@10 0.720 -> 0.735, conversational recall@10
-/// 0.70 -> 0.88).
-pub(super) fn fuse(wv: f32, v: Option<f32>, l: Option<f32>) -> f32 {
-    (wv * v.unwrap_or(0.0) + l.unwrap_or(0.0)) / (wv + 1.0)
-}
-
-#[cfg(test)]
-mod fusion_tests {
-    use super::*;
-
-    #[test]
-    fn a_sure_channel_beats_two_lukewarm_ones() {
-        // Vector: A 0.80 (best), B 0.50, C 0.48 (weakest).
-        let v = Scale::of([0.80, 0.50, 0.48].into_iter());
-        // Lexical: B 9.0 (best), C 8.6, D 2.0 (weakest).
-        let l = Scale::of([9.0, 8.6, 2.0].into_iter());
-        let a = fuse(1.0, Some(v.unit(0.80)), None);
-        let b = fuse(1.0, Some(v.unit(0.50)), Some(l.unit(9.0)));
-        let c = fuse(1.0, Some(v.unit(0.48)), Some(l.unit(8.6)));
-        assert!(b > a, "best lexical and fair vector: {b} vs {a}");
-        assert!(a > c, "best vector alone beats two weak places: {a} vs {c}");
-        // Rank 1 in both channels scores 1.
-        assert_eq!(fuse(1.0, Some(v.unit(0.80)), Some(l.unit(9.0))), 1.0);
-        // A channel with a single candidate gives it full marks.
-        assert_eq!(Scale::of([0.3].into_iter()).unit(0.3), 1.0);
-        // The weight moves the balance: at 0.25 lexical decides.
-        assert!(fuse(0.25, Some(1.0), None) < fuse(0.25, None, Some(0.5)));
     }
 }

@@ -7,10 +7,7 @@ use crate::index::edges_of;
 use crate::index::rlock;
 use crate::index::under_any;
 use crate::index::AccountIndex;
-use crate::index::Arc;
 use crate::index::Edge;
-use crate::index::HashMap;
-use crate::index::HashSet;
 use crate::index::Index;
 use crate::index::IxDoc;
 use crate::index::Pending;
@@ -27,7 +24,10 @@ use crate::store::Store;
 use crate::store::StoredEvent;
 use crate::store::MODEL_MARK;
 use serde_json::Value;
+use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// The L0/L1/L2 texts of a committed node (for reindexing from the store).
 pub fn node_texts(store: &dyn Store, rec: &NodeRec) -> Result<(Texts, Vec<Edge>)> {

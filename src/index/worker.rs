@@ -6,15 +6,15 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::index::AccountIndex;
 
-use crate::index::Arc;
+use std::sync::Arc;
 
 use crate::index::BATCH;
 
-use crate::index::Duration;
+use std::time::Duration;
 
 use crate::index::Index;
 
-use crate::index::Instant;
+use std::time::Instant;
 
 use crate::index::LabeledVec;
 

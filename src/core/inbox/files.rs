@@ -6,13 +6,10 @@
 use crate::core::inbox::entry_of;
 use crate::core::inbox::record_results;
 use crate::core::inbox::split_name;
-use crate::core::inbox::Arc;
 use crate::core::inbox::Entry;
 use crate::core::inbox::InboxHandle;
 use crate::core::inbox::Job;
-use crate::core::inbox::Mutex;
 use crate::core::inbox::State;
-use crate::core::inbox::SystemTime;
 use crate::core::inbox::HASHES;
 use crate::core::inbox::JOBS;
 use crate::core::inbox::REVIEW_EXT;
@@ -37,6 +34,9 @@ use crate::store::Op;
 use crate::store::ScratchRec;
 use serde_json::json;
 use serde_json::Value;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 impl Fs {
     fn inbox_there(&self, c: Caller, inbox: &str, write: bool) -> Result<()> {

@@ -2,13 +2,13 @@
 //! one job's try (its budget, attempts and state); what a try does with the
 //! conversation is `extraction.rs`.
 
-use crate::core::inbox::Arc;
 use crate::core::Fs;
 use crate::error::Result;
 use crate::extract::llm;
 use crate::schema::place;
+use std::sync::Arc;
 
-use crate::core::inbox::BTreeSet;
+use std::collections::BTreeSet;
 
 use crate::core::inbox::Inbox;
 

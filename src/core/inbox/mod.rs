@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 pub use crate::schema::names::INBOX;
 const JOBS: &str = ".jobs";

@@ -15,8 +15,6 @@
 //! has been quiet for `summary_delay_s`, when no conversation waits.
 
 use crate::core::agent::{is_category, Derived};
-use crate::core::inbox::AtomicUsize;
-use crate::core::inbox::Duration;
 use crate::core::inbox::Inbox;
 use crate::core::inbox::RESCAN;
 use crate::core::Fs;
@@ -36,7 +34,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use std::time::Instant;
 
 /// Completion tokens of one summary request.
