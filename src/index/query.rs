@@ -9,6 +9,8 @@ use crate::index::fusion::message_live;
 use crate::index::fusion::weighted;
 use crate::index::fusion::Channels;
 use crate::index::AccountIndex;
+use crate::index::Graph;
+use crate::index::State;
 
 use std::sync::Arc;
 
@@ -200,82 +202,15 @@ impl Index {
         let graph = rlock(&ai.graph).clone();
         let st = rlock(&ai.st);
 
-        // Vector channel: best record per node.
-        let mut vec_hits: Vec<(Arc<str>, f32, u16)> = Vec::new();
-        if let Some(qv) = &qv {
-            let scoped_recs: Option<Vec<usize>> = if whole {
-                // Up to EXACT_SCOPE records an account has no graph and is
-                // searched exactly (also the hashing fallback's sparse
-                // vectors are hard for HNSW: recall@10 0.744 at its
-                // defaults, BENCHMARKS).
-                (!st.graphed || st.vecs.len() <= self.cfg.exact_scope)
-                    .then(|| st.vecs.keys().copied().collect())
-            } else {
-                let start: Arc<str> = Arc::from(scope);
-                let mut labels = Vec::new();
-                for (p, d) in st.docs.range(start..) {
-                    if !in_scope(p, scope) || !inside(p) {
-                        if p.as_ref() > scope && !p.starts_with(scope) {
-                            break;
-                        }
-                        continue;
-                    }
-                    labels.extend(d.ix.recs.iter().map(|r| r.label as usize));
-                    if labels.len() > self.cfg.exact_scope {
-                        break;
-                    }
-                }
-                (labels.len() <= self.cfg.exact_scope).then_some(labels)
-            };
-            let raw = match scoped_recs {
-                Some(labels) => ann::exact(
-                    qv,
-                    cand * 2,
-                    labels
-                        .iter()
-                        .filter_map(|l| st.vecs.get(l).map(|v| (*l, &v[..]))),
-                ),
-                None if whole && st.dead.len() * 10 <= st.vecs.len() => {
-                    // Few tombstones: an unfiltered search for a little more,
-                    // filtered after (hnsw_rs's filtered search is slower).
-                    let extra = st.dead.len().min(cand * 2);
-                    ann::search(&graph, &self.cfg.ann, qv, cand * 2 + extra, None)
-                }
-                None => {
-                    let keep = |l: usize| {
-                        !st.dead.contains(&l) && st.slots.get(&l).is_some_and(|(p, _)| inside(p))
-                    };
-                    ann::search(&graph, &self.cfg.ann, qv, cand * 2, Some(&keep))
-                }
-            };
-            let mut seen: HashSet<Arc<str>> = HashSet::new();
-            for (l, s) in raw {
-                if let Some((p, i)) = st.slots.get(&l) {
-                    if !st.dead.contains(&l) && seen.insert(p.clone()) {
-                        vec_hits.push((p.clone(), s, *i));
-                        if vec_hits.len() >= cand {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-
-        // Lexical channel.
-        let mut lex_hits: Vec<(Arc<str>, f32)> = Vec::new();
-        if q.mode != Mode::Vector {
-            let keep = |d: u32| {
-                st.lex_path
-                    .get(d as usize)
-                    .and_then(|p| p.as_ref())
-                    .is_some_and(|p| inside(p))
-            };
-            for (d, s) in st.lex.search(&qterms, cand, &keep) {
-                if let Some(Some(p)) = st.lex_path.get(d as usize) {
-                    lex_hits.push((p.clone(), s));
-                }
-            }
-        }
+        let vec_hits = match &qv {
+            Some(qv) => self.vector_channel(&st, &graph, qv, scope, whole, cand, &inside),
+            None => Vec::new(),
+        };
+        let lex_hits = if q.mode == Mode::Vector {
+            Vec::new()
+        } else {
+            lexical_channel(&st, &qterms, cand, &inside)
+        };
 
         // Fusion.
         let mut by: HashMap<Arc<str>, Hit> = HashMap::new();
@@ -437,6 +372,81 @@ impl Index {
         Ok(out)
     }
 
+    /// The vector channel: the best record of each document `inside` the
+    /// scope, `cand` at most, best first. Exact over the scope's records
+    /// when they are few (or the account has no graph), else the graph's
+    /// search, filtered.
+    #[allow(clippy::too_many_arguments)]
+    fn vector_channel(
+        &self,
+        st: &State,
+        graph: &Graph,
+        qv: &[ann::Half],
+        scope: &str,
+        whole: bool,
+        cand: usize,
+        inside: &dyn Fn(&str) -> bool,
+    ) -> Vec<(Arc<str>, f32, u16)> {
+        let mut vec_hits: Vec<(Arc<str>, f32, u16)> = Vec::new();
+        let scoped_recs: Option<Vec<usize>> = if whole {
+            // Up to EXACT_SCOPE records an account has no graph and is
+            // searched exactly (also the hashing fallback's sparse
+            // vectors are hard for HNSW: recall@10 0.744 at its
+            // defaults, BENCHMARKS).
+            (!st.graphed || st.vecs.len() <= self.cfg.exact_scope)
+                .then(|| st.vecs.keys().copied().collect())
+        } else {
+            let start: Arc<str> = Arc::from(scope);
+            let mut labels = Vec::new();
+            for (p, d) in st.docs.range(start..) {
+                if !in_scope(p, scope) || !inside(p) {
+                    if p.as_ref() > scope && !p.starts_with(scope) {
+                        break;
+                    }
+                    continue;
+                }
+                labels.extend(d.ix.recs.iter().map(|r| r.label as usize));
+                if labels.len() > self.cfg.exact_scope {
+                    break;
+                }
+            }
+            (labels.len() <= self.cfg.exact_scope).then_some(labels)
+        };
+        let raw = match scoped_recs {
+            Some(labels) => ann::exact(
+                qv,
+                cand * 2,
+                labels
+                    .iter()
+                    .filter_map(|l| st.vecs.get(l).map(|v| (*l, &v[..]))),
+            ),
+            None if whole && st.dead.len() * 10 <= st.vecs.len() => {
+                // Few tombstones: an unfiltered search for a little more,
+                // filtered after (hnsw_rs's filtered search is slower).
+                let extra = st.dead.len().min(cand * 2);
+                ann::search(graph, &self.cfg.ann, qv, cand * 2 + extra, None)
+            }
+            None => {
+                let keep = |l: usize| {
+                    !st.dead.contains(&l) && st.slots.get(&l).is_some_and(|(p, _)| inside(p))
+                };
+                ann::search(graph, &self.cfg.ann, qv, cand * 2, Some(&keep))
+            }
+        };
+        let mut seen: HashSet<Arc<str>> = HashSet::new();
+        for (l, s) in raw {
+            if let Some((p, i)) = st.slots.get(&l) {
+                if !st.dead.contains(&l) && seen.insert(p.clone()) {
+                    vec_hits.push((p.clone(), s, *i));
+                    if vec_hits.len() >= cand {
+                        break;
+                    }
+                }
+            }
+        }
+        vec_hits
+    }
+
     /// The search paths (`accounts/A/users/U/inbox/NAME.json#N`) of the
     /// messages the current version of an extracted memory cites (its
     /// `.meta.json` `provenance` and `sources`); empty for a memory not
@@ -516,6 +526,29 @@ impl Index {
             .collect();
         Ok(changed.then(|| out.join(" ")))
     }
+}
+
+/// The lexical channel: BM25 over the documents `inside` the scope, `cand`
+/// at most, best first.
+fn lexical_channel(
+    st: &State,
+    qterms: &[String],
+    cand: usize,
+    inside: &dyn Fn(&str) -> bool,
+) -> Vec<(Arc<str>, f32)> {
+    let mut lex_hits: Vec<(Arc<str>, f32)> = Vec::new();
+    let keep = |d: u32| {
+        st.lex_path
+            .get(d as usize)
+            .and_then(|p| p.as_ref())
+            .is_some_and(|p| inside(p))
+    };
+    for (d, s) in st.lex.search(qterms, cand, &keep) {
+        if let Some(Some(p)) = st.lex_path.get(d as usize) {
+            lex_hits.push((p.clone(), s));
+        }
+    }
+    lex_hits
 }
 
 /// The directory of an indexed document: a node's parent, a message's
