@@ -304,10 +304,10 @@ impl Style {
         }
     }
 
-    /// The JSON schema of an answer about messages `range` of `conv`.
-    pub fn schema(self, conv: &Conversation, range: std::ops::Range<usize>) -> Value {
+    /// The JSON schema of an answer about the messages of `conv`.
+    pub fn schema(self, conv: &Conversation) -> Value {
         match self {
-            Style::Quoted => quote::schema(conv, range),
+            Style::Quoted => quote::schema(conv.messages.len()),
             Style::Written => prompt::extract_schema(conv.messages.len()),
         }
     }

@@ -204,6 +204,7 @@ fn candidates(
     spent: &mut llm::Usage,
 ) -> std::result::Result<Vec<Candidate>, Outcome> {
     let style = ib.style;
+    let schema = style.schema(conv);
     // A conversation longer than the model's context is extracted a window
     // of whole messages at a time, never cut.
     let answer_room = ib.client.max_tokens() as usize;
@@ -215,9 +216,6 @@ fn candidates(
     let mut cands = Vec::new();
     job.dropped.clear();
     for w in windows {
-        // The answer's schema names this window's messages (and, quoted,
-        // the sentences each may give).
-        let schema = style.schema(conv, w.clone());
         let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
             ib.client.chat_json(req, &schema, spent)
         };
