@@ -8,6 +8,7 @@
 //! client (`llm.rs`, the only I/O here). The core runs the jobs and commits the results.
 
 mod attribution;
+mod chat;
 pub mod llm;
 pub mod policy;
 pub mod prompt;
@@ -304,11 +305,11 @@ impl Style {
         }
     }
 
-    /// The JSON schema of an answer about the messages of `conv`.
-    pub fn schema(self, conv: &Conversation) -> Value {
+    /// The JSON schema of an answer about `n_messages` messages.
+    pub fn schema(self, n_messages: usize) -> Value {
         match self {
-            Style::Quoted => quote::schema(conv.messages.len()),
-            Style::Written => prompt::extract_schema(conv.messages.len()),
+            Style::Quoted => quote::schema(n_messages),
+            Style::Written => prompt::extract_schema(n_messages),
         }
     }
 

@@ -195,6 +195,37 @@ pub fn fsck(store: &super::RedbStore) -> Result<Vec<Violation>> {
 }
 
 /// Check the stored invariants of an open database.
+/// One of the two event queues, as the check of I9 reads it.
+struct Queue {
+    rows: ::redb::TableDefinition<'static, u64, &'static [u8]>,
+    by_node: ::redb::TableDefinition<'static, (&'static str, u64), ()>,
+    /// How a violation names the index table and a row.
+    index: &'static str,
+    row: &'static str,
+    /// A row must name its event type too.
+    typed: bool,
+    /// The counter of an account's rows.
+    count: fn(&str) -> String,
+}
+
+const PENDING: Queue = Queue {
+    rows: OUTBOX,
+    by_node: OUTBOX_BY_NODE,
+    index: "outbox_by_node",
+    row: "event",
+    typed: true,
+    count: crate::schema::counters::outbox_key,
+};
+
+const DEAD: Queue = Queue {
+    rows: DLQ,
+    by_node: DLQ_BY_NODE,
+    index: "dlq_by_node",
+    row: "dead letter",
+    typed: false,
+    count: crate::schema::counters::dlq_key,
+};
+
 /// One check of a store: the violations found, and what one invariant's
 /// check learns that another's needs (blob sizes, containers, node ids and
 /// paths, the highest ids in use, the counters recounted).
@@ -415,7 +446,8 @@ impl Fsck {
 
     /// I7: every container is at a container place.
     fn containers(&mut self) {
-        let dirs: Vec<(String, String)> = self.dir_set.iter().cloned().collect();
+        // The last check to need them.
+        let dirs = std::mem::take(&mut self.dir_set);
         for (parent, name) in &dirs {
             let path = if parent.is_empty() {
                 name.clone()
@@ -434,81 +466,57 @@ impl Fsck {
 
     /// I9: the outbox indexed by node both ways, its events valid.
     fn outbox(&mut self, txn: &ReadTransaction) -> Result<()> {
-        let outbox = txn.open_table(OUTBOX).map_err(se)?;
-        let by_node = txn.open_table(OUTBOX_BY_NODE).map_err(se)?;
-        // Outbox.
-        let mut indexed = HashSet::new();
-        for item in by_node.iter().map_err(se)? {
-            let (k, _) = item.map_err(se)?;
-            let (node, seq) = k.value();
-            indexed.insert(seq);
-            if outbox.get(seq).map_err(se)?.is_none() {
-                self.bad(9, format!("outbox_by_node ({node}, {seq}) has no event"));
-            }
-        }
-        for item in outbox.iter().map_err(se)? {
-            let (k, val) = item.map_err(se)?;
-            let seq = k.value();
-            self.max_event = self.max_event.max(seq);
-            if !indexed.contains(&seq) {
-                self.bad(9, format!("event {seq} is not indexed by node"));
-            }
-            match serde_json::from_slice::<serde_json::Value>(val.value()) {
-                Ok(e) if e["event_id"].is_string() && e["event_type"].is_string() => {
-                    let account = e["uri"]
-                        .as_str()
-                        .and_then(place::node_of_uri)
-                        .map(place::account_of)
-                        .unwrap_or("");
-                    *self
-                        .recount
-                        .entry(crate::schema::counters::outbox_key(account))
-                        .or_default() += 1;
-                }
-                _ => self.bad(9, format!("event {seq} is not a valid event")),
-            }
-        }
-        Ok(())
+        self.queue(txn, &PENDING, None)
     }
 
     /// I9: the dead letters indexed by node both ways, valid, never also pending.
     fn dead_letters(&mut self, txn: &ReadTransaction) -> Result<()> {
         let outbox = txn.open_table(OUTBOX).map_err(se)?;
-        // Dead letters: indexed by node, counted per account.
-        let dlq = txn.open_table(DLQ).map_err(se)?;
-        let dlq_by_node = txn.open_table(DLQ_BY_NODE).map_err(se)?;
-        let mut dead_indexed = HashSet::new();
-        for item in dlq_by_node.iter().map_err(se)? {
+        self.queue(txn, &DEAD, Some(&outbox))
+    }
+
+    /// A queue's rows and its by-node index agree both ways, each row is an
+    /// event (with `pending`: none is in that queue too), and its rows are
+    /// counted per account.
+    fn queue(
+        &mut self,
+        txn: &ReadTransaction,
+        q: &Queue,
+        pending: Option<&::redb::ReadOnlyTable<u64, &[u8]>>,
+    ) -> Result<()> {
+        let rows = txn.open_table(q.rows).map_err(se)?;
+        let by_node = txn.open_table(q.by_node).map_err(se)?;
+        let mut indexed = HashSet::new();
+        for item in by_node.iter().map_err(se)? {
             let (k, _) = item.map_err(se)?;
             let (node, seq) = k.value();
-            dead_indexed.insert(seq);
-            if dlq.get(seq).map_err(se)?.is_none() {
-                self.bad(9, format!("dlq_by_node ({node}, {seq}) has no dead letter"));
+            indexed.insert(seq);
+            if rows.get(seq).map_err(se)?.is_none() {
+                self.bad(9, format!("{} ({node}, {seq}) has no {}", q.index, q.row));
             }
         }
-        for item in dlq.iter().map_err(se)? {
+        for item in rows.iter().map_err(se)? {
             let (k, val) = item.map_err(se)?;
             let seq = k.value();
             self.max_event = self.max_event.max(seq);
-            if !dead_indexed.contains(&seq) {
-                self.bad(9, format!("dead letter {seq} is not indexed by node"));
+            if !indexed.contains(&seq) {
+                self.bad(9, format!("{} {seq} is not indexed by node", q.row));
             }
-            if outbox.get(seq).map_err(se)?.is_some() {
-                self.bad(9, format!("event {seq} is both pending and dead"));
+            if let Some(p) = pending {
+                if p.get(seq).map_err(se)?.is_some() {
+                    self.bad(9, format!("event {seq} is both pending and dead"));
+                }
             }
             match serde_json::from_slice::<serde_json::Value>(val.value()) {
-                Ok(e) if e["event_id"].is_string() => {
+                Ok(e) if e["event_id"].is_string() && (!q.typed || e["event_type"].is_string()) => {
                     let account = e["uri"]
                         .as_str()
                         .and_then(place::node_of_uri)
                         .map(place::account_of)
                         .unwrap_or("");
-                    *self
-                        .recount
-                        .entry(crate::schema::counters::dlq_key(account))
-                        .or_default() += 1;
+                    *self.recount.entry((q.count)(account)).or_default() += 1;
                 }
-                _ => self.bad(9, format!("dead letter {seq} is not a valid event")),
+                _ => self.bad(9, format!("{} {seq} is not a valid event", q.row)),
             }
         }
         Ok(())

@@ -204,7 +204,7 @@ fn candidates(
     spent: &mut llm::Usage,
 ) -> std::result::Result<Vec<Candidate>, Outcome> {
     let style = ib.style;
-    let schema = style.schema(conv);
+    let schema = style.schema(conv.messages.len());
     // A conversation longer than the model's context is extracted a window
     // of whole messages at a time, never cut.
     let answer_room = ib.client.max_tokens() as usize;
@@ -215,15 +215,11 @@ fn candidates(
     job.windows = windows.len();
     let mut cands = Vec::new();
     job.dropped.clear();
+    let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
+        ib.client.chat_json(req, &schema, spent).map_err(failed)
+    };
     for w in windows {
-        let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
-            ib.client.chat_json(req, &schema, spent)
-        };
-        let mut answer = match ask(style.request(conv, w.clone()), spent) {
-            Ok(v) => v,
-            Err(llm::LlmError::Transient(e)) => return Err(Outcome::Retry(e)),
-            Err(llm::LlmError::Permanent(e)) => return Err(Outcome::Fail(e)),
-        };
+        let mut answer = ask(style.request(conv, w.clone()), spent)?;
         // An answer that quoted nothing of these messages (a small model
         // copying the worked example) is asked again, once, without it.
         if let Some(again) = style.request_again(&answer, conv, w.clone()) {
@@ -231,11 +227,7 @@ fn candidates(
                 "messages {}..{}: the model's answer quoted none of them; asked again without the example",
                 w.start, w.end
             ));
-            answer = match ask(again, spent) {
-                Ok(v) => v,
-                Err(llm::LlmError::Transient(e)) => return Err(Outcome::Retry(e)),
-                Err(llm::LlmError::Permanent(e)) => return Err(Outcome::Fail(e)),
-            };
+            answer = ask(again, spent)?;
         }
         let (found, dropped) = match style.candidates(&answer, conv, w) {
             Ok(x) => x,
@@ -389,15 +381,14 @@ fn merge_by_model(
     spent: &mut llm::Usage,
 ) -> std::result::Result<(Option<String>, &'static str, String), Outcome> {
     let old = policy::body(stored).to_string();
-    let v = match ib.client.chat_json(
-        prompt::merge_messages(&old, &c.text),
-        &prompt::merge_schema(),
-        spent,
-    ) {
-        Ok(v) => v,
-        Err(llm::LlmError::Transient(e)) => return Err(Outcome::Retry(e)),
-        Err(llm::LlmError::Permanent(e)) => return Err(Outcome::Fail(e)),
-    };
+    let v = ib
+        .client
+        .chat_json(
+            prompt::merge_messages(&old, &c.text),
+            &prompt::merge_schema(),
+            spent,
+        )
+        .map_err(failed)?;
     let text = v["text"].as_str().unwrap_or("").trim().to_string();
     let changed = v["changed"].as_str().unwrap_or("").trim().to_string();
     let refused = extract::sources(c, conv, Some(&old))
@@ -432,6 +423,15 @@ fn merge_by_model(
             },
         )
     })
+}
+
+/// What a failed model call makes of a try: retried later when the
+/// failure may pass, failed now when it cannot.
+fn failed(e: llm::LlmError) -> Outcome {
+    match e {
+        llm::LlmError::Transient(e) => Outcome::Retry(e),
+        llm::LlmError::Permanent(e) => Outcome::Fail(e),
+    }
 }
 
 /// The `# title` of a stored `content.md`, or `topic` when it has none.
