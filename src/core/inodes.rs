@@ -26,18 +26,6 @@ pub enum Key {
         node: Arc<str>,
         name: Arc<str>,
     },
-    CommitError(Arc<str>),
-    Outbox(Arc<str>),
-    OutboxDlq(Arc<str>),
-    Event {
-        node: Arc<str>,
-        seq: u64,
-    },
-    /// A dead letter of a node (`.outbox/dlq/{event_id}.json`).
-    DeadEvent {
-        node: Arc<str>,
-        seq: u64,
-    },
     /// `{a}/users/{u}/inbox/`: conversations in, memories out.
     Inbox(Arc<str>),
     /// A conversation, `.status` or `.review` file of an inbox.
@@ -140,17 +128,6 @@ impl Key {
             Key::Draft { node, name } => Key::Draft {
                 node: r(node)?,
                 name: name.clone(),
-            },
-            Key::CommitError(p) => Key::CommitError(r(p)?),
-            Key::Outbox(p) => Key::Outbox(r(p)?),
-            Key::OutboxDlq(p) => Key::OutboxDlq(r(p)?),
-            Key::Event { node, seq } => Key::Event {
-                node: r(node)?,
-                seq: *seq,
-            },
-            Key::DeadEvent { node, seq } => Key::DeadEvent {
-                node: r(node)?,
-                seq: *seq,
             },
             Key::Versions(p) => Key::Versions(r(p)?),
             Key::VersionDir { node, id, version } => Key::VersionDir {

@@ -6,9 +6,7 @@ use super::{Caller, Fs};
 use crate::error::{Error, Result};
 use crate::index::answer::Answer;
 use crate::index::{Index, Mode, Query};
-use crate::schema::event::{event_seq, EventStatus, OutboxEvent};
 use crate::schema::place;
-use crate::store::Op;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -164,17 +162,6 @@ pub fn line_ranges(lines: &[u32]) -> String {
         i = j + 1;
     }
     out.join(",")
-}
-
-/// The file bytes of event `seq` among `events`: its JSON and a newline.
-pub(super) fn event_file(events: Vec<crate::store::StoredEvent>, seq: u64) -> Result<Vec<u8>> {
-    let e = events
-        .into_iter()
-        .find(|e| e.seq == seq)
-        .ok_or(Error::NotFound)?;
-    let mut j = e.json;
-    j.push(b'\n');
-    Ok(j)
 }
 
 /// Reads of `.ctxfs/sync` waiting at once, in the whole daemon and per uid:
@@ -574,75 +561,6 @@ impl Fs {
         Ok(b"ok\n".to_vec())
     }
 
-    pub(super) fn dead_event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
-        self.gate(c, node, false)?;
-        event_file(self.store.dead_events(node)?, seq)
-    }
-
-    /// `mv NODE/.outbox/dlq/ID.json NODE/.outbox/`: try the event again.
-    pub(super) fn revive_dead(
-        &self,
-        c: Caller,
-        src_node: &str,
-        name: &str,
-        dst_node: &str,
-        newname: &str,
-    ) -> Result<()> {
-        self.gate(c, src_node, true)?;
-        if src_node != dst_node || name != newname {
-            return Err(Error::Invalid(
-                "a dead letter can only move back to its own node's .outbox/, under its name"
-                    .into(),
-            ));
-        }
-        let seq = event_seq(name).ok_or(Error::NotFound)?;
-        let e = self
-            .store
-            .dead_events(src_node)?
-            .into_iter()
-            .find(|e| e.seq == seq)
-            .ok_or(Error::NotFound)?;
-        // Pending again, with its tries counted from zero; a dead letter
-        // that is no event of ours goes back as it is (and dies again).
-        let json = match OutboxEvent::decode(&e.json) {
-            Ok(mut ev) => {
-                ev.status = EventStatus::Pending;
-                ev.retry_count = 0;
-                ev.next_retry_ms = None;
-                ev.encode()
-            }
-            Err(_) => e.json,
-        };
-        self.store.apply(
-            vec![Op::ReviveEvent {
-                seq,
-                node_path: src_node.to_string(),
-                account: place::account_of(src_node).to_string(),
-                json,
-            }],
-            true,
-        )?;
-        self.notify_index();
-        Ok(())
-    }
-
-    /// `rm NODE/.outbox/dlq/ID.json`: give up on the event.
-    pub(super) fn drop_dead(&self, c: Caller, node: &str, name: &str) -> Result<()> {
-        self.gate(c, node, true)?;
-        let seq = event_seq(name).ok_or(Error::NotFound)?;
-        if !self.store.dead_events(node)?.iter().any(|e| e.seq == seq) {
-            return Err(Error::NotFound);
-        }
-        self.store.apply(
-            vec![Op::DropDead {
-                seq,
-                node_path: node.to_string(),
-                account: place::account_of(node).to_string(),
-            }],
-            true,
-        )
-    }
-
     /// The indexer's part of `.ctxfs/status`, and the dead letters of `accounts`.
     pub(super) fn index_status(&self, accounts: &[String], full: bool) -> Result<(i64, Value)> {
         let mut dead = 0;
@@ -688,8 +606,6 @@ mod tests {
         assert!(parse_query_name("x?since=last week").is_err());
         let q = parse_query_name("x?mode=lexical&expand=1").unwrap();
         assert_eq!((q.mode, q.expand), (Mode::Lexical, true));
-        assert_eq!(event_seq("000000000000000a.json"), Some(10));
-        assert_eq!(event_seq("a.json"), None);
         assert_eq!(line_ranges(&[3, 5, 6, 7, 12]), "3,5-7,12");
         assert_eq!(line_ranges(&[]), "-");
     }

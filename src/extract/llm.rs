@@ -105,6 +105,9 @@ impl Client {
             }
         })
         .to_string();
+        // The request and answer in plaintext, only when asked for
+        // (`RUST_LOG=ctxfs::extract::llm=trace`): they hold what users said.
+        tracing::trace!(target: "ctxfs::extract::llm", request = %body, "LLM request");
         let mut req = self
             .agent
             .post(&self.url)
@@ -141,6 +144,7 @@ impl Client {
             .as_str()
             .ok_or_else(|| LlmError::Transient("LLM server: no choices[0].message.content".into()))?
             .to_string();
+        tracing::trace!(target: "ctxfs::extract::llm", answer = %content, "LLM answer");
         let tokens = |k: &str, fallback: u64| v["usage"][k].as_u64().unwrap_or(fallback);
         let usage = Usage {
             prompt: tokens(

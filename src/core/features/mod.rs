@@ -15,8 +15,10 @@
 
 mod audit;
 mod batch;
+mod commit_error;
 mod daemon;
 mod generated;
+mod outbox;
 mod search;
 mod usage;
 mod version;
@@ -67,6 +69,28 @@ pub(in crate::core) trait Feature: Sync {
     fn unlink(&self, _fs: &Fs, _c: Caller, _key: &VKey) -> Result<()> {
         Err(Error::NotPermitted("read-only virtual file"))
     }
+
+    /// `unlink` of `name` in one of its directories, `dir`.
+    fn unlink_in(&self, _fs: &Fs, _c: Caller, _dir: &VKey, _name: &str) -> Result<()> {
+        Err(Error::NotPermitted("virtual directory"))
+    }
+
+    /// `rename` of `name` in its directory `from` to `newname` in its
+    /// directory `to` (a move between two features, or between a feature
+    /// and the tree, is refused before).
+    fn rename(
+        &self,
+        _fs: &Fs,
+        _c: Caller,
+        _from: &VKey,
+        _name: &str,
+        _to: &VKey,
+        _newname: &str,
+    ) -> Result<()> {
+        Err(Error::NotPermitted(
+            "only files and directories of accounts can be renamed",
+        ))
+    }
 }
 
 /// Every feature, asked in this order.
@@ -78,6 +102,8 @@ static FEATURES: &[&dyn Feature] = &[
     &generated::Generated,
     &search::SearchFiles,
     &version::Version,
+    &commit_error::CommitError,
+    &outbox::Outbox,
 ];
 
 /// `accounts/{a}/.ctxfs/FILE` of feature `id`: its key when `name` is

@@ -141,9 +141,6 @@ impl Fs {
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => crate::core::features::owner(v)?.open(self, c, v, write),
-            Key::DeadEvent { node, seq } => data(self.dead_event_json(c, node, *seq)?),
-            Key::CommitError(node) => data(self.commit_error_text(c, node)?),
-            Key::Event { node, seq } => data(self.event_json(c, node, *seq)?),
             Key::File {
                 node,
                 name,

@@ -138,31 +138,6 @@ impl Fs {
                     }
                 }
             }
-            Key::Outbox(node) => {
-                shared = false;
-                entries.push(d(
-                    Key::OutboxDlq(node.clone()),
-                    names::OUTBOX_DLQ,
-                    Kind::Dir,
-                ));
-                for e in self.store.node_events(node)? {
-                    let k = Key::Event {
-                        node: node.clone(),
-                        seq: e.seq,
-                    };
-                    entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
-                }
-            }
-            Key::OutboxDlq(node) => {
-                shared = false;
-                for e in self.store.dead_events(node)? {
-                    let k = Key::DeadEvent {
-                        node: node.clone(),
-                        seq: e.seq,
-                    };
-                    entries.push(d(k, &format!("{:016x}.json", e.seq), Kind::File));
-                }
-            }
             // Its files are the features' (usage, batch, audit).
             Key::AccountCtxfs(_) => shared = false,
             Key::Versions(_) | Key::VersionDir { .. } => {
@@ -248,11 +223,6 @@ impl Fs {
                 },
             };
             out.push((name, key));
-        }
-        if let Some(d) = guard.as_ref() {
-            if d.error.is_some() {
-                out.push((place::COMMIT_ERROR.to_string(), Key::CommitError(arc(node))));
-            }
         }
         Ok(out)
     }

@@ -137,23 +137,6 @@ impl Fs {
                 let f = read_lock(&file);
                 Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
             }
-            Key::CommitError(node) => {
-                let text = self.commit_error_text(c, node)?;
-                Ok(self.file_attr(ino, text.len() as u64, 0o444, SystemTime::now(), false))
-            }
-            Key::Outbox(node) | Key::OutboxDlq(node) => {
-                let access = self.gate(c, node, false)?;
-                self.node_for(node, access)?;
-                Ok(self.dir_attr(ino, 0o555, self.started, false))
-            }
-            Key::Event { node, seq } => {
-                let json = self.event_json(c, node, *seq)?;
-                Ok(self.file_attr(ino, json.len() as u64, 0o444, self.started, false))
-            }
-            Key::DeadEvent { node, seq } => {
-                let json = self.dead_event_json(c, node, *seq)?;
-                Ok(self.file_attr(ino, json.len() as u64, 0o644, self.started, false))
-            }
             Key::Scratch(path) => self.scratch_attr(c, path, ino),
             Key::Inbox(path) => self.inbox_dir_attr(c, path, ino),
             Key::InboxFile(path) => self.inbox_attr(c, path, ino),
@@ -283,23 +266,6 @@ impl Fs {
         }
     }
 
-    pub(in crate::core) fn commit_error_text(&self, c: Caller, node: &str) -> Result<Vec<u8>> {
-        self.gate(c, node, true).map_err(|e| match e {
-            Error::ReadOnly => Error::NotFound,
-            e => e,
-        })?;
-        let d = self.draft(node).ok_or(Error::NotFound)?;
-        let d = lock(&d);
-        let e = d.error.as_ref().ok_or(Error::NotFound)?;
-        Ok(format!("{e}\n").into_bytes())
-    }
-
-    pub(in crate::core) fn event_json(&self, c: Caller, node: &str, seq: u64) -> Result<Vec<u8>> {
-        let access = self.gate(c, node, false)?;
-        self.node_for(node, access)?;
-        crate::core::search::event_file(self.store.node_events(node)?, seq)
-    }
-
     // ---- lookup, getattr ----------------------------------------------------
 
     /// The key of `name` in directory `parent` for caller `c`.
@@ -378,23 +344,6 @@ impl Fs {
                     Err(_) => Err(Error::NotFound),
                 }
             }
-            Key::Outbox(node) => {
-                if name == names::OUTBOX_DLQ {
-                    return Ok(Key::OutboxDlq(node.clone()));
-                }
-                let seq = crate::schema::event::event_seq(name).ok_or(Error::NotFound)?;
-                Ok(Key::Event {
-                    node: node.clone(),
-                    seq,
-                })
-            }
-            Key::OutboxDlq(node) => {
-                let seq = crate::schema::event::event_seq(name).ok_or(Error::NotFound)?;
-                Ok(Key::DeadEvent {
-                    node: node.clone(),
-                    seq,
-                })
-            }
             _ => Err(Error::NotDir),
         }
     }
@@ -407,14 +356,9 @@ impl Fs {
         name: &str,
         access: Access,
     ) -> Result<(Key, Option<Attr>)> {
-        match name {
-            place::OUTBOX => return Ok((Key::Outbox(arc(node)), None)),
-            names::VERSIONS_DIR => {
-                self.visible_node(node, access)?.ok_or(Error::NotFound)?;
-                return Ok((Key::Versions(arc(node)), None));
-            }
-            place::COMMIT_ERROR => return Ok((Key::CommitError(arc(node)), None)),
-            _ => {}
+        if name == names::VERSIONS_DIR {
+            self.visible_node(node, access)?.ok_or(Error::NotFound)?;
+            return Ok((Key::Versions(arc(node)), None));
         }
         let (rec, draft) = self.node_for(node, access)?;
         if let Some(d) = draft {

@@ -343,8 +343,8 @@ impl Fs {
 
     fn unlink_at(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         let pkey = self.key_of(parent)?;
-        if let Key::OutboxDlq(node) = &pkey {
-            return self.drop_dead(c, node, name);
+        if let Key::Virtual(dir) = &pkey {
+            return crate::core::features::owner(dir)?.unlink_in(self, c, dir, name);
         }
         if let Key::Scratch(dir) = &pkey {
             return self.scratch_unlink(c, dir, name, false);
@@ -370,24 +370,20 @@ impl Fs {
             }
             return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
         }
-        if place::classify_dir(&place::split(node))? != DirPlace::Node {
-            return match self.child_key(c, &pkey, name) {
-                // Generated again at the next open: removing it changes
-                // nothing, and `rm -r` of a user directory goes through.
-                Ok((Key::Virtual(v), _)) => crate::core::features::owner(&v)?.unlink(self, c, &v),
-                Ok(_) => Err(Error::IsDir),
-                Err(e) => Err(e),
+        // A feature's name is its to remove (or refuse).
+        if let Some(k) = self.feature_lookup(c, &pkey, name) {
+            return match k? {
+                Key::Virtual(v) => crate::core::features::owner(&v)?.unlink(self, c, &v),
+                _ => Err(Error::IsDir),
             };
+        }
+        if place::classify_dir(&place::split(node))? != DirPlace::Node {
+            return self.child_key(c, &pkey, name).and(Err(Error::IsDir));
         }
         if name == place::OUTBOX {
             return Err(Error::IsDir);
         }
         let _g = self.stripe(node);
-        if name == place::COMMIT_ERROR {
-            // Removing the reason acknowledges it (and lets `rm -r` finish).
-            let d = self.draft(node).ok_or(Error::NotFound)?;
-            return lock(&d).error.take().map(|_| ()).ok_or(Error::NotFound);
-        }
         let rec = self.live_node(node)?;
         let in_committed = rec.as_ref().and_then(|r| r.file(name)).is_some();
         let draft = match self.draft(node) {
@@ -420,10 +416,13 @@ impl Fs {
         newname: &str,
         noreplace: bool,
     ) -> Result<()> {
-        if let (Key::OutboxDlq(sn), Key::Outbox(dn)) =
+        if let (Key::Virtual(from), Key::Virtual(to)) =
             (self.key_of(parent)?, self.key_of(newparent)?)
         {
-            return self.revive_dead(c, &sn, name, &dn, newname);
+            if from.feature == to.feature {
+                let f = crate::core::features::owner(&from)?;
+                return f.rename(self, c, &from, name, &to, newname);
+            }
         }
         match (self.key_of(parent)?, self.key_of(newparent)?) {
             (Key::Dir(sp), _) if scratch::is_project(&sp) && name == names::ACTIVITY_LOG => {
