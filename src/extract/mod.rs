@@ -308,7 +308,7 @@ impl Style {
     /// The JSON schema of an answer about `n_messages` messages.
     pub fn schema(self, n_messages: usize) -> Value {
         match self {
-            Style::Quoted => quote::schema(n_messages),
+            Style::Quoted => quote::schema(),
             Style::Written => prompt::extract_schema(n_messages),
         }
     }

@@ -37,8 +37,8 @@ Worth remembering: facts about the speakers and the people, pets, places and thi
 (names, jobs, family, where they live, what they have, did or plan to do and when, what they like or dislike, \
 and for an assistant's work, problems solved and how). \
 Not worth it: greetings, thanks, compliments, small talk, questions, and what is only true during this conversation. \
-For each memory give: message, the number of one message; quote, one or two whole sentences copied exactly \
-from that message that state the fact; kind; topic. Kinds:\n\
+For each memory give: quote, one or two whole sentences copied exactly from one message that state \
+the fact; kind; topic. Kinds:\n\
 - profile: who the user is (name, job, where they live, family), from the user's own messages.\n\
 - preference: what the user likes, dislikes or wants, from the user's own messages; topic = the subject.\n\
 - entity: another person, a pet, project, company or place; topic = its name.\n\
@@ -55,10 +55,10 @@ const EXAMPLE_USER: &str =
 
 fn example_answer() -> Value {
     json!({"memories": [
-        {"message": 0, "quote": "I switched jobs, I teach chemistry in Leeds now.", "kind": "profile", "topic": "job"},
-        {"message": 1, "quote": "I'm still a pharmacist at the hospital.", "kind": "entity", "topic": "Ruth"},
-        {"message": 2, "quote": "I hate long emails, keep replies short.", "kind": "preference", "topic": "reply length"},
-        {"message": 2, "quote": "My cat Miso is sick, vet visit on 3 May.", "kind": "event", "topic": "Miso's vet visit"}
+        {"quote": "I switched jobs, I teach chemistry in Leeds now.", "kind": "profile", "topic": "job"},
+        {"quote": "I'm still a pharmacist at the hospital.", "kind": "entity", "topic": "Ruth"},
+        {"quote": "I hate long emails, keep replies short.", "kind": "preference", "topic": "reply length"},
+        {"quote": "My cat Miso is sick, vet visit on 3 May.", "kind": "event", "topic": "Miso's vet visit"}
     ]})
 }
 
@@ -108,12 +108,15 @@ pub fn overhead() -> usize {
         + 64
 }
 
-/// The JSON schema of an answer about `n_messages` messages. (A schema
-/// that enumerates each message's sentences, so a grammar lets the model
-/// quote nothing else, was tried on the real conversations: its memories
-/// were single sentences out of context and helped answers less;
-/// BENCHMARKS' journal, run H.)
-pub fn schema(n_messages: usize) -> Value {
+/// The JSON schema of an answer: quotes, each with its kind and topic.
+/// The answer names no message: the system finds each quote in the
+/// window's messages (a field for the message's number made the 1.5B
+/// model count through the messages one item each, repeating a quote
+/// until `max_tokens` on sessions of 30 messages; BENCHMARKS' journal,
+/// run I). (A schema that enumerates each message's sentences, so a
+/// grammar lets the model quote nothing else, was tried too: its memories
+/// were single sentences out of context and helped answers less; run H.)
+pub fn schema() -> Value {
     let kinds: Vec<&str> = super::prompt::KINDS.iter().map(|k| k.as_str()).collect();
     json!({
         "type": "object",
@@ -124,12 +127,11 @@ pub fn schema(n_messages: usize) -> Value {
                 "items": {
                     "type": "object",
                     "properties": {
-                        "message": {"type": "integer", "minimum": 0, "maximum": n_messages.saturating_sub(1)},
                         "quote": {"type": "string", "maxLength": super::prompt::MAX_TEXT},
                         "kind": {"type": "string", "enum": kinds},
                         "topic": {"type": "string", "maxLength": 40}
                     },
-                    "required": ["message", "quote", "kind", "topic"]
+                    "required": ["quote", "kind", "topic"]
                 }
             }
         },
@@ -294,7 +296,8 @@ pub fn candidates(
                 .filter(|(_, share)| *share >= MIN_COVER)
                 .map(|(span, share)| (i, span, share))
         };
-        // The message the model names, else the range's best holder.
+        // The range's best holder (the schema asks for no message number:
+        // one an answer names anyway is tried first).
         let hit = said.filter(|i| range.contains(i)).and_then(at).or_else(|| {
             range
                 .clone()
@@ -447,7 +450,7 @@ mod tests {
     #[test]
     fn a_pick_made_twice_is_one_memory_and_a_kind_is_no_topic() {
         let c = conv();
-        let item = |kind: &str, topic: &str| json!({"message": 3, "quote": "Their names are Pepper, Precious and Panda.", "kind": kind, "topic": topic});
+        let item = |kind: &str, topic: &str| json!({"quote": "Their names are Pepper, Precious and Panda.", "kind": kind, "topic": topic});
         let (found, dropped) = candidates(
             &json!({"memories": [item("entity", "entity"), item("preference", "dogs"), item("event", "")]}),
             &c,
@@ -463,6 +466,18 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_answer_names_no_message() {
+        let item = &schema()["properties"]["memories"]["items"];
+        assert_eq!(item["required"], json!(["quote", "kind", "topic"]));
+        assert!(item["properties"].get("message").is_none());
+        assert!(example_answer()["memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m.get("message").is_none()));
+    }
+
     fn one(v: Value) -> (Vec<Candidate>, Vec<String>) {
         let c = conv();
         candidates(&json!({ "memories": [v] }), &c, 0..c.messages.len()).unwrap()
@@ -470,10 +485,8 @@ mod tests {
 
     #[test]
     fn a_quote_becomes_its_messages_own_words_with_speaker_and_day() {
-        let (c, d) = one(
-            json!({"message": 0, "quote": "we adopted another puppy called Pixie",
-                               "kind": "event", "topic": "new puppy"}),
-        );
+        let (c, d) = one(json!({"quote": "we adopted another puppy called Pixie",
+                               "kind": "event", "topic": "new puppy"}));
         assert!(d.is_empty(), "{d:?}");
         assert_eq!(
             c[0].text,
