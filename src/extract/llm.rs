@@ -6,6 +6,55 @@
 use serde_json::{json, Value};
 use std::time::Duration;
 
+/// Every name in the `required` lists of `schema`, outermost first.
+pub fn required_order(schema: &Value) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut todo = vec![schema];
+    while let Some(v) = todo.pop() {
+        match v {
+            Value::Object(m) => {
+                for name in m
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(n) = name.as_str().filter(|n| !out.iter().any(|o| o == n)) {
+                        out.push(n.to_string());
+                    }
+                }
+                todo.extend(m.values().rev());
+            }
+            Value::Array(a) => todo.extend(a.iter().rev()),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `v` as JSON text with every object's keys in the order of `order`
+/// (keys it does not name after them, as the map holds them). A JSON map
+/// here is sorted; a small model reads and writes fields in the order it
+/// is shown them.
+pub fn in_order(v: &Value, order: &[String]) -> String {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort_by_key(|k| order.iter().position(|o| o == *k).unwrap_or(usize::MAX));
+            let fields: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", Value::from(k.as_str()), in_order(&m[k], order)))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(|x| in_order(x, order)).collect();
+            format!("[{}]", items.join(","))
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Tokens one request spent (as the server counts them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -93,18 +142,23 @@ impl Client {
         schema: &Value,
         max_tokens: u32,
     ) -> Result<(String, Usage), LlmError> {
+        // The schema's fields reach the server in the order of its
+        // `required` lists: a grammar made from it has the model write them
+        // in that order (a JSON map here would send them alphabetically).
+        let order = required_order(schema);
         let body = json!({
             "model": self.s.model,
             "messages": messages,
             "temperature": 0,
             "max_tokens": max_tokens,
             "stream": false,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "answer", "strict": true, "schema": schema}
-            }
         })
         .to_string();
+        let body = format!(
+            "{},\"response_format\":{{\"type\":\"json_schema\",\"json_schema\":{{\"name\":\"answer\",\"strict\":true,\"schema\":{}}}}}}}",
+            body.strip_suffix('}').unwrap_or(&body),
+            in_order(schema, &order)
+        );
         // The request and answer in plaintext, only when asked for
         // (`RUST_LOG=ctxfs::extract::llm=trace`): they hold what users said.
         tracing::trace!(target: "ctxfs::extract::llm", request = %body, "LLM request");
@@ -294,6 +348,22 @@ pub fn parse_object(content: &str) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schema_is_sent_in_the_order_of_its_required_lists() {
+        let schema = json!({"type": "object", "properties": {
+            "b \"q\"": {"type": "string"}, "a": {"type": "integer"}, "zé": {"type": "string"}},
+            "required": ["zé", "b \"q\""]});
+        let order = required_order(&schema);
+        assert_eq!(order, ["zé", "b \"q\""]);
+        let text = in_order(&schema, &order);
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), schema);
+        let at = |k: &str| text.find(k).unwrap();
+        assert!(
+            at("\"zé\":{") < at("\"b \\\"q\\\"\":{") && at("\"b \\\"q") < at("\"a\":{"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn an_answer_cut_in_its_list_keeps_its_complete_items() {

@@ -185,7 +185,8 @@ pub fn extract_schema(n_messages: usize) -> Value {
                             "items": {"type": "integer", "minimum": 0, "maximum": n_messages.saturating_sub(1)}
                         }
                     },
-                    "required": ["kind", "topic", "text", "messages"]
+                    // The order the model writes them in (`llm::required_order`).
+                    "required": ["kind", "messages", "text", "topic"]
                 }
             }
         },
@@ -223,7 +224,7 @@ pub fn merge_schema() -> Value {
             "text": {"type": "string", "maxLength": 2000},
             "changed": {"type": "string", "maxLength": 120}
         },
-        "required": ["text", "changed"]
+        "required": ["changed", "text"]
     })
 }
 

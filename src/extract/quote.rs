@@ -67,9 +67,16 @@ pub fn request(conv: &Conversation, range: std::ops::Range<usize>) -> Vec<Value>
     vec![
         json!({"role": "system", "content": SYSTEM}),
         json!({"role": "user", "content": EXAMPLE_USER}),
-        json!({"role": "assistant", "content": example_answer().to_string()}),
+        json!({"role": "assistant", "content": example_text()}),
         json!({"role": "user", "content": super::prompt::transcript_of(conv, range)}),
     ]
+}
+
+/// The worked example's answer as the model is shown it: each memory's
+/// fields in the order the schema has it write them, quote first (the
+/// model picks the words, then says what they are).
+fn example_text() -> String {
+    super::llm::in_order(&example_answer(), &super::llm::required_order(&schema()))
 }
 
 /// The same request without its worked example: asked when the answer to
@@ -102,10 +109,7 @@ const UNFOUND: &str = "says it word for word";
 /// Tokens of a quoting request before its transcript.
 pub fn overhead() -> usize {
     use crate::schema::estimate_tokens;
-    estimate_tokens(SYSTEM)
-        + estimate_tokens(EXAMPLE_USER)
-        + estimate_tokens(&example_answer().to_string())
-        + 64
+    estimate_tokens(SYSTEM) + estimate_tokens(EXAMPLE_USER) + estimate_tokens(&example_text()) + 64
 }
 
 /// The JSON schema of an answer: quotes, each with its kind and topic.
@@ -464,6 +468,27 @@ mod tests {
             dropped.iter().all(|d| d.ends_with("picked twice")),
             "{dropped:?}"
         );
+    }
+
+    #[test]
+    fn the_model_is_shown_the_quote_first() {
+        let order = crate::extract::llm::required_order(&schema());
+        assert_eq!(order, ["memories", "quote", "kind", "topic"]);
+        let text = example_text();
+        assert!(
+            text.starts_with(r#"{"memories":[{"quote":"I switched jobs"#),
+            "{text}"
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            example_answer()
+        );
+        let sent = crate::extract::llm::in_order(&schema(), &order);
+        let (q, k) = (
+            sent.find(r#""quote":{"#).unwrap(),
+            sent.find(r#""kind":{"#).unwrap(),
+        );
+        assert!(q < k, "{sent}");
     }
 
     #[test]
