@@ -34,25 +34,6 @@ pub enum Key {
     Scratch(Arc<str>),
     /// `accounts/{a}/.ctxfs/`: the account's own files (reached by path).
     AccountCtxfs(Arc<str>),
-    /// `NODE/.versions/`: every committed version (reached by path).
-    Versions(Arc<str>),
-    /// `NODE/.versions/N/`.
-    VersionDir {
-        node: Arc<str>,
-        id: u64,
-        version: u32,
-    },
-    /// A file of `NODE/.versions/N/` (read-only).
-    VersionFile {
-        node: Arc<str>,
-        name: Arc<str>,
-        id: u64,
-        version: u32,
-    },
-    /// `NODE/.versions/restore`: a version number written here is restored.
-    Restore(Arc<str>),
-    /// `NODE/.versions/redact`: write a version number to redact it.
-    Redact(Arc<str>),
     /// `accounts/{a}/.as-of/`: reached by path, lists nothing.
     AsOfRoot(Arc<str>),
     /// A directory of `accounts/{a}/.as-of/{time}/`: `path` is its place
@@ -129,25 +110,6 @@ impl Key {
                 node: r(node)?,
                 name: name.clone(),
             },
-            Key::Versions(p) => Key::Versions(r(p)?),
-            Key::VersionDir { node, id, version } => Key::VersionDir {
-                node: r(node)?,
-                id: *id,
-                version: *version,
-            },
-            Key::VersionFile {
-                node,
-                name,
-                id,
-                version,
-            } => Key::VersionFile {
-                node: r(node)?,
-                name: name.clone(),
-                id: *id,
-                version: *version,
-            },
-            Key::Restore(p) => Key::Restore(r(p)?),
-            Key::Redact(p) => Key::Redact(r(p)?),
             Key::Virtual(v) => Key::Virtual(VKey {
                 dir: r(&v.dir)?,
                 ..v.clone()

@@ -13,7 +13,7 @@
 //! at or before T. A node made after T is not there; a node deleted since
 //! is not there either, at any time (a delete forgets a node's history,
 //! and a crypto-shredded user has no past). A directory is there when a
-//! node below it was. The files are the versions' own (`Key::VersionFile`,
+//! node below it was. The files are the versions' own (`features::version_file_key`,
 //! as `.versions/N/` serves them), so a redacted version reads as its
 //! tombstone here too.
 //!
@@ -26,6 +26,7 @@
 mod restore;
 mod search;
 
+use super::features::version_file_key;
 use super::inodes::Key;
 use super::{Attr, Caller, Fs, Kind};
 use crate::config::Access;
@@ -381,12 +382,7 @@ impl Fs {
         if let Some(placed) = view.node(path) {
             let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
             rec.file(name).ok_or(Error::NotFound)?;
-            let key = Key::VersionFile {
-                node: placed.now.clone(),
-                name: Arc::from(name),
-                id: placed.id,
-                version: placed.version,
-            };
+            let key = version_file_key(&placed.now, placed.id, placed.version, name);
             return Ok((key, None));
         }
         if name == RESTORE && !path.contains('/') {
@@ -453,12 +449,7 @@ impl Fs {
             let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
             for name in NODE_FILES {
                 if rec.file(name).is_some() {
-                    let k = Key::VersionFile {
-                        node: placed.now.clone(),
-                        name: Arc::from(name),
-                        id: placed.id,
-                        version: placed.version,
-                    };
+                    let k = version_file_key(&placed.now, placed.id, placed.version, name);
                     out.push((k, name.to_string(), Kind::File));
                 }
             }

@@ -64,7 +64,7 @@ impl Feature for Batch {
         fs.read_only(text, false)
     }
 
-    fn takes_writes(&self) -> bool {
+    fn takes_writes(&self, _key: &VKey) -> bool {
         true
     }
 }

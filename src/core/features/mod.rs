@@ -22,6 +22,9 @@ mod outbox;
 mod search;
 mod usage;
 mod version;
+mod versions;
+
+pub(in crate::core) use versions::file_key as version_file_key;
 
 use super::inodes::{Key, VKey};
 use super::{Attr, Caller, Fs, Kind, Opened};
@@ -53,9 +56,9 @@ pub(in crate::core) trait Feature: Sync {
     /// Open one of its files (`write`: for writing).
     fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened>;
 
-    /// Does it take writes (a control file: `echo … > FILE` truncates it
-    /// first, which is accepted)?
-    fn takes_writes(&self) -> bool {
+    /// Does `key` take writes (a control file: `echo … > FILE` truncates
+    /// it first, which is accepted)?
+    fn takes_writes(&self, _key: &VKey) -> bool {
         false
     }
 
@@ -104,6 +107,7 @@ static FEATURES: &[&dyn Feature] = &[
     &version::Version,
     &commit_error::CommitError,
     &outbox::Outbox,
+    &versions::Versions,
 ];
 
 /// `accounts/{a}/.ctxfs/FILE` of feature `id`: its key when `name` is

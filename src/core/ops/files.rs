@@ -135,9 +135,6 @@ impl Fs {
         match &key {
             Key::Scratch(path) => self.scratch_open(c, path, flags),
             Key::InboxFile(path) => self.inbox_open(c, path, flags),
-            Key::VersionFile { .. } | Key::Restore(_) | Key::Redact(_) => {
-                self.versions_open(c, &key, write)
-            }
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => crate::core::features::owner(v)?.open(self, c, v, write),
@@ -440,12 +437,12 @@ impl Fs {
                 return self.attr_of(c, &key, ino);
             }
             Key::Root | Key::Accounts | Key::CtxfsDir => return self.attr_of(c, &key, ino),
-            Key::Virtual(v) if !crate::core::features::owner(v)?.takes_writes() => {
+            Key::Virtual(v) if !crate::core::features::owner(v)?.takes_writes(v) => {
                 return Err(crate::core::features::owner(v)?.setattr(self, c, v));
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
-            Key::Restore(_) | Key::Redact(_) | Key::AsOfRestore { .. } | Key::InboxFile(_)
+            Key::AsOfRestore { .. } | Key::InboxFile(_)
                 if sa.mode.is_none() && sa.size == Some(0) =>
             {
                 return self.attr_of(c, &key, ino)
@@ -453,7 +450,7 @@ impl Fs {
             Key::Virtual(v)
                 if sa.mode.is_none()
                     && sa.size == Some(0)
-                    && crate::core::features::owner(v)?.takes_writes() =>
+                    && crate::core::features::owner(v)?.takes_writes(v) =>
             {
                 return self.attr_of(c, &key, ino)
             }

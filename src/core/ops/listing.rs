@@ -140,12 +140,6 @@ impl Fs {
             }
             // Its files are the features' (usage, batch, audit).
             Key::AccountCtxfs(_) => shared = false,
-            Key::Versions(_) | Key::VersionDir { .. } => {
-                shared = false;
-                for (k, name, kind) in self.versions_list(c, &key)? {
-                    entries.push(d(k, &name, kind));
-                }
-            }
             Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
                 shared = false;
                 for (k, name, kind) in self.as_of_list(c, &key)? {

@@ -144,11 +144,6 @@ impl Fs {
                 self.gate(c, account, false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
             }
-            Key::Versions(_)
-            | Key::VersionDir { .. }
-            | Key::VersionFile { .. }
-            | Key::Restore(_)
-            | Key::Redact(_) => self.versions_attr(c, key, ino),
             Key::AsOfRoot(_)
             | Key::AsOf { .. }
             | Key::AsOfRestore { .. }
@@ -325,7 +320,6 @@ impl Fs {
                 Ok(Key::Inbox(arc(&join(path, name))))
             }
             Key::Inbox(dir) => self.inbox_child(c, dir, name),
-            Key::Versions(_) | Key::VersionDir { .. } => self.versions_child(c, parent, name),
             Key::Dir(path) if name == names::AS_OF_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AsOfRoot(path.clone()))
@@ -356,10 +350,6 @@ impl Fs {
         name: &str,
         access: Access,
     ) -> Result<(Key, Option<Attr>)> {
-        if name == names::VERSIONS_DIR {
-            self.visible_node(node, access)?.ok_or(Error::NotFound)?;
-            return Ok((Key::Versions(arc(node)), None));
-        }
         let (rec, draft) = self.node_for(node, access)?;
         if let Some(d) = draft {
             match lock(&d).files.get(name) {
