@@ -241,29 +241,8 @@ impl Fs {
                 version: rec.or(stale).map(|r| r.version),
             });
         }
-        let mut files = Vec::new();
-        let mut max_blob = 0;
-        for (name, c) in plan.files {
-            match c {
-                Content::Keep(fr) => files.push(fr),
-                Content::New(bytes, mtime_ns, mode) => {
-                    let blob = self.ids.blob()?;
-                    max_blob = max_blob.max(blob);
-                    files.push(FileRec {
-                        name: name.to_string(),
-                        blob,
-                        size: bytes.len() as u64,
-                        mtime_ns,
-                        mode: if mode == 0 { 0o644 } else { mode },
-                    });
-                    ops.push(Op::PutBlobOf {
-                        account: account.clone(),
-                        id: blob,
-                        data: Arc::from(bytes),
-                    });
-                }
-            }
-        }
+        let (files, blob_ops, max_blob) = new_files(&account, plan.files, || self.ids.blob())?;
+        ops.extend(blob_ops);
         let new = NodeRec {
             id,
             path: node.to_string(),
@@ -293,16 +272,9 @@ impl Fs {
             self.check_write_quota(&account, new_bytes)?;
         }
         ops.extend(self.write_quota_ops(node, new_bytes)?);
-        match plan.expires {
-            Some(at) => ops.push(Op::PutExpiry {
-                path: node.to_string(),
-                at_ns: at,
-            }),
-            None if stale.is_none() && self.expiry_at(node).is_some() => ops.push(Op::DelExpiry {
-                path: node.to_string(),
-            }),
-            None => {}
-        }
+        // An expired node (`stale`) took its expiry with it (`remove_ops`).
+        let expiring = stale.is_none() && self.expiry_at(node).is_some();
+        ops.extend(expiry_op(node, plan.expires, expiring));
         let mut max_seq = 0;
         let unindexed = self.services.is_unindexed(node);
         for change in plan.events {
@@ -319,30 +291,79 @@ impl Fs {
                 json: OutboxEvent::new(seq, node, change, rfc3339_ms(now_ns())).encode(),
             });
         }
-        ops.extend([
-            Op::PutNode {
-                path: node.to_string(),
-                rec: new.clone(),
-            },
-            Op::PutVersion { rec: new },
-            Op::DelDraft {
-                path: node.to_string(),
-            },
-            Op::HighWater {
-                key: counters::NODE_ID.into(),
-                value: id,
-            },
-            Op::HighWater {
-                key: counters::EVENT_ID.into(),
-                value: max_seq,
-            },
-            Op::HighWater {
-                key: counters::BLOB_ID.into(),
-                value: max_blob,
-            },
-        ]);
+        ops.extend(record_ops(new, max_seq, max_blob));
         Ok(ops)
     }
+}
+
+/// The files of a new version and the blobs it writes (ids from `blob`),
+/// with the highest id taken (0: none). A file written with no mode gets
+/// `0644`; a file kept is the committed version's, blob and all.
+fn new_files(
+    account: &str,
+    planned: Vec<(&'static str, Content)>,
+    mut blob: impl FnMut() -> Result<u64>,
+) -> Result<(Vec<FileRec>, Vec<Op>, u64)> {
+    let (mut files, mut ops, mut max_blob) = (Vec::new(), Vec::new(), 0);
+    for (name, c) in planned {
+        match c {
+            Content::Keep(fr) => files.push(fr),
+            Content::New(bytes, mtime_ns, mode) => {
+                let id = blob()?;
+                max_blob = max_blob.max(id);
+                files.push(FileRec {
+                    name: name.to_string(),
+                    blob: id,
+                    size: bytes.len() as u64,
+                    mtime_ns,
+                    mode: if mode == 0 { 0o644 } else { mode },
+                });
+                ops.push(Op::PutBlobOf {
+                    account: account.to_string(),
+                    id,
+                    data: Arc::from(bytes),
+                });
+            }
+        }
+    }
+    Ok((files, ops, max_blob))
+}
+
+/// What a commit does to `node`'s expiry: the plan's time, else none
+/// where the node had one (`expiring`).
+fn expiry_op(node: &str, expires: Option<u64>, expiring: bool) -> Option<Op> {
+    let path = node.to_string();
+    match expires {
+        Some(at_ns) => Some(Op::PutExpiry { path, at_ns }),
+        None if expiring => Some(Op::DelExpiry { path }),
+        None => None,
+    }
+}
+
+/// The new record as the node and as its version, the draft gone, and
+/// the id counters raised to what the commit took.
+fn record_ops(new: NodeRec, max_seq: u64, max_blob: u64) -> [Op; 6] {
+    let (path, id) = (new.path.clone(), new.id);
+    [
+        Op::PutNode {
+            path: path.clone(),
+            rec: new.clone(),
+        },
+        Op::PutVersion { rec: new },
+        Op::DelDraft { path },
+        Op::HighWater {
+            key: counters::NODE_ID.into(),
+            value: id,
+        },
+        Op::HighWater {
+            key: counters::EVENT_ID.into(),
+            value: max_seq,
+        },
+        Op::HighWater {
+            key: counters::BLOB_ID.into(),
+            value: max_blob,
+        },
+    ]
 }
 
 /// Bytes of the new blobs among `ops` (what a change adds to the store).
@@ -353,4 +374,73 @@ pub(crate) fn blob_bytes(ops: &[Op]) -> u64 {
             _ => 0,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_versions_files_and_blobs() {
+        let kept = FileRec {
+            name: CONTENT.into(),
+            blob: 3,
+            size: 5,
+            mtime_ns: 1,
+            mode: 0o600,
+        };
+        let mut next = 10;
+        let (files, ops, max) = new_files(
+            "acme",
+            vec![
+                (CONTENT, Content::Keep(kept.clone())),
+                (ABSTRACT, Content::New(b"ab".to_vec(), 7, 0)),
+                (META, Content::New(b"{}".to_vec(), 8, 0o640)),
+            ],
+            || {
+                next += 1;
+                Ok(next)
+            },
+        )
+        .unwrap();
+        assert_eq!(files[0], kept, "a kept file is the committed one");
+        let got: Vec<(&str, u64, u16)> = files.iter().map(|f| (&*f.name, f.blob, f.mode)).collect();
+        assert_eq!(
+            got,
+            [
+                (CONTENT, 3, 0o600),
+                (ABSTRACT, 11, 0o644),
+                (META, 12, 0o640)
+            ]
+        );
+        assert_eq!((ops.len(), max, blob_bytes(&ops)), (2, 12, 4));
+        let (files, ops, max) = new_files("acme", vec![], || unreachable!()).unwrap();
+        assert!(files.is_empty() && ops.is_empty() && max == 0);
+    }
+
+    #[test]
+    fn what_a_commit_does_to_an_expiry() {
+        let put = |at| {
+            Some(Op::PutExpiry {
+                path: "n".into(),
+                at_ns: at,
+            })
+        };
+        let del = Some(Op::DelExpiry { path: "n".into() });
+        // (the plan's expiry, the node has one) -> the op
+        let table = [
+            (Some(5), false, put(5)),
+            (Some(5), true, put(5)),
+            (None, true, del),
+            (None, false, None),
+        ];
+        for (expires, expiring, want) in table {
+            let got = expiry_op("n", expires, expiring);
+            assert_eq!(
+                format!("{got:?}"),
+                format!("{want:?}"),
+                "{expires:?} {expiring}"
+            );
+        }
+    }
 }
