@@ -362,7 +362,9 @@ impl Style {
             Style::Quoted => {
                 let (mut found, dropped) = quote::candidates(answer, conv, range.clone())?;
                 stated::settle_kinds(conv, &mut found);
-                let swept = stated::preferences(conv, range, &found);
+                let swept = stated::preferences(conv, range.clone(), &found);
+                found.extend(swept);
+                let swept = stated::profile(conv, range, &found);
                 found.extend(swept);
                 Ok((found, dropped))
             }

@@ -11,6 +11,13 @@
 //! prefer that") becomes a quoted preference, unless a pick from that
 //! message holds it already. Liking words ("I love", "I like") are left to
 //! the model: in chat they are mostly reactions ("I love that!").
+//!
+//! The same holds for the plainest facts a user gives of themselves: "My
+//! name is …", "I work as …" (or at, for), "I live in …", "I'm from …",
+//! "I moved to …", "I grew up in …". A small model asked for quotes first
+//! may quote the greeting that answers them instead ("Nice to meet you,
+//! Priya!"); each such statement of the user's own that no pick holds
+//! becomes a quoted profile memory.
 
 use super::{Candidate, Conversation, Kind};
 
@@ -29,6 +36,17 @@ fn opening() -> &'static regex::Regex {
             r"(?i)\b(?:i(?:'d| would)? (?:much |really |strongly |always |usually )?(?:prefer|rather)|i (?:really |absolutely |just )?(?:hate|dislike|can't stand|cannot stand)|i (?:don't|do not|never) (?:like|want|use|eat|drink)|please (?:always|never|don't|do not|avoid|stop)|(?:always|never) (?:use|answer|reply|write|include|show|suggest|recommend|send)|^my (?:favou?rite|preferred))\b",
         )
         .expect("the preference pattern compiles")
+    })
+}
+
+/// The opening of a fact the user states of themselves.
+fn profile_opening() -> &'static regex::Regex {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| {
+        regex::Regex::new(
+            r"(?i)\b(?:my name is|i (?:work|worked) (?:as|at|for)|i (?:live|lived|grew up) in|i(?:'m| am) from|i (?:just )?moved to)\b",
+        )
+        .expect("the profile pattern compiles")
     })
 }
 
@@ -99,8 +117,6 @@ fn named(rest: &str) -> Option<String> {
     (!topic.is_empty()).then_some(topic)
 }
 
-/// The preferences stated in the user's messages of `range` that none of
-/// `picked` holds, as quoted memories.
 /// The topic of sentence `s` when it states a preference outright.
 fn stated(s: &str) -> Option<String> {
     if s.trim_end().ends_with('?') {
@@ -140,10 +156,35 @@ pub fn settle_kinds(conv: &Conversation, picked: &mut [Candidate]) {
     }
 }
 
+/// The preferences stated in the user's messages of `range` that none of
+/// `picked` holds, as quoted memories.
 pub fn preferences(
     conv: &Conversation,
     range: std::ops::Range<usize>,
     picked: &[Candidate],
+) -> Vec<Candidate> {
+    sweep(conv, range, picked, Kind::Preference, opening())
+}
+
+/// The facts the user states of themselves in their messages of `range`
+/// that none of `picked` holds, as quoted profile memories.
+pub fn profile(
+    conv: &Conversation,
+    range: std::ops::Range<usize>,
+    picked: &[Candidate],
+) -> Vec<Candidate> {
+    sweep(conv, range, picked, Kind::Profile, profile_opening())
+}
+
+/// The statements of the user's own messages of `range` that `pattern`
+/// opens and that name something, none of `picked` holds, as quoted
+/// memories of `kind`.
+fn sweep(
+    conv: &Conversation,
+    range: std::ops::Range<usize>,
+    picked: &[Candidate],
+    kind: Kind,
+    pattern: &regex::Regex,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     for i in range {
@@ -164,7 +205,7 @@ pub fn preferences(
             if s.trim_end().ends_with('?') || held.iter().any(|h| h.contains(s.as_str())) {
                 continue;
             }
-            let Some(m) = opening().find(&s) else {
+            let Some(m) = pattern.find(&s) else {
                 continue;
             };
             let rest = &s[m.end()..];
@@ -177,7 +218,7 @@ pub fn preferences(
             };
             let text = crate::schema::clip(&s, super::quote::MAX_QUOTE_CHARS);
             out.push(Candidate {
-                kind: Kind::Preference,
+                kind,
                 topic,
                 text: super::quote::statement(conv, i, &text),
                 messages: vec![i],
@@ -229,6 +270,38 @@ mod tests {
             got[0].text,
             "The user said: \"I prefer answers with Python examples, and please never use Java in examples.\""
         );
+    }
+
+    #[test]
+    fn a_fact_the_user_states_of_themselves_is_their_profile() {
+        let c = conv(&[
+            (
+                "user",
+                "Hi! I'm Priya Raman. I work as a data engineer at a logistics startup in Austin.",
+            ),
+            ("assistant", "Nice to meet you! I live in the cloud."),
+            (
+                "user",
+                "I'm from here. Where do you live in winter? I'm so happy.",
+            ),
+            ("user", "My name is Ada and I moved to Lyon last year."),
+        ]);
+        let got = profile(&c, 0..4, &[]);
+        let texts: Vec<(&str, usize)> = got.iter().map(|c| (&*c.text, c.messages[0])).collect();
+        assert_eq!(
+            texts,
+            [
+                (
+                    "The user said: \"I work as a data engineer at a logistics startup in Austin.\"",
+                    0
+                ),
+                ("The user said: \"My name is Ada and I moved to Lyon last year.\"", 3),
+            ],
+            "the assistant's, a question and what names nothing are not kept"
+        );
+        assert!(got.iter().all(|c| c.kind == Kind::Profile));
+        // A sentence a pick holds already is not swept again.
+        assert_eq!(profile(&c, 0..4, &got).len(), 0);
     }
 
     #[test]
