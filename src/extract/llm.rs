@@ -146,18 +146,19 @@ impl Client {
         // `required` lists: a grammar made from it has the model write them
         // in that order (a JSON map here would send them alphabetically).
         let order = required_order(schema);
-        let body = json!({
-            "model": self.s.model,
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "stream": false,
-        })
-        .to_string();
-        let body = format!(
-            "{},\"response_format\":{{\"type\":\"json_schema\",\"json_schema\":{{\"name\":\"answer\",\"strict\":true,\"schema\":{}}}}}}}",
-            body.strip_suffix('}').unwrap_or(&body),
-            in_order(schema, &order)
+        let body = in_order(
+            &json!({
+                "model": self.s.model,
+                "messages": messages,
+                "temperature": 0,
+                "max_tokens": max_tokens,
+                "stream": false,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "answer", "strict": true, "schema": schema}
+                }
+            }),
+            &order,
         );
         // The request and answer in plaintext, only when asked for
         // (`RUST_LOG=ctxfs::extract::llm=trace`): they hold what users said.

@@ -10,7 +10,7 @@ use crate::core::inodes::{Key, VKey};
 use crate::core::{Attr, Caller, Fs, Kind, Opened};
 use crate::error::{Error, Result};
 use crate::locks::lock;
-use crate::schema::place::{self, DirPlace, COMMIT_ERROR};
+use crate::schema::place::COMMIT_ERROR;
 use std::time::SystemTime;
 
 pub(super) struct CommitError;
@@ -40,20 +40,7 @@ impl Feature for CommitError {
     }
 
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
-        let Key::Dir(node) = parent else {
-            return None;
-        };
-        if name != COMMIT_ERROR {
-            return None;
-        }
-        if let Err(e) = fs.gate(c, node, false) {
-            return Some(Err(e));
-        }
-        match place::classify_dir(&place::split(node)) {
-            Ok(DirPlace::Node) => Some(Ok(key(node))),
-            Ok(_) => None,
-            Err(e) => Some(Err(e)),
-        }
+        super::node_file(fs, c, parent, name, COMMIT_ERROR).map(|n| n.map(|(n, _)| key(n)))
     }
 
     fn entries(&self, fs: &Fs, c: Caller, parent: &Key) -> Vec<(Key, String, Kind)> {

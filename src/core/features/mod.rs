@@ -129,6 +129,34 @@ fn account_file(
     }
 }
 
+/// `NODE/NAME` for a feature that puts `name` in every node directory:
+/// the node and the caller's access, when `parent` is one and `name` is
+/// `file` (`Some(Err)` when the caller may not enter it; `None`: not this
+/// name, or not a node).
+fn node_file<'a>(
+    fs: &Fs,
+    c: Caller,
+    parent: &'a Key,
+    name: &str,
+    file: &str,
+) -> Option<Result<(&'a std::sync::Arc<str>, crate::config::Access)>> {
+    let Key::Dir(node) = parent else {
+        return None;
+    };
+    if name != file {
+        return None;
+    }
+    let access = match fs.gate(c, node, false) {
+        Ok(a) => a,
+        Err(e) => return Some(Err(e)),
+    };
+    match crate::schema::place::classify_dir(&crate::schema::place::split(node)) {
+        Ok(crate::schema::place::DirPlace::Node) => Some(Ok((node, access))),
+        Ok(_) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
 /// The entry of `accounts/{a}/.ctxfs/FILE` of feature `id` in the
 /// listing of `parent`, when it is an account's `.ctxfs/`.
 fn account_file_entry(parent: &Key, id: &'static str, file: &str) -> Vec<(Key, String, Kind)> {

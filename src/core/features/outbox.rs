@@ -11,7 +11,7 @@ use crate::core::{Attr, Caller, Fs, Kind, Opened};
 use crate::error::{Error, Result};
 use crate::schema::event::{event_id, event_seq, EventStatus, OutboxEvent};
 use crate::schema::names::OUTBOX_DLQ;
-use crate::schema::place::{self, DirPlace, OUTBOX};
+use crate::schema::place::{self, OUTBOX};
 use crate::store::{Op, StoredEvent};
 
 pub(super) struct Outbox;
@@ -63,13 +63,17 @@ fn seq_of(name: &str) -> Result<u64> {
     event_seq(name).ok_or(Error::NotFound)
 }
 
-/// The file bytes of event `seq` among `events`: its JSON and a newline.
-fn event_file(events: Vec<StoredEvent>, seq: u64) -> Result<Vec<u8>> {
-    let e = events
+/// Event `seq` among `events`.
+fn find(events: Vec<StoredEvent>, seq: u64) -> Result<StoredEvent> {
+    events
         .into_iter()
         .find(|e| e.seq == seq)
-        .ok_or(Error::NotFound)?;
-    let mut j = e.json;
+        .ok_or(Error::NotFound)
+}
+
+/// The file bytes of event `seq` among `events`: its JSON and a newline.
+fn event_file(events: Vec<StoredEvent>, seq: u64) -> Result<Vec<u8>> {
+    let mut j = find(events, seq)?.json;
     j.push(b'\n');
     Ok(j)
 }
@@ -92,16 +96,8 @@ impl Feature for Outbox {
 
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
         match parent {
-            Key::Dir(node) if name == OUTBOX => {
-                if let Err(e) = fs.gate(c, node, false) {
-                    return Some(Err(e));
-                }
-                match place::classify_dir(&place::split(node)) {
-                    Ok(DirPlace::Node) => Some(Ok(key(node, At::Pending))),
-                    Ok(_) => None,
-                    Err(e) => Some(Err(e)),
-                }
-            }
+            Key::Dir(_) => super::node_file(fs, c, parent, name, OUTBOX)
+                .map(|n| n.map(|(n, _)| key(n, At::Pending))),
             Key::Virtual(v) if v.feature == ID => Some(at(v).and_then(|a| match a {
                 At::Pending if name == OUTBOX_DLQ => Ok(key(&v.dir, At::Dead)),
                 At::Pending => Ok(key(&v.dir, At::Event(seq_of(name)?))),
@@ -177,9 +173,7 @@ impl Feature for Outbox {
         let node = &dir.dir;
         fs.gate(c, node, true)?;
         let seq = seq_of(name)?;
-        if !fs.store().dead_events(node)?.iter().any(|e| e.seq == seq) {
-            return Err(Error::NotFound);
-        }
+        find(fs.store().dead_events(node)?, seq)?;
         fs.store().apply(
             vec![Op::DropDead {
                 seq,
@@ -214,12 +208,7 @@ impl Feature for Outbox {
             ));
         }
         let seq = seq_of(name)?;
-        let e = fs
-            .store()
-            .dead_events(node)?
-            .into_iter()
-            .find(|e| e.seq == seq)
-            .ok_or(Error::NotFound)?;
+        let e = find(fs.store().dead_events(node)?, seq)?;
         // Pending again, with its tries counted from zero; a dead letter
         // that is no event of ours goes back as it is (and dies again).
         let json = match OutboxEvent::decode(&e.json) {

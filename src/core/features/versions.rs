@@ -18,7 +18,7 @@ use crate::core::inodes::{Key, VKey};
 use crate::core::{Attr, Caller, Control, Fs, Handle, Kind, Opened, RestoreHandle};
 use crate::error::{Error, Result};
 use crate::schema::names::{REDACT, RESTORE, VERSIONS_DIR};
-use crate::schema::place::{self, DirPlace, META, NODE_FILES};
+use crate::schema::place::{META, NODE_FILES};
 use crate::schema::time::time_of;
 use crate::store::NodeRec;
 use serde_json::Value;
@@ -57,6 +57,15 @@ fn name_of(at: &At) -> String {
         At::File { id, version, name } => format!("{VERSIONS_DIR}/{version}@{id}/{name}"),
         At::Restore => format!("{VERSIONS_DIR}/{RESTORE}"),
         At::Redact => format!("{VERSIONS_DIR}/{REDACT}"),
+    }
+}
+
+/// What reading `restore` or `redact` says.
+fn help(at: &At) -> &'static str {
+    if *at == At::Redact {
+        REDACT_HELP
+    } else {
+        RESTORE_HELP
     }
 }
 
@@ -170,14 +179,11 @@ impl Feature for Versions {
 
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
         match parent {
-            Key::Dir(node) if name == VERSIONS_DIR => Some((|| {
-                let access = fs.gate(c, node, false)?;
-                if place::classify_dir(&place::split(node))? != DirPlace::Node {
-                    return Err(Error::NotFound);
-                }
+            Key::Dir(_) => super::node_file(fs, c, parent, name, VERSIONS_DIR).map(|n| {
+                let (node, access) = n?;
                 fs.visible_node(node, access)?.ok_or(Error::NotFound)?;
                 Ok(key(node, &At::Dir))
-            })()),
+            }),
             Key::Virtual(v) if v.feature == ID => Some((|| {
                 let node = &v.dir;
                 match at(v)? {
@@ -243,14 +249,10 @@ impl Feature for Versions {
                 };
                 Ok(fs.file_attr(ino, size, 0o444, time_of(f.mtime_ns), false))
             }
-            At::Restore | At::Redact => {
+            a @ (At::Restore | At::Redact) => {
                 current(fs, c, node)?;
-                let help = if at(key)? == At::Restore {
-                    RESTORE_HELP
-                } else {
-                    REDACT_HELP
-                };
-                Ok(fs.file_attr(ino, help.len() as u64, 0o644, fs.started, false))
+                let size = help(&a).len() as u64;
+                Ok(fs.file_attr(ino, size, 0o644, fs.started, false))
             }
         }
     }
@@ -341,8 +343,7 @@ impl Feature for Versions {
                         no_flush: false,
                     });
                 }
-                let help = if redact { REDACT_HELP } else { RESTORE_HELP };
-                help.as_bytes().to_vec()
+                help(&at).as_bytes().to_vec()
             }
             At::Dir | At::Version { .. } => return Err(Error::IsDir),
         };

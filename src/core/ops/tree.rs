@@ -380,9 +380,6 @@ impl Fs {
         if place::classify_dir(&place::split(node))? != DirPlace::Node {
             return self.child_key(c, &pkey, name).and(Err(Error::IsDir));
         }
-        if name == place::OUTBOX {
-            return Err(Error::IsDir);
-        }
         let _g = self.stripe(node);
         let rec = self.live_node(node)?;
         let in_committed = rec.as_ref().and_then(|r| r.file(name)).is_some();
