@@ -6,9 +6,13 @@ replies of a script, in order, the last one repeated.
     canned-llm.py SCRIPT.json PORTFILE
 
 SCRIPT.json is a list of replies: {"status": 200, "content": "...",
-"usage": {...}, "delay": seconds, "raw": "body as is"}. The port it listens
-on (127.0.0.1, chosen by the kernel) is written to PORTFILE; every request
-body is appended to PORTFILE.requests (one JSON per line).
+"usage": {...}, "delay": seconds, "raw": "body as is"}, or, streamed as
+server-sent events when the request asks for a stream, {"chunks": ["...",
+...], "chunk_delay": seconds}. The port it listens on (127.0.0.1, chosen by
+the kernel) is written to PORTFILE; every request body is appended to
+PORTFILE.requests (one JSON per line), and for a streamed reply how many of
+its chunks were written before the client closed the connection to
+PORTFILE.streamed ("SENT of TOTAL", one line per reply).
 """
 import json
 import sys
@@ -32,6 +36,9 @@ class H(BaseHTTPRequestHandler):
         r = script[min(n, len(script) - 1)]
         n += 1
         time.sleep(r.get("delay", 0))
+        if "chunks" in r and json.loads(body).get("stream"):
+            self.stream(r)
+            return
         if "raw" in r:
             out = r["raw"].encode()
         else:
@@ -47,6 +54,27 @@ class H(BaseHTTPRequestHandler):
             self.wfile.write(out)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def stream(self, r):
+        chunks = r["chunks"]
+        events = [{"choices": [{"delta": {"content": c}}]} for c in chunks]
+        events.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": len(chunks)}})
+        sent = 0
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for e in events:
+                self.wfile.write(b"data: " + json.dumps(e).encode() + b"\n\n")
+                self.wfile.flush()
+                sent += 1
+                time.sleep(r.get("chunk_delay", 0))
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        with open(portfile + ".streamed", "a") as f:
+            f.write(f"{min(sent, len(chunks))} of {len(chunks)}\n")
 
 
 srv = ThreadingHTTPServer(("127.0.0.1", 0), H)

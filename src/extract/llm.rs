@@ -135,31 +135,37 @@ impl Client {
         &self.s.model
     }
 
-    /// One request: the answer's message content and the tokens spent.
+    /// One request: the answer's message content, the tokens spent, and
+    /// whether `stop` ended it. With `stop`, the answer is streamed and
+    /// read an item of its top-level list at a time; when `stop` says so
+    /// of the items so far, the connection is closed (the server stops
+    /// generating) and the content is the answer up to the item before.
     fn complete(
         &self,
         messages: &[Value],
         schema: &Value,
         max_tokens: u32,
-    ) -> Result<(String, Usage), LlmError> {
+        stop: Option<Stop>,
+    ) -> Result<(String, Usage, bool), LlmError> {
         // The schema's fields reach the server in the order of its
         // `required` lists: a grammar made from it has the model write them
         // in that order (a JSON map here would send them alphabetically).
         let order = required_order(schema);
-        let body = in_order(
-            &json!({
-                "model": self.s.model,
-                "messages": messages,
-                "temperature": 0,
-                "max_tokens": max_tokens,
-                "stream": false,
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "answer", "strict": true, "schema": schema}
-                }
-            }),
-            &order,
-        );
+        let mut body = json!({
+            "model": self.s.model,
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "stream": stop.is_some(),
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "strict": true, "schema": schema}
+            }
+        });
+        if stop.is_some() {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let body = in_order(&body, &order);
         // The request and answer in plaintext, only when asked for
         // (`RUST_LOG=ctxfs::extract::llm=trace`): they hold what users said.
         tracing::trace!(target: "ctxfs::extract::llm", request = %body, "LLM request");
@@ -170,48 +176,58 @@ impl Client {
         if let Some(k) = &self.s.api_key {
             req = req.header("Authorization", &format!("Bearer {k}"));
         }
-        let mut resp = req
-            .send(body.as_bytes())
-            .map_err(|e| LlmError::Transient(format!("LLM server {}: {e}", self.url)))?;
-        let status = resp.status().as_u16();
-        let text = resp
-            .body_mut()
-            .with_config()
-            .limit(16 << 20)
-            .read_to_string()
-            .map_err(|e| LlmError::Transient(format!("LLM server {}: {e}", self.url)))?;
-        if status != 200 {
-            let msg = format!(
-                "LLM server {} answered {status}: {}",
-                self.url,
-                one_line(&text, 200)
-            );
-            return Err(if status == 429 || status >= 500 {
-                LlmError::Transient(msg)
-            } else {
-                LlmError::Permanent(msg)
-            });
-        }
-        let v: Value = serde_json::from_str(&text).map_err(|e| {
-            LlmError::Transient(format!("LLM server: the response is not JSON: {e}"))
-        })?;
-        let content = v["choices"][0]["message"]["content"]
-            .as_str()
-            .ok_or_else(|| LlmError::Transient("LLM server: no choices[0].message.content".into()))?
-            .to_string();
-        tracing::trace!(target: "ctxfs::extract::llm", answer = %content, "LLM answer");
-        let tokens = |k: &str, fallback: u64| v["usage"][k].as_u64().unwrap_or(fallback);
-        let usage = Usage {
-            prompt: tokens(
-                "prompt_tokens",
-                crate::schema::counters::tokens_of(&body.to_string()),
-            ),
-            completion: tokens(
-                "completion_tokens",
-                crate::schema::counters::tokens_of(&content),
-            ),
+        let transient = |e: &dyn std::fmt::Display| {
+            LlmError::Transient(format!("LLM server {}: {e}", self.url))
         };
-        Ok((content, usage))
+        let mut resp = req.send(body.as_bytes()).map_err(|e| transient(&e))?;
+        let status = resp.status().as_u16();
+        let streamed = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut reader = resp.body_mut().with_config().limit(MAX_ANSWER).reader();
+        let (content, usage, stopped) = match stop {
+            Some(stop) if status == 200 && streamed => read_stream(reader, stop)?,
+            _ => {
+                // A server that does not stream answers whole.
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut reader, &mut text).map_err(|e| transient(&e))?;
+                if status != 200 {
+                    let msg = format!(
+                        "LLM server {} answered {status}: {}",
+                        self.url,
+                        one_line(&text, 200)
+                    );
+                    return Err(if status == 429 || status >= 500 {
+                        LlmError::Transient(msg)
+                    } else {
+                        LlmError::Permanent(msg)
+                    });
+                }
+                let v: Value = serde_json::from_str(&text).map_err(|e| {
+                    LlmError::Transient(format!("LLM server: the response is not JSON: {e}"))
+                })?;
+                let content = v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .ok_or_else(|| {
+                        LlmError::Transient("LLM server: no choices[0].message.content".into())
+                    })?
+                    .to_string();
+                (content, v["usage"].clone(), false)
+            }
+        };
+        tracing::trace!(target: "ctxfs::extract::llm", answer = %content, stopped, "LLM answer");
+        let tokens = |k: &str, fallback: &str| {
+            usage[k]
+                .as_u64()
+                .unwrap_or_else(|| crate::schema::counters::tokens_of(fallback))
+        };
+        let usage = Usage {
+            prompt: tokens("prompt_tokens", &body),
+            completion: tokens("completion_tokens", &content),
+        };
+        Ok((content, usage, stopped))
     }
 
     /// Ask for a JSON answer under `schema`; one repair request when the
@@ -235,9 +251,45 @@ impl Client {
         max_tokens: u32,
         spent: &mut Usage,
     ) -> Result<Value, LlmError> {
+        self.ask(messages, schema, max_tokens, None, spent)
+    }
+
+    /// [`Client::chat_json`] for an answer `{"KEY": [items...]}`, ended as
+    /// soon as `stop` says so of the items written so far: the answer is
+    /// then the items before the last, with `"stopped": true` (a small
+    /// model that starts repeating itself would go on to `max_tokens`).
+    pub fn chat_json_until(
+        &self,
+        messages: Vec<Value>,
+        schema: &Value,
+        stop: Stop,
+        spent: &mut Usage,
+    ) -> Result<Value, LlmError> {
+        self.ask(messages, schema, self.s.max_tokens, Some(stop), spent)
+    }
+
+    fn ask(
+        &self,
+        messages: Vec<Value>,
+        schema: &Value,
+        max_tokens: u32,
+        stop: Option<Stop>,
+        spent: &mut Usage,
+    ) -> Result<Value, LlmError> {
         let max_tokens = max_tokens.min(self.s.max_tokens);
-        let (content, u) = self.complete(&messages, schema, max_tokens)?;
+        let (content, u, stopped) = self.complete(&messages, schema, max_tokens, stop)?;
         spent.add(u);
+        if stopped {
+            let mut v = parse_object(&content).map_err(|e| {
+                LlmError::Transient(format!(
+                    "the model's answer, stopped early, is not JSON: {e}"
+                ))
+            })?;
+            if let Some(m) = v.as_object_mut() {
+                m.insert("stopped".into(), Value::Bool(true));
+            }
+            return Ok(v);
+        }
         let err = match parse_object(&content) {
             Ok(v) => return Ok(v),
             Err(e) => e,
@@ -255,7 +307,7 @@ impl Client {
         again.push(json!({"role": "user", "content": format!(
             "That answer is not valid JSON ({err}). Answer again with only the JSON object, nothing else."
         )}));
-        let (content, u) = self.complete(&again, schema, max_tokens)?;
+        let (content, u, _) = self.complete(&again, schema, max_tokens, None)?;
         spent.add(u);
         match parse_object(&content) {
             Ok(v) => Ok(v),
@@ -263,6 +315,133 @@ impl Client {
                 "the model's answer is not valid JSON after a repair request: {e}"
             ))),
         }
+    }
+}
+
+/// Bytes of one answer read at most.
+const MAX_ANSWER: u64 = 16 << 20;
+
+/// Says, of the items of an answer's list written so far, whether to stop
+/// it (the last item is then left out).
+pub type Stop<'a> = &'a dyn Fn(&[Value]) -> bool;
+
+/// Read a streamed answer (server-sent events, each `data: {chunk}`, the
+/// last `data: [DONE]`): its content, its usage (as the server counts it,
+/// or counted here when the answer was stopped before the server said),
+/// and whether `stop` ended it.
+fn read_stream(reader: impl std::io::Read, stop: Stop) -> Result<(String, Value, bool), LlmError> {
+    use std::io::BufRead;
+    let err = |e: String| LlmError::Transient(format!("LLM server's stream: {e}"));
+    let mut content = String::new();
+    let mut usage = Value::Null;
+    let mut items = Items::default();
+    let mut kept: Vec<Value> = Vec::new();
+    for line in std::io::BufReader::new(reader).lines() {
+        let line = line.map_err(|e| err(e.to_string()))?;
+        let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|e| err(format!("not JSON: {e}")))?;
+        if let Some(e) = chunk.get("error") {
+            return Err(err(one_line(&e.to_string(), 200)));
+        }
+        if chunk["usage"].is_object() {
+            usage = chunk["usage"].clone();
+        }
+        let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str() else {
+            continue;
+        };
+        content.push_str(delta);
+        for (start, end) in items.feed(&content) {
+            let Ok(item) = serde_json::from_str::<Value>(&content[start..end]) else {
+                continue;
+            };
+            kept.push(item);
+            if stop(&kept) {
+                // The answer up to the item that stopped it, closed.
+                let generated = crate::schema::counters::tokens_of(&content);
+                let before = content[..start].trim_end().trim_end_matches(',');
+                let answer = format!("{before}]}}");
+                // Dropping the reader closes the connection: the server
+                // stops generating.
+                let mut usage = usage;
+                if !usage.is_object() {
+                    usage = json!({});
+                }
+                usage["completion_tokens"] = json!(generated);
+                return Ok((answer, usage, true));
+            }
+        }
+    }
+    Ok((content, usage, false))
+}
+
+/// The items of the list in a JSON answer `{"KEY": [item, item, ...`, as
+/// its text grows: each item's byte range once it is complete.
+#[derive(Debug, Default)]
+struct Items {
+    /// Bytes of the text read so far.
+    read: usize,
+    depth: usize,
+    in_str: bool,
+    esc: bool,
+    /// Where the item being read began.
+    start: usize,
+    /// The list closed (or the text is not of that form).
+    done: bool,
+}
+
+impl Items {
+    /// Read `text` (what was fed before, and more) past what was read: the
+    /// items it completes.
+    fn feed(&mut self, text: &str) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        if self.done || text.len() < self.read {
+            return out;
+        }
+        for (i, ch) in text[self.read..].char_indices() {
+            let i = self.read + i;
+            if self.in_str {
+                match (self.esc, ch) {
+                    (true, _) => self.esc = false,
+                    (false, '\\') => self.esc = true,
+                    (false, '"') => self.in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match ch {
+                '"' => self.in_str = true,
+                '{' | '[' => {
+                    self.depth += 1;
+                    if self.depth == 3 {
+                        self.start = i;
+                    }
+                }
+                '}' | ']' => {
+                    let Some(d) = self.depth.checked_sub(1) else {
+                        self.done = true;
+                        break;
+                    };
+                    self.depth = d;
+                    if d == 2 && ch == '}' {
+                        // An item of the top-level object's list closed.
+                        out.push((self.start, i + 1));
+                    }
+                    if d < 2 {
+                        // The list closed.
+                        self.done = true;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.read = text.len();
+        out
     }
 }
 
@@ -296,36 +475,13 @@ pub fn salvage_list(content: &str) -> Option<Value> {
         .or_else(|| t.strip_prefix("```"))
         .unwrap_or(t)
         .trim_start();
-    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
-    let mut cut = None;
-    for (i, ch) in t.char_indices() {
-        if in_str {
-            match (esc, ch) {
-                (true, _) => esc = false,
-                (false, '\\') => esc = true,
-                (false, '"') => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
-        match ch {
-            '"' => in_str = true,
-            '{' | '[' => depth += 1,
-            '}' | ']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 2 && ch == '}' {
-                    // An item of the top-level object's list closed.
-                    cut = Some(i + 1);
-                }
-                if depth < 2 {
-                    // The list closed: the answer was not cut inside it.
-                    return None;
-                }
-            }
-            _ => {}
-        }
+    let mut items = Items::default();
+    let cut = items.feed(t).last()?.1;
+    if items.done {
+        // The list closed: the answer was not cut inside it.
+        return None;
     }
-    let mut v: Value = serde_json::from_str(&format!("{}]}}", &t[..cut?])).ok()?;
+    let mut v: Value = serde_json::from_str(&format!("{}]}}", &t[..cut])).ok()?;
     v.as_object_mut()?
         .insert("truncated".into(), Value::Bool(true));
     Some(v)
@@ -377,6 +533,58 @@ mod tests {
         assert!(salvage_list(r#"{"memories": [{"kind": "ev"#).is_none());
         assert!(salvage_list(r#"{"text": "abc"#).is_none());
         assert!(salvage_list(r#"{"memories": [{"a": 1}]} trailing"#).is_none());
+    }
+
+    /// A server-sent event stream of `pieces` of an answer.
+    fn sse(pieces: &[&str], usage: bool) -> Vec<u8> {
+        let mut out = String::new();
+        for p in pieces {
+            out += &format!(
+                "data: {}\n\n",
+                json!({"choices": [{"delta": {"content": p}}]})
+            );
+        }
+        if usage {
+            out += "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 7, \"completion_tokens\": 9}}\n\n";
+        }
+        out += "data: [DONE]\n\n";
+        out.into_bytes()
+    }
+
+    #[test]
+    fn a_streamed_answer_is_stopped_at_the_item_stop_names() {
+        let pieces = [
+            "{\"memories\": [{\"q\": \"a } [\\\" b\"}",
+            ", {\"q\": \"c\"}, {\"q\"",
+            ": \"a } [\\\" b\"}, {\"q\": \"d\"}]}",
+        ];
+        let repeats = |items: &[Value]| {
+            let (last, before) = items.split_last().unwrap();
+            before.contains(last)
+        };
+        let (content, usage, stopped) = read_stream(&sse(&pieces, true)[..], &repeats).unwrap();
+        assert!(stopped);
+        let v = parse_object(&content).unwrap();
+        assert_eq!(v, json!({"memories": [{"q": "a } [\" b"}, {"q": "c"}]}));
+        // Stopped before the server's count: counted here.
+        assert!(usage["completion_tokens"].as_u64().unwrap() > 0);
+
+        // Read to the end when nothing stops it; the server's count.
+        let never = |_: &[Value]| false;
+        let (content, usage, stopped) = read_stream(&sse(&pieces, true)[..], &never).unwrap();
+        assert!(!stopped);
+        assert_eq!(
+            parse_object(&content).unwrap()["memories"]
+                .as_array()
+                .unwrap()
+                .len(),
+            4
+        );
+        assert_eq!(usage["completion_tokens"], 9);
+
+        // An error event is an error.
+        let bad = b"data: {\"error\": {\"message\": \"overloaded\"}}\n\n";
+        assert!(read_stream(&bad[..], &never).is_err());
     }
 
     #[test]

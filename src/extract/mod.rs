@@ -347,33 +347,59 @@ impl Style {
         }
     }
 
+    /// When to stop the model's answer, from its items so far: quoted, at
+    /// a quote written a second time (a small model that starts repeating
+    /// an item goes on until `max_tokens`; BENCHMARKS' journal, run K).
+    pub fn stop(self) -> Option<fn(&[Value]) -> bool> {
+        match self {
+            Style::Quoted => Some(quote::repeats),
+            Style::Written => None,
+        }
+    }
+
     /// The candidates of the model's answer to the request for `range`,
     /// checked, and what was dropped. A written candidate's citation is
     /// grounded in the messages that hold its words; a quoted one cites the
-    /// message it was found in, and the user's stated preferences the model
-    /// passed over are added (`stated.rs`).
+    /// message it was found in, and the user's stated preferences and facts
+    /// the model passed over (in this answer and `earlier` ones) are added
+    /// (`stated.rs`).
     pub fn candidates(
         self,
         answer: &Value,
         conv: &Conversation,
         range: std::ops::Range<usize>,
-    ) -> Result<(Vec<Candidate>, Vec<String>), String> {
+        earlier: &[Candidate],
+    ) -> Result<Answered, String> {
         match self {
             Style::Quoted => {
                 let (mut found, dropped) = quote::candidates(answer, conv, range.clone())?;
+                let resume = resume_at(answer, &found, range.clone());
                 stated::settle_kinds(conv, &mut found);
-                let swept = stated::preferences(conv, range.clone(), &found);
-                found.extend(swept);
-                let swept = stated::profile(conv, range, &found);
-                found.extend(swept);
-                Ok((found, dropped))
+                let mut picked = earlier.to_vec();
+                picked.extend(found.iter().cloned());
+                for swept in [
+                    stated::preferences(conv, range.clone(), &picked),
+                    stated::profile(conv, range, &picked),
+                ] {
+                    picked.extend(swept.iter().cloned());
+                    found.extend(swept);
+                }
+                Ok(Answered {
+                    found,
+                    dropped,
+                    resume,
+                })
             }
             Style::Written => {
                 let (mut found, dropped) = candidates(answer, conv.messages.len())?;
                 for c in &mut found {
                     ground(c, conv);
                 }
-                Ok((found, dropped))
+                Ok(Answered {
+                    found,
+                    dropped,
+                    resume: None,
+                })
             }
         }
     }
@@ -389,6 +415,29 @@ impl Style {
     }
 }
 
+/// The memories of one answer, checked.
+#[derive(Debug)]
+pub struct Answered {
+    pub found: Vec<Candidate>,
+    /// What was dropped, and why.
+    pub dropped: Vec<String>,
+    /// The answer ended early (stopped, or cut at `max_tokens`): the
+    /// message after the last one it quoted, where a request for the rest
+    /// of the range begins.
+    pub resume: Option<usize>,
+}
+
+/// Where to ask again after `answer` for `range`, whose memories (before
+/// any sweep) are `found`: past the last message they quote, when the
+/// answer ended early and messages are left.
+fn resume_at(answer: &Value, found: &[Candidate], range: std::ops::Range<usize>) -> Option<usize> {
+    let early = ["stopped", "truncated"]
+        .iter()
+        .any(|k| answer.get(*k) == Some(&Value::Bool(true)));
+    let next = found.iter().flat_map(|c| c.messages.iter()).max()? + 1;
+    (early && next > range.start && next < range.end).then_some(next)
+}
+
 /// The items of the model's `{"memories": [...]}`, at most
 /// `prompt::MAX_CANDIDATES`, and what was lost before checking them (an
 /// answer cut at `max_tokens`, items past the bound; `per`: "conversation"
@@ -399,6 +448,12 @@ fn answer_items<'a>(v: &'a Value, per: &str) -> Result<(&'a [Value], Vec<String>
         .and_then(Value::as_array)
         .ok_or("the model's answer has no \"memories\" array")?;
     let mut dropped = Vec::new();
+    if v.get("stopped") == Some(&Value::Bool(true)) {
+        dropped.push(format!(
+            "the model began writing a memory again after {} memories: its answer was stopped there",
+            list.len()
+        ));
+    }
     if v.get("truncated") == Some(&Value::Bool(true)) {
         dropped.push(format!(
             "the model's answer was cut at [llm] max_tokens: its {} complete memories are kept, \
@@ -468,6 +523,38 @@ pub fn candidates(v: &Value, n_messages: usize) -> Result<(Vec<Candidate>, Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_that_ended_early_resumes_past_its_last_quote() {
+        let c = |m: usize| Candidate {
+            kind: Kind::Event,
+            topic: "t".into(),
+            text: "x".into(),
+            messages: vec![m],
+        };
+        let stopped = json!({"memories": [], "stopped": true});
+        let cut = json!({"memories": [], "truncated": true});
+        let whole = json!({"memories": []});
+        // (answer, quoted messages, range) -> where to ask again
+        type Row<'a> = (&'a Value, Vec<usize>, std::ops::Range<usize>, Option<usize>);
+        let table: [Row; 7] = [
+            (&stopped, vec![3, 5], 0..10, Some(6)),
+            (&cut, vec![5, 3], 2..10, Some(6)),
+            (&whole, vec![3], 0..10, None),
+            (&stopped, vec![], 0..10, None),
+            (&stopped, vec![9], 0..10, None),
+            (&stopped, vec![1], 4..10, None),
+            (&cut, vec![4], 4..10, Some(5)),
+        ];
+        for (answer, quoted, range, want) in table {
+            let found: Vec<Candidate> = quoted.iter().map(|&m| c(m)).collect();
+            assert_eq!(
+                resume_at(answer, &found, range.clone()),
+                want,
+                "{answer} {quoted:?} {range:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_speakers_name_is_kept_and_checked() {

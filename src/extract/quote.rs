@@ -103,6 +103,17 @@ pub fn quotes_nothing_said(v: &Value, conv: &Conversation, range: std::ops::Rang
     !list.is_empty() && found.is_empty() && unfound > 0
 }
 
+/// Is the last of an answer's items a quote written before (the same
+/// words)? A small model that writes one item again goes on repeating it.
+pub fn repeats(items: &[Value]) -> bool {
+    let Some((last, before)) = items.split_last() else {
+        return false;
+    };
+    let key = |v: &Value| words(v["quote"].as_str().unwrap_or(""));
+    let k = key(last);
+    !k.is_empty() && before.iter().any(|b| key(b) == k)
+}
+
 /// How a drop says a quote is in no message.
 const UNFOUND: &str = "says it word for word";
 
@@ -674,6 +685,18 @@ mod tests {
         assert!(!again
             .iter()
             .any(|m| m["content"].as_str().unwrap_or("").contains("Miso")));
+    }
+
+    #[test]
+    fn a_quote_written_again_stops_the_answer() {
+        let q = |t: &str| json!({"quote": t, "kind": "event", "topic": "x"});
+        assert!(!repeats(&[]));
+        assert!(!repeats(&[q("I sail.")]));
+        assert!(!repeats(&[q("I sail."), q("I swim.")]));
+        // The same words under another kind or case are the same quote.
+        let again = json!({"quote": "i SAIL", "kind": "profile", "topic": "y"});
+        assert!(repeats(&[q("I sail."), q("I swim."), again]));
+        assert!(!repeats(&[q(""), q("")]), "an empty quote is no loop");
     }
 
     #[test]

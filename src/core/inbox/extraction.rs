@@ -215,29 +215,61 @@ fn candidates(
     job.windows = windows.len();
     let mut cands = Vec::new();
     job.dropped.clear();
+    let stop = style.stop();
     let ask = |req: Vec<serde_json::Value>, spent: &mut llm::Usage| {
-        ib.client.chat_json(req, &schema, spent).map_err(failed)
+        match stop {
+            Some(stop) => ib.client.chat_json_until(req, &schema, &stop, spent),
+            None => ib.client.chat_json(req, &schema, spent),
+        }
+        .map_err(failed)
     };
     for w in windows {
-        let mut answer = ask(style.request(conv, w.clone()), spent)?;
-        // An answer that quoted nothing of these messages (a small model
-        // copying the worked example) is asked again, once, without it.
-        if let Some(again) = style.request_again(&answer, conv, w.clone()) {
+        // An answer that ended early (the model repeating itself, or cut
+        // at max_tokens) is followed by a request for the messages after
+        // the last one it quoted, a few times at most.
+        let mut from = w.start;
+        for asked in 0..=MAX_RESUMES {
+            let range = from..w.end;
+            let mut answer = ask(style.request(conv, range.clone()), spent)?;
+            // An answer that quoted nothing of these messages (a small model
+            // copying the worked example) is asked again, once, without it.
+            if let Some(again) = style.request_again(&answer, conv, range.clone()) {
+                job.dropped.push(format!(
+                    "messages {}..{}: the model's answer quoted none of them; asked again without the example",
+                    range.start, range.end
+                ));
+                answer = ask(again, spent)?;
+            }
+            let got = match style.candidates(&answer, conv, range.clone(), &cands) {
+                Ok(x) => x,
+                Err(e) => return Err(Outcome::Retry(e)),
+            };
+            for c in got.found {
+                // Picked again by a later request of the window.
+                if !cands.iter().any(|o: &Candidate| o.text == c.text) {
+                    cands.push(c);
+                }
+            }
+            job.dropped.extend(got.dropped);
+            let Some(next) = got.resume else { break };
+            let again = if asked < MAX_RESUMES {
+                "asked for them again"
+            } else {
+                "not asked again (the window's requests are used up)"
+            };
             job.dropped.push(format!(
-                "messages {}..{}: the model's answer quoted none of them; asked again without the example",
-                w.start, w.end
+                "messages {next}..{}: the answer for {}..{} ended before them; {again}",
+                range.end, range.start, range.end
             ));
-            answer = ask(again, spent)?;
+            from = next;
         }
-        let (found, dropped) = match style.candidates(&answer, conv, w) {
-            Ok(x) => x,
-            Err(e) => return Err(Outcome::Retry(e)),
-        };
-        cands.extend(found);
-        job.dropped.extend(dropped);
     }
     Ok(cands)
 }
+
+/// Requests for the rest of a window after the first, at most (each
+/// begins past the last message the one before quoted).
+const MAX_RESUMES: usize = 3;
 
 /// What a candidate writes: its node, content, and what the line of the
 /// batch says of where it comes from.
