@@ -4,72 +4,22 @@
 //! indexes; failures retry with backoff, then go to the dead-letter queue.
 
 use crate::error::Result;
-use crate::index::AccountIndex;
+use crate::index::{
+    ann, bytes_vec, embed, lex, record_texts, records, rlock, text, vec_bytes, AccountIndex,
+    Change, Edge, Index, IxDoc, IxRec, LabeledVec, BATCH, EMBED_BATCH,
+};
+use crate::locks::lock;
+use crate::schema::event::{self, EventStatus, OutboxEvent};
+use crate::schema::place;
+use crate::schema::time::now_ms;
+use crate::store::{Op, StoredEvent};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 use xxhash_rust::xxh3::xxh3_128;
 
-use std::sync::Arc;
-
-use crate::index::BATCH;
-
-use crate::index::Change;
-
-use std::time::Duration;
-
-use crate::index::EMBED_BATCH;
-
-use crate::index::Edge;
-
-use std::collections::HashMap;
-
-use std::collections::HashSet;
-
-use crate::index::Index;
-
-use std::time::Instant;
-
-use crate::index::IxDoc;
-
-use crate::index::IxRec;
-
-use crate::index::LabeledVec;
-
-use std::time::SystemTime;
-
-use crate::index::ann;
-
-use crate::index::bytes_vec;
-
-use crate::index::embed;
-
-use crate::index::lex;
-
-use crate::index::record_texts;
-
-use crate::index::records;
-
-use crate::index::rlock;
-
-use crate::index::text;
-
-use crate::index::vec_bytes;
-
-use crate::locks::lock;
-use crate::schema::event::EventStatus;
-
-use crate::schema::event::OutboxEvent;
-
-use crate::schema::event;
-
-use crate::schema::place;
-
-use crate::schema::time::now_ms;
-
-use crate::store::Op;
-
-use crate::store::StoredEvent;
-
-use serde_json::Value;
-use std::sync::atomic::Ordering;
 /// One unit of indexing work decoded from an outbox event.
 pub(super) enum Work {
     Upsert {
@@ -172,6 +122,33 @@ pub(super) fn edges_of(v: &[Value]) -> Vec<Edge> {
         .collect()
 }
 
+/// The vectors a batch's texts need, by text hash.
+#[derive(Default)]
+struct Vectors {
+    /// At hand: from the embedding cache, or embedded now.
+    have: HashMap<u128, ann::Vector>,
+    /// Still to embed.
+    need: HashMap<u128, String>,
+    /// The nodes whose rows store a new vector (once per text, or once per
+    /// scope of an encrypted store: its rows are keyed per scope).
+    owners: HashMap<u128, Vec<String>>,
+    /// Tokens each account asks of the embedder in this batch, and for
+    /// which texts (its daily budget).
+    asks: HashMap<String, (u64, Vec<u128>)>,
+    /// Embeddings that failed, with why.
+    failed: HashMap<u128, String>,
+}
+
+/// A batch's planned changes, in order.
+#[derive(Default)]
+struct Planned {
+    changes: Vec<(Arc<AccountIndex>, Change)>,
+    /// Directories whose stored summary the changes make stale.
+    dirs: std::collections::BTreeSet<String>,
+    /// When each done event was created.
+    done_lags: Vec<SystemTime>,
+}
+
 impl Index {
     /// Events to process now, in order; an event waiting for a retry holds
     /// back the later events of its node.
@@ -221,17 +198,36 @@ impl Index {
     /// transaction), memory after.
     pub(super) fn process(&self, batch: Vec<Pending>) -> Result<()> {
         let model = self.embedder.id().to_string();
-        // Texts to embed, by hash, from every upsert of the batch.
-        let mut need: HashMap<u128, String> = HashMap::new();
-        let mut have: HashMap<u128, ann::Vector> = HashMap::new();
-        // Tokens each account asks of the embedder in this batch (quota).
-        let mut asks: HashMap<String, (u64, Vec<u128>)> = HashMap::new();
-        // Where each new embedding is stored: once per text, or once per
-        // scope of an encrypted store (its rows are keyed per scope).
-        let mut owners: HashMap<u128, Vec<String>> = HashMap::new();
+        let mut ops: Vec<Op> = Vec::new();
+        let mut vecs = self.cached_vectors(&batch, &model)?;
+        self.spend_budgets(&mut vecs, &mut ops)?;
+        if !self.embed_needed(&mut vecs, &model, &mut ops) {
+            // Stopping: apply nothing; the events stay in the outbox and are
+            // indexed after the next mount.
+            tracing::info!(
+                events = batch.len(),
+                "indexer stopped inside a batch; its events wait for the next mount"
+            );
+            return Ok(());
+        }
+        let planned = self.plan_batch(batch, &vecs, &model, &mut ops)?;
+        self.store.apply(ops, false)?;
+        if let (Some(f), false) = (self.on_dirs.get(), planned.dirs.is_empty()) {
+            f(&planned.dirs.into_iter().collect::<Vec<_>>());
+        }
+        let n_done = planned.changes.len() as u64;
+        self.publish(planned.changes);
+        self.stats.events_done.fetch_add(n_done, Ordering::Relaxed);
+        self.record_lags(planned.done_lags);
+        Ok(())
+    }
+
+    /// The vectors the batch's texts have in the embedding cache (read
+    /// once for the whole batch: one round trip on a shared store, not one
+    /// per text), and what the others need.
+    fn cached_vectors(&self, batch: &[Pending], model: &str) -> Result<Vectors> {
+        let mut v = Vectors::default();
         let mut stored: HashSet<(Option<String>, u128)> = HashSet::new();
-        // The embedding cache read once for the whole batch (one round
-        // trip on a shared store, not one per text).
         let texts_of: Vec<Vec<(u128, String)>> = batch
             .iter()
             .map(|p| match &p.work {
@@ -251,7 +247,7 @@ impl Index {
                 }
             }
         }
-        let found = self.store.get_vecs_of(&model, &asked)?;
+        let found = self.store.get_vecs_of(model, &asked)?;
         let cached: HashMap<(Option<String>, u128), Vec<u8>> = places
             .into_iter()
             .zip(found)
@@ -263,40 +259,42 @@ impl Index {
                 if stored.contains(&place) {
                     continue;
                 }
-                if need.contains_key(&h) {
-                    owners.entry(h).or_default().push(p.path.clone());
+                if v.need.contains_key(&h) {
+                    v.owners.entry(h).or_default().push(p.path.clone());
                     stored.insert(place);
                     continue;
                 }
                 match cached.get(&place) {
                     Some(b) if b.len() == self.embedder.dim() * 4 => {
                         self.stats.embed_cache_hits.fetch_add(1, Ordering::Relaxed);
-                        have.insert(h, ann::half(&bytes_vec(b)));
+                        v.have.insert(h, ann::half(&bytes_vec(b)));
                     }
                     _ => {
-                        let a = asks.entry(p.account.clone()).or_default();
+                        let a = v.asks.entry(p.account.clone()).or_default();
                         a.0 += crate::schema::counters::tokens_of(&t);
                         a.1.push(h);
-                        owners.entry(h).or_default().push(p.path.clone());
-                        need.insert(h, t);
+                        v.owners.entry(h).or_default().push(p.path.clone());
+                        v.need.insert(h, t);
                     }
                 }
                 stored.insert(place);
             }
         }
-        let mut ops: Vec<Op> = Vec::new();
-        // An account over its daily embedding budget waits for the next UTC
-        // day: its texts are not embedded and its events are deferred.
+        Ok(v)
+    }
+
+    /// Count what each account asks of the embedder against its daily
+    /// budget: an account over it waits for the next UTC day (its texts
+    /// are not embedded and its events are deferred).
+    fn spend_budgets(&self, v: &mut Vectors, ops: &mut Vec<Op>) -> Result<()> {
         let day = crate::schema::time::day_of(crate::schema::time::now_ns());
-        let mut deferred: HashSet<String> = HashSet::new();
-        for (account, (tokens, hashes)) in &asks {
+        for (account, (tokens, hashes)) in &v.asks {
             let key = crate::schema::counters::tokens_key(account, day);
             if let Some(&max) = self.cfg.embed_tokens_per_day.get(account) {
                 let used = self.store.counter(&key)?.max(0) as u64;
                 if used + tokens > max {
-                    deferred.insert(account.clone());
                     for h in hashes {
-                        need.remove(h);
+                        v.need.remove(h);
                     }
                     continue;
                 }
@@ -306,34 +304,33 @@ impl Index {
                 delta: *tokens as i64,
             });
         }
-        let mut failed: HashMap<u128, String> = HashMap::new();
-        let mut todo: Vec<(u128, String)> = need.into_iter().collect();
+        Ok(())
+    }
+
+    /// Embed what is needed, storing each new vector for its owners; what
+    /// failed, by text. False when the indexer is stopping.
+    fn embed_needed(&self, v: &mut Vectors, model: &str, ops: &mut Vec<Op>) -> bool {
+        let mut todo: Vec<(u128, String)> = std::mem::take(&mut v.need).into_iter().collect();
         todo.sort_by_key(|(_, t)| t.len());
         let texts: Vec<&str> = todo.iter().map(|(_, t)| t.as_str()).collect();
         let results = embed::embed_batches(&self.embedder, &texts, EMBED_BATCH, &self.stop);
         if self.stop.load(Ordering::SeqCst) {
-            // Stopping: apply nothing; the events stay in the outbox and are
-            // indexed after the next mount.
-            tracing::info!(
-                events = batch.len(),
-                "indexer stopped inside a batch; its events wait for the next mount"
-            );
-            return Ok(());
+            return false;
         }
         for (part, r) in todo.chunks(EMBED_BATCH).zip(results) {
             match r {
                 Ok(vs) => {
-                    for ((h, _), v) in part.iter().zip(vs) {
-                        let data = vec_bytes(&v);
-                        for owner in owners.remove(h).unwrap_or_default() {
+                    for ((h, _), vec) in part.iter().zip(vs) {
+                        let data = vec_bytes(&vec);
+                        for owner in v.owners.remove(h).unwrap_or_default() {
                             ops.push(Op::PutVecOf {
                                 owner,
-                                model: model.clone(),
+                                model: model.to_string(),
                                 hash: *h,
                                 data: data.clone(),
                             });
                         }
-                        have.insert(*h, ann::half(&v));
+                        v.have.insert(*h, ann::half(&vec));
                     }
                     self.stats
                         .embedded
@@ -345,21 +342,31 @@ impl Index {
                         .fetch_add(part.len() as u64, Ordering::Relaxed);
                     tracing::warn!("embedding failed: {e}");
                     for (h, _) in part {
-                        failed.insert(*h, e.clone());
+                        v.failed.insert(*h, e.clone());
                     }
                 }
             }
         }
+        true
+    }
 
-        // Apply in order, per account.
-        let mut changes: Vec<(Arc<AccountIndex>, Change)> = Vec::new();
+    /// Each event's change, in order, per account, with the ops that store
+    /// it and remove the event; an event whose texts have no vector is
+    /// deferred (a spent budget) or retried (a failed embedding), and the
+    /// later events of its node wait behind it.
+    fn plan_batch(
+        &self,
+        batch: Vec<Pending>,
+        v: &Vectors,
+        model: &str,
+        ops: &mut Vec<Op>,
+    ) -> Result<Planned> {
+        let mut out = Planned::default();
         let mut blocked: HashSet<String> = HashSet::new();
-        let mut done_lags = Vec::new();
         let mut label_hw: HashMap<String, usize> = HashMap::new();
-        let mut dirs: std::collections::BTreeSet<String> = Default::default();
         for p in batch {
             if p.path.is_empty() {
-                self.dead_letter(&mut ops, &p, "not an index event");
+                self.dead_letter(ops, &p, "not an index event");
                 continue;
             }
             if blocked.contains(&p.path) {
@@ -374,25 +381,25 @@ impl Index {
             // Only a spent budget leaves a text neither embedded nor failed.
             if recs
                 .iter()
-                .any(|(h, _)| !have.contains_key(h) && !failed.contains_key(h))
+                .any(|(h, _)| !v.have.contains_key(h) && !v.failed.contains_key(h))
             {
-                self.defer_to_tomorrow(&mut ops, &p);
+                self.defer_to_tomorrow(ops, &p);
                 blocked.insert(p.path.clone());
                 continue;
             }
-            let err = recs.iter().find_map(|(h, _)| failed.get(h).cloned());
+            let err = recs.iter().find_map(|(h, _)| v.failed.get(h).cloned());
             if let Some(e) = err {
-                self.retry_later(&mut ops, &p, &e);
+                self.retry_later(ops, &p, &e);
                 blocked.insert(p.path.clone());
                 continue;
             }
-            let change = self.plan(&ai, &p, &have, &model, &mut label_hw, &changes)?;
-            change.ops(&mut ops);
+            let change = self.plan(&ai, &p, &v.have, model, &mut label_hw, &out.changes)?;
+            change.ops(ops);
             // A summary the LLM wrote of the node's directories held its
             // old text: it goes with the change (deletes forget).
-            dirs.extend(place::summarized_dirs_of(&p.path));
+            out.dirs.extend(place::summarized_dirs_of(&p.path));
             if let Work::Move { from, .. } = &p.work {
-                dirs.extend(place::summarized_dirs_of(from));
+                out.dirs.extend(place::summarized_dirs_of(from));
             }
             ops.push(Op::DoneEvent {
                 seq: p.ev.seq,
@@ -404,9 +411,9 @@ impl Index {
                 .as_ref()
                 .and_then(|e| humantime::parse_rfc3339_weak(&e.created_at).ok())
             {
-                done_lags.push(c);
+                out.done_lags.push(c);
             }
-            changes.push((ai, change));
+            out.changes.push((ai, change));
         }
         for (a, l) in label_hw {
             ops.push(Op::HighWater {
@@ -414,21 +421,21 @@ impl Index {
                 value: l as u64,
             });
         }
-        let n_done = changes.len() as u64;
-        for d in &dirs {
+        for d in &out.dirs {
             ops.push(Op::DelScratch {
                 path: format!("{d}/{}", crate::schema::names::SUMMARY_ROW),
             });
         }
-        self.store.apply(ops, false)?;
-        if let (Some(f), false) = (self.on_dirs.get(), dirs.is_empty()) {
-            f(&dirs.into_iter().collect::<Vec<_>>());
-        }
-        // Memory: the graph inserts (on the rayon pool, outside the state
-        // lock) and the state changes (BM25, slots) at the same time; the
-        // batch counts as done when both are. A search in between may see a
-        // node in one and not yet in the other, as for any node still being
-        // indexed.
+        Ok(out)
+    }
+
+    /// The stored changes into memory: the graph inserts (on the rayon
+    /// pool, outside the state lock) and the state changes (BM25, slots)
+    /// at the same time; the batch counts as done when both are. A search
+    /// in between may see a node in one and not yet in the other, as for
+    /// any node still being indexed. An account that grew past the exact
+    /// size gets its graph now.
+    fn publish(&self, changes: Vec<(Arc<AccountIndex>, Change)>) {
         let touched: HashMap<String, Arc<AccountIndex>> = changes
             .iter()
             .map(|(ai, _)| (ai.name.clone(), ai.clone()))
@@ -460,7 +467,6 @@ impl Index {
                 c.apply(&ai);
             }
         });
-        // An account that grew past the exact size gets its graph now.
         for ai in touched.into_values() {
             let grown = {
                 let st = rlock(&ai.st);
@@ -470,10 +476,13 @@ impl Index {
                 self.rebuild(&ai);
             }
         }
-        self.stats.events_done.fetch_add(n_done, Ordering::Relaxed);
+    }
+
+    /// How long each done event waited, from its creation (the last 1,000).
+    fn record_lags(&self, created: Vec<SystemTime>) {
         let now = SystemTime::now();
         let mut lags = lock(&self.lags);
-        for c in done_lags {
+        for c in created {
             let ms = now
                 .duration_since(c)
                 .map(|d| d.as_millis() as u64)
@@ -483,7 +492,6 @@ impl Index {
                 lags.pop_front();
             }
         }
-        Ok(())
     }
 
     /// The account's embedding budget of today is spent: try again at the

@@ -275,37 +275,29 @@ async fn apply_ops(
             Op::Expect { path, version } => {
                 // Locks the node row and raises `schema::CONFLICT` unless
                 // the node is at `version` (none: it must not exist).
-                let (p, nm) = split(path);
-                pl.push(
+                at_path(
+                    pl,
                     "SELECT ctxfs_expect($1, $2, $3, $4) /* account */",
-                    vec![
-                        s(account_of(path)),
-                        s(p),
-                        s(nm),
-                        Box::new(version.map(|v| v as i32)),
-                    ],
+                    path,
+                    vec![Box::new(version.map(|v| v as i32))],
                 );
             }
             Op::PutNode { path, rec } => {
-                let (p, nm) = split(path);
-                pl.push(
+                at_path(
+                    pl,
                     "INSERT INTO nodes (account, parent, name, rec, version) VALUES ($1, $2, $3, $4, $5) \
                      ON CONFLICT (account, parent, name) DO UPDATE SET rec = EXCLUDED.rec, version = EXCLUDED.version",
-                    vec![
-                        s(account_of(path)),
-                        s(p),
-                        s(nm),
-                        Box::new(encode(rec)?),
-                        Box::new(rec.version as i32),
-                    ],
+                    path,
+                    vec![Box::new(encode(rec)?), Box::new(rec.version as i32)],
                 );
                 feed(path, "node");
             }
             Op::DelNode { path } => {
-                let (p, nm) = split(path);
-                pl.push(
+                at_path(
+                    pl,
                     "DELETE FROM nodes WHERE account = $1 AND parent = $2 AND name = $3",
-                    vec![s(account_of(path)), s(p), s(nm)],
+                    path,
+                    vec![],
                 );
                 feed(path, "node");
             }
@@ -315,10 +307,11 @@ async fn apply_ops(
             }
             Op::DelDir { path } => {
                 rows.queue(pl, shard, origin);
-                let (p, nm) = split(path);
-                pl.push(
+                at_path(
+                    pl,
                     "DELETE FROM dirs WHERE account = $1 AND parent = $2 AND name = $3",
-                    vec![s(account_of(path)), s(p), s(nm)],
+                    path,
+                    vec![],
                 );
                 feed(path, "dir");
             }
@@ -336,29 +329,7 @@ async fn apply_ops(
             }
             Op::DropHistory { node_id } => {
                 rows.queue(pl, shard, origin);
-                let account = owner_of("a history dropped")?;
-                pl.flush(c).await?;
-                let st = c
-                    .prepare_cached(
-                        "DELETE FROM versions WHERE account = $1 AND node_id = $2 RETURNING rec",
-                    )
-                    .await
-                    .map_err(pe)?;
-                let mut blobs = Vec::new();
-                for r in c.query(&st, &[&account, &i(*node_id)]).await.map_err(pe)? {
-                    blobs.extend(
-                        decode(&r.get::<_, Vec<u8>>(0))?
-                            .files
-                            .iter()
-                            .map(|f| f.blob as i64),
-                    );
-                }
-                blobs.sort_unstable();
-                blobs.dedup();
-                pl.push(
-                    "DELETE FROM blobs WHERE account = $1 AND id = ANY($2)",
-                    vec![s(&account), Box::new(blobs)],
-                );
+                drop_history(c, pl, &owner_of("a history dropped")?, *node_id).await?;
             }
             Op::DelBlob { id } => {
                 rows.queue(pl, shard, origin);
@@ -412,19 +383,21 @@ async fn apply_ops(
             }
             Op::DropDead { seq, account, .. } => drop_event(pl, Queue::Dead, account, *seq, shard),
             Op::PutScratch { path, data } => {
-                let (p, nm) = split(path);
-                pl.push(
+                at_path(
+                    pl,
                     "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (account, parent, name) DO UPDATE SET data = EXCLUDED.data",
-                    vec![s(account_of(path)), s(p), s(nm), b(data)],
+                    path,
+                    vec![b(data)],
                 );
                 feed(path, "scratch");
             }
             Op::DelScratch { path } => {
-                let (p, nm) = split(path);
-                pl.push(
+                at_path(
+                    pl,
                     "DELETE FROM scratch WHERE account = $1 AND parent = $2 AND name = $3",
-                    vec![s(account_of(path)), s(p), s(nm)],
+                    path,
+                    vec![],
                 );
                 feed(path, "scratch");
             }
@@ -434,66 +407,45 @@ async fn apply_ops(
                 mode,
                 mtime_ns,
             } => {
-                let (p, nm) = split(path);
-                let a = account_of(path);
-                // The row first (an empty log), so that two daemons' first
-                // appends meet on its lock rather than both inserting; it
-                // goes with what is queued, before the read.
-                let empty = crate::store::ScratchRec::appended(None, &[], *mode, *mtime_ns)?;
                 rows.queue(pl, shard, origin);
-                pl.push(
-                    "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (account, parent, name) DO NOTHING",
-                    vec![s(a), s(p), s(nm), Box::new(empty)],
-                );
-                pl.flush(c).await?;
-                let st = c
-                    .prepare_cached(
-                        "SELECT data FROM scratch WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
-                    )
-                    .await
-                    .map_err(pe)?;
-                let old: Option<Vec<u8>> = c
-                    .query(&st, &[&a, &p, &nm])
-                    .await
-                    .map_err(pe)?
-                    .first()
-                    .map(|r| r.get(0));
-                let rec =
-                    crate::store::ScratchRec::appended(old.as_deref(), data, *mode, *mtime_ns)?;
-                pl.push(
-                    "UPDATE scratch SET data = $4 WHERE account = $1 AND parent = $2 AND name = $3",
-                    vec![s(a), s(p), s(nm), Box::new(rec)],
-                );
+                append_log(c, pl, path, data, *mode, *mtime_ns).await?;
                 feed(path, "scratch");
             }
             Op::PutExpiry { path, at_ns } => {
-                pl.push(
+                at_key(
+                    pl,
                     "INSERT INTO expiry (account, path, at_ns) VALUES ($1, $2, $3) \
                      ON CONFLICT (account, path) DO UPDATE SET at_ns = EXCLUDED.at_ns",
-                    vec![s(account_of(path)), s(path), n(*at_ns)],
+                    path,
+                    vec![n(*at_ns)],
                 );
                 feed(path, "expiry");
             }
             Op::DelExpiry { path } => {
-                pl.push(
+                at_key(
+                    pl,
                     "DELETE FROM expiry WHERE account = $1 AND path = $2",
-                    vec![s(account_of(path)), s(path)],
+                    path,
+                    vec![],
                 );
                 feed(path, "expiry");
             }
             Op::PutIx { path, data } => {
-                pl.push(
+                at_key(
+                    pl,
                     "INSERT INTO ix_docs (account, path, data) VALUES ($1, $2, $3) \
                      ON CONFLICT (account, path) DO UPDATE SET data = EXCLUDED.data",
-                    vec![s(account_of(path)), s(path), b(data)],
+                    path,
+                    vec![b(data)],
                 );
                 feed(path, "ix");
             }
             Op::DelIx { path } => {
-                pl.push(
+                at_key(
+                    pl,
                     "DELETE FROM ix_docs WHERE account = $1 AND path = $2",
-                    vec![s(account_of(path)), s(path)],
+                    path,
+                    vec![],
                 );
                 feed(path, "ix");
             }
@@ -533,6 +485,99 @@ async fn apply_ops(
     }
     rows.queue(pl, shard, origin);
     Ok(notify)
+}
+
+/// A statement on the row of `path` in a table keyed by (account, parent,
+/// name): those are `$1`–`$3`, `more` the parameters after them.
+fn at_path(pl: &mut Pipeline, sql: &'static str, path: &str, more: Vec<Param>) {
+    let (p, nm) = split(path);
+    let mut params = vec![s(account_of(path)), s(p), s(nm)];
+    params.extend(more);
+    pl.push(sql, params);
+}
+
+/// A statement on the row of `path` in a table keyed by (account, path):
+/// those are `$1` and `$2`, `more` the parameters after them.
+fn at_key(pl: &mut Pipeline, sql: &'static str, path: &str, more: Vec<Param>) {
+    let mut params = vec![s(account_of(path)), s(path)];
+    params.extend(more);
+    pl.push(sql, params);
+}
+
+/// Every version of node `node_id` of `account`, and the blobs they hold.
+/// It reads what it deletes: what is queued is sent first.
+async fn drop_history(
+    c: &deadpool_postgres::ClientWrapper,
+    pl: &mut Pipeline,
+    account: &str,
+    node_id: u64,
+) -> Result<()> {
+    pl.flush(c).await?;
+    let st = c
+        .prepare_cached("DELETE FROM versions WHERE account = $1 AND node_id = $2 RETURNING rec")
+        .await
+        .map_err(pe)?;
+    let mut blobs = Vec::new();
+    for r in c.query(&st, &[&account, &i(node_id)]).await.map_err(pe)? {
+        blobs.extend(
+            decode(&r.get::<_, Vec<u8>>(0))?
+                .files
+                .iter()
+                .map(|f| f.blob as i64),
+        );
+    }
+    blobs.sort_unstable();
+    blobs.dedup();
+    pl.push(
+        "DELETE FROM blobs WHERE account = $1 AND id = ANY($2)",
+        vec![s(account), Box::new(blobs)],
+    );
+    Ok(())
+}
+
+/// Append `data` to the log at `path`, under its row's lock.
+async fn append_log(
+    c: &deadpool_postgres::ClientWrapper,
+    pl: &mut Pipeline,
+    path: &str,
+    data: &[u8],
+    mode: u16,
+    mtime_ns: i128,
+) -> Result<()> {
+    let (p, nm) = split(path);
+    let a = account_of(path);
+    // The row first (an empty log), so that two daemons' first appends meet
+    // on its lock rather than both inserting; it goes with what is queued,
+    // before the read.
+    let empty = crate::store::ScratchRec::appended(None, &[], mode, mtime_ns)?;
+    at_path(
+        pl,
+        "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (account, parent, name) DO NOTHING",
+        path,
+        vec![Box::new(empty)],
+    );
+    pl.flush(c).await?;
+    let st = c
+        .prepare_cached(
+            "SELECT data FROM scratch WHERE account = $1 AND parent = $2 AND name = $3 FOR UPDATE",
+        )
+        .await
+        .map_err(pe)?;
+    let old: Option<Vec<u8>> = c
+        .query(&st, &[&a, &p, &nm])
+        .await
+        .map_err(pe)?
+        .first()
+        .map(|r| r.get(0));
+    let rec = crate::store::ScratchRec::appended(old.as_deref(), data, mode, mtime_ns)?;
+    at_path(
+        pl,
+        "UPDATE scratch SET data = $4 WHERE account = $1 AND parent = $2 AND name = $3",
+        path,
+        vec![Box::new(rec)],
+    );
+    Ok(())
 }
 
 /// Rows of one kind that many ops of a transaction write, sent as one
