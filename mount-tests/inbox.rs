@@ -1174,10 +1174,12 @@ fn an_answer_quoting_nothing_said_is_asked_again_without_the_example() {
 
 /// A small model that starts writing one memory again goes on until
 /// `max_tokens`. The answer is streamed and stopped at the first repeated
-/// quote (the server sees the connection close), and the messages past the
-/// last one quoted are asked for again: nothing after the loop is lost.
+/// quote (the server sees the connection close); the rest of the window is
+/// not asked for. An answer cut at `max_tokens` is followed by a request
+/// for the messages past the last one it quoted: nothing after the cut is
+/// lost.
 #[test]
-fn an_answer_repeating_itself_is_stopped_and_the_rest_asked_again() {
+fn an_answer_repeating_itself_is_stopped_and_one_cut_short_is_followed() {
     let item = |q: &str, kind: &str, topic: &str| {
         serde_json::json!({"quote": q, "kind": kind, "topic": topic}).to_string()
     };
@@ -1188,33 +1190,33 @@ fn an_answer_repeating_itself_is_stopped_and_the_rest_asked_again() {
         chunks.push(boats.clone());
     }
     chunks.push("]}".into());
+    // Cut at max_tokens inside its second item.
+    let cut = format!(
+        "{{\"memories\": [{}, {{\"quote\": \"My sister Ana",
+        item("I bake rye bread every Sunday.", "preference", "baking")
+    );
     let rest = serde_json::json!({"memories": [
         {"quote": "My sister Ana moved to Oslo last year.", "kind": "entity", "topic": "Ana"},
         {"quote": "I have played the cello every evening since March.", "kind": "event", "topic": "cello"},
     ]});
     let replies = serde_json::json!([
         {"chunks": chunks, "chunk_delay": 0.05},
+        {"content": cut},
         {"content": rest.to_string()},
     ]);
     let (server, m) = canned_mount(replies, |c| c.replace("memories = \"written\"\n", ""));
     let c1 = r#"[{"role":"user","name":"Priya","ts":"2026-03-19T10:00:00Z","content":"I restore old sailing boats in Bergen."},
       {"role":"assistant","content":"That sounds like patient work."},
-      {"role":"user","name":"Priya","ts":"2026-03-19T10:01:00Z","content":"My sister Ana moved to Oslo last year."},
-      {"role":"assistant","content":"Oslo is lovely."},
-      {"role":"user","name":"Priya","ts":"2026-03-19T10:02:00Z","content":"I have played the cello every evening since March."}]"#;
+      {"role":"user","name":"Priya","ts":"2026-03-19T10:01:00Z","content":"My neighbour Tom keeps bees on his roof."}]"#;
     let s = ingest(&m, "c1", c1, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");
     let asked = server.requests();
-    assert_eq!(asked.len(), 2, "one request for the rest: {asked:#?}");
-    assert_eq!(asked[0]["stream"], true, "the answer is streamed");
-    let transcript =
-        |r: &Value| r["messages"].as_array().unwrap().last().unwrap()["content"].to_string();
-    assert!(transcript(&asked[0]).contains("sailing boats"));
-    let second = transcript(&asked[1]);
-    assert!(
-        !second.contains("sailing boats") && second.contains("Ana") && second.contains("cello"),
-        "the second request holds the messages past the one quoted: {second}"
+    assert_eq!(
+        asked.len(),
+        1,
+        "a stopped answer is not followed: {asked:#?}"
     );
+    assert_eq!(asked[0]["stream"], true, "the answer is streamed");
     let streamed_file = server.dir.path().join("port.streamed");
     within(Duration::from_secs(10), || streamed_file.exists()).expect("the stream ended");
     let streamed = std::fs::read_to_string(&streamed_file).unwrap();
@@ -1224,24 +1226,8 @@ fn an_answer_repeating_itself_is_stopped_and_the_rest_asked_again() {
         sent < total / 2,
         "the stream was closed at the repeat, not read to its end: {streamed}"
     );
-    let dropped = s["dropped"].to_string();
-    assert!(
-        dropped.contains("stopped there") && dropped.contains("asked for them again"),
-        "{s:#}"
-    );
+    assert!(s["dropped"].to_string().contains("stopped there"), "{s:#}");
     let dir = "$M/accounts/acme/users/priya/memories";
-    m.ok(
-        WRITER,
-        &format!("grep -q 'sailing boats in Bergen' \"{dir}/profile/content.md\""),
-    );
-    m.ok(
-        WRITER,
-        &format!("grep -rq 'Ana moved to Oslo' \"{dir}/entities\""),
-    );
-    m.ok(
-        WRITER,
-        &format!("grep -rq 'cello every evening' \"{dir}/events\""),
-    );
     // The quote written 41 times is one line.
     assert_eq!(
         m.ok(
@@ -1250,6 +1236,41 @@ fn an_answer_repeating_itself_is_stopped_and_the_rest_asked_again() {
         )
         .trim(),
         "1"
+    );
+
+    let c2 = r#"[{"role":"user","name":"Priya","ts":"2026-03-20T10:00:00Z","content":"I bake rye bread every Sunday."},
+      {"role":"assistant","content":"Lovely."},
+      {"role":"user","name":"Priya","ts":"2026-03-20T10:01:00Z","content":"My sister Ana moved to Oslo last year."},
+      {"role":"assistant","content":"Oslo is lovely."},
+      {"role":"user","name":"Priya","ts":"2026-03-20T10:02:00Z","content":"I have played the cello every evening since March."}]"#;
+    let s = ingest(&m, "c2", c2, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    let asked = server.requests();
+    assert_eq!(asked.len(), 3, "one request for the rest: {asked:#?}");
+    let transcript =
+        |r: &Value| r["messages"].as_array().unwrap().last().unwrap()["content"].to_string();
+    assert!(transcript(&asked[1]).contains("rye bread"));
+    let third = transcript(&asked[2]);
+    assert!(
+        !third.contains("rye bread") && third.contains("Ana") && third.contains("cello"),
+        "the request for the rest holds the messages past the one quoted: {third}"
+    );
+    let dropped = s["dropped"].to_string();
+    assert!(
+        dropped.contains("cut at [llm] max_tokens") && dropped.contains("asked for them again"),
+        "{s:#}"
+    );
+    m.ok(
+        WRITER,
+        &format!("grep -rq 'rye bread every Sunday' \"{dir}/preferences\""),
+    );
+    m.ok(
+        WRITER,
+        &format!("grep -rq 'Ana moved to Oslo' \"{dir}/entities\""),
+    );
+    m.ok(
+        WRITER,
+        &format!("grep -rq 'cello every evening' \"{dir}/events\""),
     );
 }
 

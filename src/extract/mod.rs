@@ -421,19 +421,19 @@ pub struct Answered {
     pub found: Vec<Candidate>,
     /// What was dropped, and why.
     pub dropped: Vec<String>,
-    /// The answer ended early (stopped, or cut at `max_tokens`): the
-    /// message after the last one it quoted, where a request for the rest
-    /// of the range begins.
+    /// The answer was cut at `max_tokens`: the message after the last one
+    /// it quoted, where a request for the rest of the range begins.
     pub resume: Option<usize>,
 }
 
 /// Where to ask again after `answer` for `range`, whose memories (before
 /// any sweep) are `found`: past the last message they quote, when the
-/// answer ended early and messages are left.
+/// answer was cut at `max_tokens` and messages are left. An answer
+/// stopped at a repeat is not followed: a model that starts repeating has
+/// run out of what it finds worth keeping, and asked for the rest it
+/// quoted the small talk (run K, BENCHMARKS' journal).
 fn resume_at(answer: &Value, found: &[Candidate], range: std::ops::Range<usize>) -> Option<usize> {
-    let early = ["stopped", "truncated"]
-        .iter()
-        .any(|k| answer.get(*k) == Some(&Value::Bool(true)));
+    let early = answer.get("truncated") == Some(&Value::Bool(true));
     let next = found.iter().flat_map(|c| c.messages.iter()).max()? + 1;
     (early && next > range.start && next < range.end).then_some(next)
 }
@@ -525,7 +525,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_answer_that_ended_early_resumes_past_its_last_quote() {
+    fn an_answer_cut_short_resumes_past_its_last_quote_and_a_stopped_one_does_not() {
         let c = |m: usize| Candidate {
             kind: Kind::Event,
             topic: "t".into(),
@@ -538,12 +538,12 @@ mod tests {
         // (answer, quoted messages, range) -> where to ask again
         type Row<'a> = (&'a Value, Vec<usize>, std::ops::Range<usize>, Option<usize>);
         let table: [Row; 7] = [
-            (&stopped, vec![3, 5], 0..10, Some(6)),
+            (&stopped, vec![3, 5], 0..10, None),
             (&cut, vec![5, 3], 2..10, Some(6)),
             (&whole, vec![3], 0..10, None),
-            (&stopped, vec![], 0..10, None),
-            (&stopped, vec![9], 0..10, None),
-            (&stopped, vec![1], 4..10, None),
+            (&cut, vec![], 0..10, None),
+            (&cut, vec![9], 0..10, None),
+            (&cut, vec![1], 4..10, None),
             (&cut, vec![4], 4..10, Some(5)),
         ];
         for (answer, quoted, range, want) in table {

@@ -224,9 +224,8 @@ fn candidates(
         .map_err(failed)
     };
     for w in windows {
-        // An answer that ended early (the model repeating itself, or cut
-        // at max_tokens) is followed by a request for the messages after
-        // the last one it quoted, a few times at most.
+        // An answer cut at max_tokens is followed by a request for the
+        // messages after the last one it quoted, a few times at most.
         let mut from = w.start;
         for asked in 0..=MAX_RESUMES {
             let range = from..w.end;
@@ -258,7 +257,7 @@ fn candidates(
                 "not asked again (the window's requests are used up)"
             };
             job.dropped.push(format!(
-                "messages {next}..{}: the answer for {}..{} ended before them; {again}",
+                "messages {next}..{}: the answer for {}..{} was cut before them; {again}",
                 range.end, range.start, range.end
             ));
             from = next;
