@@ -21,3 +21,4 @@ mod tenancy;
 mod tenants;
 mod together;
 mod tree;
+mod views;

@@ -55,6 +55,11 @@ pub enum Cmd {
         /// PGPASSWORD). Any number of daemons may serve one database.
         #[arg(long, value_name = "URL")]
         store: Option<String>,
+        /// Also mount a read-only view for each uid the config names (the
+        /// mounting uid without one) at DIR/UID: committed memory only,
+        /// entered by that uid alone, cached by the kernel (needs root).
+        #[arg(long, value_name = "DIR")]
+        views: Option<PathBuf>,
     },
     /// Rebuild the search indexes of an unmounted data dir from its committed nodes.
     Reindex {
@@ -325,7 +330,7 @@ fn mount_helper_args(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsSt
                     continue;
                 }
                 "config" | "threads" | "embedder" | "model_dir" | "metrics_addr"
-                | "draft_memory_mb" | "sweep_interval" | "repair_grace" | "store" => {
+                | "draft_memory_mb" | "sweep_interval" | "repair_grace" | "store" | "views" => {
                     k.replace('_', "-")
                 }
                 "no_index" => {
@@ -416,6 +421,7 @@ pub fn run() -> i32 {
             metrics_addr,
             draft_memory_mb,
             store,
+            views,
         } => {
             let opts = crate::daemon::MountOpts {
                 mountpoint,
@@ -430,6 +436,7 @@ pub fn run() -> i32 {
                 metrics_addr,
                 draft_memory: draft_memory_mb.saturating_mul(1 << 20),
                 store,
+                views,
             };
             if foreground {
                 crate::daemon::run_foreground(opts)

@@ -502,6 +502,24 @@ impl Tenancy {
         }
     }
 
+    /// Every uid given any access (the mounting uid's alone without a
+    /// config; root administers, and is not listed), each once, ascending.
+    pub fn uids(&self) -> Vec<u32> {
+        let mut all = std::collections::BTreeSet::new();
+        match self {
+            Tenancy::Owner(owner) => {
+                all.insert(*owner);
+            }
+            Tenancy::Accounts(map) => {
+                for m in map.values() {
+                    all.extend(m.writers.iter().chain(&m.readers).copied());
+                    all.extend(m.scoped.keys().copied());
+                }
+            }
+        }
+        all.into_iter().collect()
+    }
+
     /// Accounts a config defines (they exist without a mkdir).
     pub fn configured(&self) -> Vec<String> {
         match self {

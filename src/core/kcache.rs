@@ -18,6 +18,15 @@ pub enum Target {
     Entry { parent: u64, name: String },
     /// The cached attributes and pages (for a directory: its listing) of an inode.
     Inode(u64),
+    /// The dentry of `name` in directory `parent`, on views only
+    /// (`core::view`): there a node's names the version current when it was
+    /// looked up, so every commit drops it. The main mount keeps its own
+    /// (its node directory is the same inode across versions), and its
+    /// kernel drops it itself after a change made through it.
+    ViewEntry { parent: u64, name: String },
+    /// A directory's cached listing, on views only: a change made through
+    /// the main mount updates the main mount's own listing there.
+    ViewListing(u64),
 }
 
 /// The kernel's side of the cache: the thread that drops its entries, and
@@ -218,11 +227,64 @@ impl Fs {
     }
 
     /// After a commit of `node`: its files' dentries, its listing and its
-    /// parent's (a new node appears there).
+    /// parent's (a new node appears there), and what views hold of it.
     pub(super) fn invalidate_commit(&self, node: &str, wait: bool) {
         let mut t = self.entry_targets(node, &place::NODE_FILES);
         t.extend(self.listing_targets(&[node, place::parent_name(node).0]));
+        t.extend(self.view_targets(node));
         self.send_inval(t, wait);
+    }
+
+    /// What views hold of `path` (a node or a directory) that a change
+    /// through the main mount made stale: its entry in its parent, and the
+    /// listings of the directories above it (up to `accounts/`: a commit
+    /// may be the first in a directory the view has listed without it).
+    pub(super) fn view_targets(&self, path: &str) -> Vec<Target> {
+        let mut t = Vec::new();
+        let (parent, name) = place::parent_name(path);
+        let parent_ino = if parent.is_empty() {
+            lock(&self.inodes).peek(&Key::Accounts)
+        } else {
+            self.dir_ino(parent)
+        };
+        if let Some(parent) = parent_ino {
+            let name = name.to_string();
+            t.push(Target::ViewEntry { parent, name });
+        }
+        let mut d = path;
+        while let Some((up, _)) = d.rsplit_once('/') {
+            t.extend(self.dir_ino(up).map(Target::ViewListing));
+            d = up;
+        }
+        t.extend(
+            lock(&self.inodes)
+                .peek(&Key::Accounts)
+                .map(Target::ViewListing),
+        );
+        t
+    }
+
+    /// After `path` was made, moved or removed through the main mount:
+    /// what views hold of it ([`Fs::view_targets`]).
+    pub(super) fn invalidate_views(&self, path: &str) {
+        self.send_inval(self.view_targets(path), false);
+    }
+
+    /// After version `version` of node `id` changed in place (a
+    /// redaction): its directory and files as views and `.as-of/` cache them.
+    pub(super) fn invalidate_version(&self, node: &str, id: u64, version: u32) {
+        use crate::core::features::{version_file_key, version_key};
+        let t: Vec<Target> = {
+            let inodes = lock(&self.inodes);
+            place::NODE_FILES
+                .iter()
+                .map(|n| version_file_key(node, id, version, n))
+                .chain([version_key(node, id, version)])
+                .filter_map(|k| inodes.peek(&k))
+                .map(Target::Inode)
+                .collect()
+        };
+        self.send_inval(t, false);
     }
 
     /// After a batch: the listings of every directory above its nodes, up

@@ -14,9 +14,35 @@ pub static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// The filesystem operations measured, as the FUSE adapter names them.
 pub const OPS: &[&str] = &[
-    "lookup", "getattr", "setattr", "mknod", "mkdir", "unlink", "rmdir", "symlink", "link",
-    "rename", "open", "read", "write", "flush", "release", "fsync", "readdir", "fsyncdir",
-    "statfs", "access", "create", "ioctl", "setlk",
+    "lookup",
+    "getattr",
+    "setattr",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "symlink",
+    "link",
+    "rename",
+    "open",
+    "read",
+    "write",
+    "flush",
+    "release",
+    "fsync",
+    "readdir",
+    "fsyncdir",
+    "statfs",
+    "access",
+    "create",
+    "ioctl",
+    "setlk",
+    // On the views (`--views`), which mostly the kernel answers.
+    "view_lookup",
+    "view_getattr",
+    "view_read",
+    "view_readdir",
+    "view_access",
 ];
 
 /// Upper bounds of the latency buckets, in seconds.

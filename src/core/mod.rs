@@ -33,6 +33,7 @@ pub mod transfer;
 pub mod ttl;
 mod types;
 pub mod versions;
+mod view;
 
 pub use self::draft::{DFile, Draft, Slot};
 pub(crate) use self::fs::stripe_of;

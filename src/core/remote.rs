@@ -37,6 +37,7 @@ impl Fs {
                     if let Some(ino) = self.dir_ino(&c.path) {
                         targets.push(Target::Inode(ino));
                     }
+                    targets.extend(self.view_targets(&c.path));
                 }
                 ChangeKind::Dir | ChangeKind::Scratch => {
                     let (parent, name) = place::parent_name(&c.path);
@@ -44,6 +45,9 @@ impl Fs {
                     targets.extend(self.listing_targets(&[c.path.as_str(), parent]));
                     if let Some(ino) = self.scratch_ino(&c.path) {
                         targets.push(Target::Inode(ino));
+                    }
+                    if c.kind == ChangeKind::Dir {
+                        targets.extend(self.view_targets(&c.path));
                     }
                 }
                 ChangeKind::Ix => docs.push(c.path.clone()),

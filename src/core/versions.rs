@@ -178,6 +178,7 @@ impl Fs {
         )?);
         self.store.apply(ops, true)?;
         self.as_of.forget_account(place::account_of(node));
+        self.invalidate_version(node, cur.id, v);
         tracing::info!(node, version = v, "version redacted");
         Ok(())
     }

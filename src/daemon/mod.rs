@@ -39,6 +39,8 @@ pub struct MountOpts {
     pub draft_memory: u64,
     /// A shared PostgreSQL store (`postgres://…`) instead of the data dir's redb.
     pub store: Option<String>,
+    /// Mount each uid's read-only view under this directory (`DIR/UID`).
+    pub views: Option<PathBuf>,
 }
 
 /// Files and directories this process creates are its owner's alone
@@ -129,6 +131,9 @@ pub fn start_background(o: MountOpts) -> Result<i32> {
     }
     if let Some(a) = &o.metrics_addr {
         cmd.arg("--metrics-addr").arg(a.to_string());
+    }
+    if let Some(v) = &o.views {
+        cmd.arg("--views").arg(v);
     }
     cmd.env(READY_FD, wfd.to_string())
         .env(log::LOG_ENV, o.data.join(LOG_FILE))
@@ -281,9 +286,10 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
 
-    let session = crate::fuse::spawn(fs.clone(), &o.mountpoint, o.threads)
+    let views = view_places(o, &settings.tenancy)?;
+    let (session, views) = crate::fuse::spawn(fs.clone(), &o.mountpoint, o.threads, &views)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", o.mountpoint.display()))?;
-    tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), "mounted");
+    tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), views = views.len(), "mounted");
     // Run by hand in the foreground (no parent to tell): warn here, mounted.
     if ready.0.is_none() {
         warn_if_no_model(o, &settings);
@@ -310,6 +316,10 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let served = session.join();
+    // The views go with the main mount.
+    for v in views {
+        v.unmount();
+    }
     sweeper_done.store(true, Ordering::Relaxed);
     let _ = sweeper.join();
     if let Some(ib) = &inbox {
@@ -327,6 +337,33 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
         tracing::warn!(error = %e, "session ended with an error");
     }
     Ok(0)
+}
+
+/// Where each uid's view goes (`--views DIR`): `DIR/UID` for every uid the
+/// config names, or the mounting uid's alone without a config. Views are
+/// mounted for another uid, which only root may do.
+fn view_places(o: &MountOpts, t: &crate::config::Tenancy) -> Result<Vec<(PathBuf, u32)>> {
+    let Some(dir) = &o.views else {
+        return Ok(Vec::new());
+    };
+    // SAFETY: geteuid(2) cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("--views mounts a view for each uid, which needs root");
+    }
+    if dir.starts_with(&o.mountpoint) {
+        bail!(
+            "--views {}: the views cannot be inside the mount",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot make the views directory {}", dir.display()))?;
+    // Every uid may find its own view's name.
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok(t.uids()
+        .into_iter()
+        .map(|u| (dir.join(u.to_string()), u))
+        .collect())
 }
 
 /// Closes the store at unmount.

@@ -10,9 +10,12 @@ use fuser::{
     ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
+
+mod view;
+pub use view::{primary_gid, View};
 
 /// The kernel's dentry and attribute caches are shared by all uids, while
 /// some answers depend on the caller (tenancy, drafts): those get TTL 0.
@@ -85,31 +88,63 @@ pub fn config(threads: usize) -> Config {
     c
 }
 
+/// Mount `fs` at `mountpoint`, and a view of it for each `(path, uid)` of
+/// `views` (`view.rs`); the daemon's cache invalidations go to all of them.
 pub fn spawn(
     fs: Arc<Fs>,
     mountpoint: &Path,
     threads: usize,
-) -> std::io::Result<fuser::BackgroundSession> {
+    views: &[(PathBuf, u32)],
+) -> std::io::Result<(fuser::BackgroundSession, Vec<View>)> {
     let adapter = Adapter::new(fs.clone());
     let for_readdir = adapter.notifier.clone();
     let session = fuser::Session::new(adapter, mountpoint, &config(threads))?;
     let notifier = session.notifier();
     // Before any request is served.
     let _ = for_readdir.set(notifier.clone());
-    let session = session.spawn()?;
-    fs.set_invalidator(move |t| {
-        // fuser already treats ENOENT (nothing cached) as done.
-        let r = match t {
-            Target::Entry { parent, name } => {
-                notifier.inval_entry(INodeNo(*parent), OsStr::new(name))
+    let mut mounted: Vec<View> = Vec::new();
+    for (path, uid) in views {
+        match view::mount(fs.clone(), path, *uid, VIEW_THREADS) {
+            Ok(v) => mounted.push(v),
+            Err(e) => {
+                for v in mounted {
+                    v.unmount();
+                }
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("view of uid {uid} at {}: {e}", path.display()),
+                ));
             }
-            Target::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, 0),
-        };
-        if let Err(e) = r {
-            tracing::debug!(target = ?t, error = %e, "invalidation failed");
+        }
+    }
+    let session = session.spawn()?;
+    let to_views: Vec<Notifier> = mounted.iter().map(|v| v.notifier.clone()).collect();
+    fs.set_invalidator(move |t| {
+        if !matches!(t, Target::ViewEntry { .. } | Target::ViewListing(_)) {
+            send(&notifier, t);
+        }
+        for n in &to_views {
+            send(n, t);
         }
     });
-    Ok(session)
+    Ok((session, mounted))
+}
+
+/// The workers of each view: reads there are mostly served by the kernel.
+const VIEW_THREADS: usize = 2;
+
+/// Drop `t` from the kernel cache of the connection `n` notifies.
+fn send(n: &Notifier, t: &Target) {
+    // fuser already treats ENOENT (nothing cached) as done.
+    let r = match t {
+        Target::Entry { parent, name } | Target::ViewEntry { parent, name } => {
+            n.inval_entry(INodeNo(*parent), OsStr::new(name))
+        }
+        Target::Inode(ino) | Target::ViewListing(ino) => n.inval_inode(INodeNo(*ino), 0, 0),
+    };
+    if let Err(e) = r {
+        tracing::debug!(target = ?t, error = %e, "invalidation failed");
+    }
 }
 
 fn caller(req: &Request) -> Caller {

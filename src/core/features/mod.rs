@@ -25,6 +25,7 @@ mod version;
 mod versions;
 
 pub(in crate::core) use versions::file_key as version_file_key;
+pub(in crate::core) use versions::{version_key, version_place};
 
 use super::inodes::{Key, VKey};
 use super::{Attr, Caller, Fs, Kind, Opened};

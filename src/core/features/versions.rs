@@ -60,6 +60,25 @@ fn name_of(at: &At) -> String {
     }
 }
 
+/// The key of version `version` of node `id`, now at `node`:
+/// `.versions/N/`, and a node's directory on a view (`core::view`).
+pub(in crate::core) fn version_key(node: &str, id: u64, version: u32) -> Key {
+    key(node, &At::Version { id, version })
+}
+
+/// What a key of this feature names when it is a version's directory
+/// (file `None`) or one of its files: the node's id, the version, the file.
+pub(in crate::core) fn version_place(key: &VKey) -> Option<(u64, u32, Option<String>)> {
+    if key.feature != ID {
+        return None;
+    }
+    match at(key).ok()? {
+        At::Version { id, version } => Some((id, version, None)),
+        At::File { id, version, name } => Some((id, version, Some(name))),
+        _ => None,
+    }
+}
+
 /// What reading `restore` or `redact` says.
 fn help(at: &At) -> &'static str {
     if *at == At::Redact {

@@ -229,7 +229,17 @@ impl Fs {
     /// cookies of names ([`cookie`]), so a snapshot replaced by another
     /// lister of the same uid, or rebuilt, continues where this one was.
     pub fn readdir(&self, c: Caller, ino: u64, offset: u64) -> Result<DirBatch> {
-        let key = (ino, c.uid);
+        self.read_listing((ino, c.uid), offset, || self.listing(c, ino))
+    }
+
+    /// The batch of a listing after `offset`, from the snapshot kept under
+    /// `key` (taken by `build` at offset 0, or when none is kept).
+    pub(in crate::core) fn read_listing(
+        &self,
+        key: (u64, u32),
+        offset: u64,
+        build: impl FnOnce() -> Result<Listing>,
+    ) -> Result<DirBatch> {
         let kept = if offset == 0 {
             None
         } else {
@@ -238,7 +248,7 @@ impl Fs {
         let snap = match kept {
             Some(s) => s,
             None => {
-                let s = Arc::new(self.listing(c, ino)?);
+                let s = Arc::new(build()?);
                 let mut l = lock(&self.handles.listings);
                 // Listings abandoned half-read are not kept forever; a
                 // dropped one is rebuilt on demand.

@@ -83,6 +83,7 @@ impl Fs {
                 let mut ops = self.container_ops(&path);
                 ops.push(Op::PutDir { path: path.clone() });
                 self.store.apply(ops, false)?;
+                self.invalidate_views(&path);
             }
             DirPlace::Node => {
                 let _g = self.stripe(&path);
@@ -183,15 +184,19 @@ impl Fs {
                     // "removed" and shows again, so `rm -r` of an owner works.
                     DirPlace::Fixed(_) => Ok(()),
                     // A summary the LLM wrote of it goes with it.
-                    _ => self.store.apply(
-                        vec![
-                            Op::DelScratch {
-                                path: inbox::summaries::row_path(&path),
-                            },
-                            Op::DelDir { path },
-                        ],
-                        true,
-                    ),
+                    _ => {
+                        self.store.apply(
+                            vec![
+                                Op::DelScratch {
+                                    path: inbox::summaries::row_path(&path),
+                                },
+                                Op::DelDir { path: path.clone() },
+                            ],
+                            true,
+                        )?;
+                        self.invalidate_views(&path);
+                        Ok(())
+                    }
                 }
             }
         }
@@ -272,6 +277,7 @@ impl Fs {
         self.notify_index();
         self.set_expiry(node, None);
         self.drafts.remove(node);
+        self.invalidate_views(node);
         self.as_of.forget_account(place::account_of(node));
         self.stats.deletes.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -743,6 +749,7 @@ impl Fs {
         for path in [src, dst] {
             let (parent, name) = place::parent_name(path);
             self.invalidate(parent, &[name], false);
+            self.invalidate_views(path);
         }
         self.stats.moves.fetch_add(1, Ordering::Relaxed);
         Ok(())
