@@ -56,6 +56,13 @@ fn each_uid_reads_its_own_view_and_no_one_else_enters_it() {
         m.fails(uid, &format!("ls {v}/{dir}"), "Permission denied");
     }
     m.fails(NOBODY, &format!("ls {v}/{NOBODY}"), "No such file");
+    // `.ctxfs/help` tells each uid where its view is.
+    let help = m.ok(WRITER, "cat $M/.ctxfs/help");
+    assert!(
+        help.contains(&format!("VIEW   {v}/1001/accounts/")),
+        "{help}"
+    );
+    assert!(!m.ok(NOBODY, "cat $M/.ctxfs/help").contains("VIEW"));
     // Inside one's view, another account is refused as on the mount.
     m.fails(
         WRITER,
@@ -121,13 +128,19 @@ fn each_uid_reads_its_own_view_and_no_one_else_enters_it() {
     assert!(m
         .ok(WRITER, &format!("cat {v}/1001/accounts/{N1}/.meta.json"))
         .contains("\"version\": 2"));
-    // A delete stays deleted there too.
+    // A delete stays deleted there too (queued: rmdir holds the main
+    // mount's directory lock until it returns).
     m.ok(WRITER, &format!("rm -r $M/accounts/{N1}"));
-    m.fails(
-        READER,
-        &format!("cat {v}/1002/accounts/{N1}/content.md"),
-        "No such file",
-    );
+    let gone = within(Duration::from_secs(2), || {
+        !m.sh(READER, &format!("cat {v}/1002/accounts/{N1}/content.md"))
+            .status
+            .success()
+    });
+    assert!(gone.is_some(), "a deleted node still read on a view");
+    // Its category's listing, which the writer's view listed above, was
+    // dropped too.
+    let events = "acme/users/alice/memories/events";
+    assert_eq!(m.ok(WRITER, &format!("ls {v}/1001/accounts/{events}")), "");
     // The views go with the mount.
     m.umount();
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();

@@ -3,8 +3,10 @@
 same run on a plain local directory on the same disk.
 
   tree   N ACTIVE nodes (5 files, ~1 KB content): find, grep -r, cat every
-         .abstract.md; warm cache and right after mount (local: caches dropped);
-         the per-file floor: open+close of one cached file, one isatty
+         .abstract.md (found by find, and by path); warm cache and right after
+         mount (local: caches dropped), on the main mount and on root's view
+         (`--views`); the per-file floor: open+close of one cached file, one
+         isatty, and the FUSE requests an open+close costs (daemon metrics)
   commit four-step durable commits, 1 and 8 writers (local: one fsync per node)
   batch  nodes committed by one write to accounts/A/.ctxfs/batch, one writer,
          against the same local fsync-per-node rate
@@ -92,9 +94,11 @@ MODEL_DIR = None  # --model-dir: mount with MiniLM instead of the hashing fallba
 
 
 class Ctxfs:
-    def __init__(self, work, config=None):
+    def __init__(self, work, config=None, views=False):
         self.mnt = os.path.join(work, "mnt")
         self.data = os.path.join(work, "data")
+        # --views: each uid's read-only view at VIEWS/UID (root's here).
+        self.views = os.path.join(work, "views") if views else None
         os.makedirs(self.mnt, exist_ok=True)
         self.config = None
         if config is not None:
@@ -107,6 +111,8 @@ class Ctxfs:
         extra = ["--model-dir", MODEL_DIR] if MODEL_DIR else []
         if self.config:
             extra += ["--config", self.config]
+        if self.views:
+            extra += ["--views", self.views]
         subprocess.run([BIN, "mount", self.mnt, "--data", self.data,
                         "--threads", os.environ.get("CTXFS_THREADS", "16")] + extra, check=True,
                        stdout=subprocess.DEVNULL)
@@ -128,6 +134,15 @@ class Ctxfs:
 
     def base(self):
         return os.path.join(self.mnt, "accounts")
+
+    def view_base(self, uid=0):
+        return os.path.join(self.views, str(uid), "accounts")
+
+    def requests(self):
+        """Every FUSE request the daemon has counted, main mount and views."""
+        with open(os.path.join(self.mnt, ".ctxfs/metrics")) as f:
+            return sum(float(line.split()[-1]) for line in f
+                       if line.startswith("ctxfs_requests_total{"))
 
 
 def drop_caches():
@@ -184,9 +199,24 @@ def per_call_us(path, calls=20000):
     return opened, tty
 
 
+def round_trips(fs, path, calls=2000):
+    """FUSE requests the daemon counts per open+close of `path` (warm), less
+    what reading the counter itself costs (measured the same way)."""
+    os.close(os.open(path, os.O_RDONLY))
+    r0 = fs.requests()
+    r1 = fs.requests()
+    for _ in range(calls):
+        os.close(os.open(path, os.O_RDONLY))
+    r2 = fs.requests()
+    # RELEASE is sent asynchronously: give it time to be counted.
+    time.sleep(0.5)
+    r2 = max(r2, fs.requests() - (r1 - r0))
+    return max(0.0, (r2 - r1) - (r1 - r0)) / calls
+
+
 def bench_tree(work, n):
     local = os.path.join(work, "local")
-    fs = Ctxfs(work)
+    fs = Ctxfs(work, views=True)
     fs.mount()
     ids = list(range(n))
     tl = populate(local, ids, 8, False)
@@ -196,25 +226,38 @@ def bench_tree(work, n):
     t = time.perf_counter()
     wait_sync(fs.mnt)
     print(f"  index caught up {time.perf_counter() - t:.1f}s after the last commit")
+    ops = dict(TREE_OPS)
+    # By path: every walk from the top, as `cat PATH` of an agent does.
+    ops["cat .abstract.md by path"] = "cd {d} && cat */users/*/memories/*/*/.abstract.md | wc -l"
     rows = []
-    for name, cmd in TREE_OPS.items():
-        timed(cmd.format(d=local), 1)
-        timed(cmd.format(d=fs.base()), 1)
-        rows.append((f"{name} (warm)", timed(cmd.format(d=local)), timed(cmd.format(d=fs.base())), "s"))
+    for name, cmd in ops.items():
+        for d in (local, fs.base(), fs.view_base()):
+            timed(cmd.format(d=d), 1)
+        lo = timed(cmd.format(d=local))
+        rows.append((f"{name} (warm)", lo, timed(cmd.format(d=fs.base())), "s"))
+        rows.append((f"{name} (warm, view)", lo, timed(cmd.format(d=fs.view_base())), "s"))
     f = os.path.join(node_rel(0), ".abstract.md")
     lo, lt = per_call_us(os.path.join(local, f))
     fo, ft = per_call_us(os.path.join(fs.base(), f))
+    vo, _ = per_call_us(os.path.join(fs.view_base(), f))
     rows.append(("open+close one file, us per call", lo, fo, "us"))
+    rows.append(("open+close one file, view, us", lo, vo, "us"))
     rows.append(("isatty (one round trip), us per call", lt, ft, "us"))
-    for name, cmd in TREE_OPS.items():
+    trips_main = round_trips(fs, os.path.join(fs.base(), f))
+    trips_view = round_trips(fs, os.path.join(fs.view_base(), f))
+    for name, cmd in ops.items():
         drop_caches()
         tl = timed(cmd.format(d=local), 1)
-        fs.umount()
-        drop_caches()
-        fs.mount()
-        tf = timed(cmd.format(d=fs.base()), 1)
-        rows.append((f"{name} (after mount / cold)", tl, tf, "s"))
-    report(rows, f"tree: {n} ACTIVE nodes, 5 files each")
+        cold = []
+        for d in (fs.base, fs.view_base):
+            fs.umount()
+            drop_caches()
+            fs.mount()
+            cold.append(timed(cmd.format(d=d()), 1))
+        rows.append((f"{name} (after mount / cold)", tl, cold[0], "s"))
+        rows.append((f"{name} (after mount, view)", tl, cold[1], "s"))
+    report(rows, f"tree: {n} ACTIVE nodes, 5 files each; 'view' rows: root's view (--views)")
+    print(f"  FUSE requests per open+close of a cached file: main mount {trips_main:.2f}, view {trips_view:.2f}")
     fs.umount()
 
 

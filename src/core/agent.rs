@@ -410,6 +410,25 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// `MOUNT/.ctxfs/help` as `c` reads it: with the path of its view, when
+    /// the daemon mounted views and `c` has one.
+    pub(in crate::core) fn help(&self, c: Caller) -> String {
+        let mut out = help_text().to_string();
+        if let Some(dir) = self.services.views() {
+            if self.tenancy.uids().contains(&c.uid) {
+                let view = dir.join(c.uid.to_string()).join("accounts");
+                out.push_str(&format!(
+                    "\nVIEW   {}/   your read-only view of the same tree:\n\
+                     \x20      committed files only, cat/grep/find there run at the kernel's speed.\n",
+                    view.display()
+                ));
+            }
+        }
+        out
+    }
+}
+
 /// `MOUNT/.ctxfs/help`: one screen for a newcomer agent.
 pub fn help_text() -> &'static str {
     "ctxfs: long-term memory as files\n\

@@ -168,6 +168,12 @@ impl Fs {
 
     /// The paths (under `accounts/`) whose nodes and conversations are
     /// never indexed.
+    /// The views are mounted under `dir` (`DIR/UID`): `.ctxfs/help` says
+    /// where each caller's is.
+    pub fn set_views(&self, dir: std::path::PathBuf) {
+        self.services.set_views(dir);
+    }
+
     pub fn set_unindexed(&self, prefixes: Vec<String>) {
         self.services.set_unindexed(prefixes);
     }

@@ -20,6 +20,8 @@ pub(crate) struct Services {
     unindexed: OnceLock<Vec<String>>,
     /// Reads of `.ctxfs/sync` waiting now.
     pub(super) sync_waiters: SyncWaiters,
+    /// Where each uid's view is mounted (`--views DIR`: `DIR/UID`).
+    views: OnceLock<std::path::PathBuf>,
 }
 
 impl Services {
@@ -45,6 +47,15 @@ impl Services {
 
     pub(super) fn redaction(&self) -> &RedactionPolicy {
         self.redaction.get_or_init(Default::default)
+    }
+
+    pub(super) fn set_views(&self, dir: std::path::PathBuf) {
+        let _ = self.views.set(dir);
+    }
+
+    /// The directory of the views, when the daemon mounted them.
+    pub(crate) fn views(&self) -> Option<&std::path::Path> {
+        self.views.get().map(|p| p.as_path())
     }
 
     pub(super) fn set_unindexed(&self, prefixes: Vec<String>) {

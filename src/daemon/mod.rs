@@ -287,6 +287,9 @@ fn serve(o: &MountOpts, ready: &mut Ready) -> Result<i32> {
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
 
     let views = view_places(o, &settings.tenancy)?;
+    if let Some(dir) = &o.views {
+        fs.set_views(dir.clone());
+    }
     let (session, views) = crate::fuse::spawn(fs.clone(), &o.mountpoint, o.threads, &views)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", o.mountpoint.display()))?;
     tracing::info!(mountpoint = %o.mountpoint.display(), data = %o.data.display(), views = views.len(), "mounted");

@@ -6,7 +6,7 @@ use super::Feature;
 use crate::config::Access;
 use crate::core::inodes::{Key, VKey};
 use crate::core::metrics;
-use crate::core::{agent, Attr, Caller, Fs, Kind, Opened};
+use crate::core::{Attr, Caller, Fs, Kind, Opened};
 use crate::error::{Error, Result};
 use crate::locks::lock;
 use crate::schema::names::{self, CTXFS_FILES};
@@ -64,7 +64,7 @@ impl Feature for DaemonFiles {
             names::STATUS_FILE => fs.status_json(c)?,
             names::SYNC_FILE => fs.sync_file(c)?,
             names::HEADER => fs.header(c, None, None)?,
-            names::HELP => agent::help_text().as_bytes().to_vec(),
+            names::HELP => fs.help(c).into_bytes(),
             names::METRICS_FILE => fs.metrics_text(Some(c))?.into_bytes(),
             names::PID_FILE => format!("{}\n", std::process::id()).into_bytes(),
             budgeted => {
