@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 const N1: &str = "acme/users/alice/memories/events/e1";
 
 fn with_views() -> (Mount, String) {
-    let mut m = Mount::prepared(Some(CONFIG), &["--no-index"], &[], &[]);
+    with_views_of(CONFIG)
+}
+
+fn with_views_of(config: &str) -> (Mount, String) {
+    let mut m = Mount::prepared(Some(config), &["--no-index"], &[], &[]);
     let views = m.dir.path().join("views").to_str().unwrap().to_string();
     m.args.extend(["--views".to_string(), views.clone()]);
     m.mount();
@@ -244,5 +248,47 @@ print(reads, mixed, len(seen))
         assert!(f[0] > 50, "too few reads to race: {s}");
         assert_eq!(f[1], 0, "reads mixing two versions: {s}");
         assert!(f[2] > 1, "the readers never met a new version: {s}");
+    }
+}
+
+/// A user's own uid reaches only its own part on its view, as on the mount.
+#[test]
+fn a_users_view_holds_only_what_that_user_may_read() {
+    // `[[account.user]]` belongs to the account above it: acme comes last.
+    let config = "[[account]]\nid = \"other\"\nwriters = [1003]\n\n\
+                  [[account]]\nid = \"acme\"\nwriters = [1001]\nreaders = [1002]\n\n\
+                  [[account.user]]\nid = \"alice\"\nuids = [1201]\n\n\
+                  [[account.user]]\nid = \"bob\"\nuids = [1202]\n";
+    let (m, v) = with_views_of(config);
+    let b1 = "acme/users/bob/memories/events/b1";
+    m.ok(WRITER, &four_steps(N1, "for alice", ACTIVE));
+    m.ok(WRITER, &four_steps(b1, "for bob", ACTIVE));
+    assert_eq!(
+        m.ok(1201, &format!("ls {v}/1201/accounts/acme/users")),
+        "alice\n"
+    );
+    assert_eq!(
+        m.ok(1201, &format!("cat {v}/1201/accounts/{N1}/content.md")),
+        "for alice"
+    );
+    m.fails(
+        1201,
+        &format!("cat {v}/1201/accounts/{b1}/content.md"),
+        "Permission denied",
+    );
+    assert!(!m
+        .ok(1201, &format!("grep -r 'for bob' {v}/1201/accounts 2>&1; true"))
+        .contains("for bob"));
+    // Twice: the second walk is the kernel's, and still refused.
+    for _ in 0..2 {
+        assert_eq!(
+            m.ok(1202, &format!("cat {v}/1202/accounts/{b1}/content.md")),
+            "for bob"
+        );
+        m.fails(
+            1202,
+            &format!("cat {v}/1202/accounts/{N1}/content.md"),
+            "Permission denied",
+        );
     }
 }
