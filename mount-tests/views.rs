@@ -277,7 +277,10 @@ fn a_users_view_holds_only_what_that_user_may_read() {
         "Permission denied",
     );
     assert!(!m
-        .ok(1201, &format!("grep -r 'for bob' {v}/1201/accounts 2>&1; true"))
+        .ok(
+            1201,
+            &format!("grep -r 'for bob' {v}/1201/accounts 2>&1; true")
+        )
         .contains("for bob"));
     // Twice: the second walk is the kernel's, and still refused.
     for _ in 0..2 {

@@ -200,6 +200,26 @@ impl Fs {
             .collect()
     }
 
+    /// What views hold of every node they have walked to (after missed
+    /// remote changes: any of them may have a newer version).
+    pub(super) fn all_view_node_targets(&self) -> Vec<Target> {
+        use crate::core::features::version_place;
+        let nodes: std::collections::BTreeSet<String> = {
+            let inodes = lock(&self.inodes);
+            inodes
+                .all()
+                .into_iter()
+                .filter_map(|ino| match inodes.key(ino) {
+                    Some(Key::Virtual(v)) if matches!(version_place(&v), Some((_, _, None))) => {
+                        Some(v.dir.to_string())
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        nodes.iter().flat_map(|n| self.view_targets(n)).collect()
+    }
+
     /// Dentries of `names` in directory `dir` (if the kernel knows `dir`).
     pub(super) fn entry_targets(&self, dir: &str, names: &[&str]) -> Vec<Target> {
         match self.dir_ino(dir) {

@@ -55,6 +55,8 @@ impl Fs {
                 ChangeKind::Reset => {
                     tracing::warn!("change feed: changes were missed; dropping every cache");
                     targets.extend(self.all_inode_targets());
+                    // A view's node entry names a version: walk them anew.
+                    targets.extend(self.all_view_node_targets());
                     if let Some(ix) = self.services.index() {
                         ix.evict_all();
                     }
