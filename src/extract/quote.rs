@@ -278,6 +278,35 @@ fn names(text: &str, name: &str) -> bool {
     !n.is_empty() && n.iter().all(|w| t.contains(w))
 }
 
+/// Does the model's `topic` say only what its quote does? A node is named
+/// by its topic, and a small model's topic may name someone or something
+/// no message says ("Sam's new boat" over Lee's words about a lake). Each
+/// speaker the topic names must speak the quote or be named in it; and a
+/// topic that names a speaker must hold one of the quote's other words
+/// (stemmed): "Lee's death" is not a title for Lee's words about an aunt.
+/// A topic naming no speaker is the model's subject ("dogs", "job").
+fn topic_holds(topic: &str, span: &str, speaker: Option<&str>, speakers: &HashSet<&str>) -> bool {
+    use crate::schema::words::terms;
+    let set = |t: &str| -> HashSet<String> { terms(t).into_iter().collect() };
+    let quote = set(span);
+    let said_by = speaker.map(set).unwrap_or_default();
+    let names: HashSet<String> = speakers.iter().flat_map(|s| terms(s)).collect();
+    let (mut named, mut other, mut shared) = (false, 0, 0);
+    // One-letter terms are a possessive's "s".
+    for t in terms(topic).into_iter().filter(|t| t.chars().count() > 1) {
+        if names.contains(&t) {
+            if !said_by.contains(&t) && !quote.contains(&t) {
+                return false;
+            }
+            named = true;
+        } else {
+            other += 1;
+            shared += usize::from(quote.contains(&t));
+        }
+    }
+    !named || other == 0 || shared > 0
+}
+
 /// Check the model's `{"memories": [{message, quote, kind, topic}]}`
 /// against messages `range` of the conversation: each quote found again in
 /// its message (or, when the model numbered it wrong, in the one message
@@ -384,8 +413,12 @@ pub fn candidates(
             ));
             continue;
         }
-        // A topic that names nothing (empty, or a kind's name) is the
-        // quote's first words that can carry a fact.
+        // A topic that names nothing (empty, or a kind's name), or says
+        // what its quote does not, is the quote's first words that can
+        // carry a fact.
+        if !topic_holds(&topic, &span, msg.name.as_deref(), &speakers) {
+            topic.clear();
+        }
         if topic.is_empty()
             || super::prompt::KINDS
                 .iter()
@@ -460,6 +493,63 @@ mod tests {
             ],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_topic_says_only_what_its_quote_does() {
+        let speakers: HashSet<&str> = ["Maya", "Tom"].into_iter().collect();
+        let holds =
+            |topic: &str, span: &str, by: &str| topic_holds(topic, span, Some(by), &speakers);
+        // Named in the quote, or its speaker; and the quote's own words.
+        assert!(holds(
+            "Miso's vet visit",
+            "My cat Miso is sick, vet visit on 3 May.",
+            "Tom"
+        ));
+        assert!(holds(
+            "reply length",
+            "I hate long emails, keep replies short.",
+            "Tom"
+        ));
+        assert!(holds(
+            "Tom",
+            "I'm still a pharmacist at the hospital.",
+            "Tom"
+        ));
+        assert!(holds(
+            "job",
+            "I switched jobs, I teach chemistry in Leeds now.",
+            "Maya"
+        ));
+        // The other speaker, who neither says nor is named in it.
+        assert!(!holds(
+            "Maya's eagles",
+            "Eagles mesmerize me, so majestic.",
+            "Tom"
+        ));
+        assert!(!holds(
+            "Maya's new boat",
+            "We walked around the lake all day.",
+            "Tom"
+        ));
+        // The speaker, with a word the quote does not hold.
+        assert!(!holds(
+            "Tom's death",
+            "My mother passed away last year.",
+            "Tom"
+        ));
+        assert!(holds(
+            "Tom's mother",
+            "My mother passed away last year.",
+            "Tom"
+        ));
+        // Naming no speaker, a topic is the model's subject.
+        assert!(holds(
+            "dogs",
+            "Their names are Pepper, Precious and Panda.",
+            "Tom"
+        ));
+        assert!(holds("Pepper", "She is so playful.", "Tom"));
     }
 
     #[test]
