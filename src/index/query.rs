@@ -157,14 +157,48 @@ impl Index {
 
     /// The best ACTIVE nodes under `scope`, or with `direct` only those
     /// whose directory is `scope` (its children, and a conversation's
-    /// messages when `scope` is its inbox).
+    /// messages when `scope` is its inbox): the query's vector, the two
+    /// channels, their fusion, one result per source, relations.
     fn search_in(&self, scope: &str, q: &Query, direct: bool) -> Result<Vec<Hit>> {
         let account = place::account_of(scope);
         let k = q.k.clamp(1, MAX_K);
         let ai = self.account_for(account, q.tenant)?;
-        // Hybrid degrades to the lexical channel when the query cannot be
-        // embedded (embedding server down) or the graph is still loading
-        // after a mount; vector-only fails then.
+        let qv = self.query_vector(&ai, q)?;
+        // Candidates per channel before fusion; records fetched per node candidate.
+        let cand = (k * 3).max(30);
+        let whole = scope == account && !direct;
+        // Is the document at `p` one this search may return?
+        let inside = |p: &str| {
+            if direct {
+                dir_of(p) == scope
+            } else {
+                whole || in_scope(p, scope)
+            }
+        };
+        let graph = rlock(&ai.graph).clone();
+        let st = rlock(&ai.st);
+        let vec_hits = match &qv {
+            Some(qv) => self.vector_channel(&st, &graph, qv, scope, whole, cand, &inside),
+            None => Vec::new(),
+        };
+        let lex_hits = if q.mode == Mode::Vector {
+            Vec::new()
+        } else {
+            lexical_channel(&st, &text::terms(&q.text), cand, &inside)
+        };
+        let hits = self.fused(&st, q.mode, &vec_hits, &lex_hits);
+        let out = self.one_per_source(&st, account, hits, k)?;
+        if q.expand {
+            return self.with_relations(&st, out, scope, whole);
+        }
+        Ok(out)
+    }
+
+    /// The query's vector, when the mode asks for one and it can be had.
+    /// Hybrid degrades to the lexical channel when the query cannot be
+    /// embedded (embedding server down) or the graph is still loading
+    /// after a mount; vector-only fails then.
+    fn query_vector(&self, ai: &AccountIndex, q: &Query) -> Result<Option<ann::Vector>> {
         let vectors = ai.ready.load(Ordering::Acquire);
         if !vectors && q.mode == Mode::Vector {
             return Err(Error::Unavailable(
@@ -187,36 +221,22 @@ impl Index {
         };
         let embed_us = t_embed.elapsed().as_micros() as u64;
         self.stats.last_embed_us.store(embed_us, Ordering::Relaxed);
-        let qterms = text::terms(&q.text);
-        // Candidates per channel before fusion; records fetched per node candidate.
-        let cand = (k * 3).max(30);
-        let whole = scope == account && !direct;
-        // Is the document at `p` one this search may return?
-        let inside = |p: &str| {
-            if direct {
-                dir_of(p) == scope
-            } else {
-                whole || in_scope(p, scope)
-            }
-        };
-        let graph = rlock(&ai.graph).clone();
-        let st = rlock(&ai.st);
+        Ok(qv)
+    }
 
-        let vec_hits = match &qv {
-            Some(qv) => self.vector_channel(&st, &graph, qv, scope, whole, cand, &inside),
-            None => Vec::new(),
-        };
-        let lex_hits = if q.mode == Mode::Vector {
-            Vec::new()
-        } else {
-            lexical_channel(&st, &qterms, cand, &inside)
-        };
-
-        // Fusion.
+    /// The two channels' candidates as one ranking, best first: each
+    /// document's fused score (`fusion.rs`), its level and line, abstract
+    /// and superseder.
+    fn fused(
+        &self,
+        st: &State,
+        mode: Mode,
+        vec_hits: &[(Arc<str>, f32, u16)],
+        lex_hits: &[(Arc<str>, f32)],
+    ) -> Vec<Hit> {
         let mut by: HashMap<Arc<str>, Hit> = HashMap::new();
-        let blank = |p: &Arc<str>| Hit::blank(p);
         for (r, (p, s, i)) in vec_hits.iter().enumerate() {
-            let h = by.entry(p.clone()).or_insert_with(|| blank(p));
+            let h = by.entry(p.clone()).or_insert_with(|| Hit::blank(p));
             h.vector_rank = Some(r + 1);
             h.vector_score = Some(*s);
             if let Some(rec) = st.docs.get(p).and_then(|d| d.ix.recs.get(*i as usize)) {
@@ -225,12 +245,12 @@ impl Index {
             }
         }
         for (r, (p, s)) in lex_hits.iter().enumerate() {
-            let h = by.entry(p.clone()).or_insert_with(|| blank(p));
+            let h = by.entry(p.clone()).or_insert_with(|| Hit::blank(p));
             h.lexical_rank = Some(r + 1);
             h.lexical_score = Some(*s);
         }
         let channels = Channels::of(
-            q.mode,
+            mode,
             self.vector_weight(),
             vec_hits.iter().map(|h| h.1),
             lex_hits.iter().map(|h| h.1),
@@ -266,14 +286,25 @@ impl Index {
             })
             .collect();
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
-        // Only what is ACTIVE now, and messages of conversations still
-        // stored (the index may lag a delete by a moment). One result per
-        // source: where messages are among the results, a memory extracted
-        // from messages of this scope takes no place of its own; it is
-        // shown right above the best-ranked of its messages that made the
-        // top k (and not at all when none did), so a memory never pushes a
-        // message out (BENCHMARKS: on real conversations, every place given
-        // to extracted memories cost evidence recall).
+        hits
+    }
+
+    /// The top `k` sources of a ranking: only what is ACTIVE now, and
+    /// messages of conversations still stored (the index may lag a delete
+    /// by a moment). One result per source: where messages are among the
+    /// results, a memory extracted from messages of this scope takes no
+    /// place of its own; it is shown right above the best-ranked of its
+    /// messages that made the top k (and not at all when none did), so a
+    /// memory never pushes a message out (BENCHMARKS: on real
+    /// conversations, every place given to extracted memories cost
+    /// evidence recall).
+    fn one_per_source(
+        &self,
+        st: &State,
+        account: &str,
+        hits: Vec<Hit>,
+        k: usize,
+    ) -> Result<Vec<Hit>> {
         let mut out: Vec<Hit> = Vec::new();
         // Conversations looked up so far (several messages of one are
         // common): when the one stored under the name was stored.
@@ -332,43 +363,53 @@ impl Index {
                 }
             }
         }
-        let mut out = draw(out, drawn);
-        if q.expand {
-            let mut extra = Vec::new();
-            for h in &out {
-                let node = crate::schema::place::store_path(&h.path);
-                let Some(d) = st.docs.get(node) else { continue };
-                let mut edges = d.ix.edges.clone();
-                edges.sort_by(|a, b| b.weight.total_cmp(&a.weight));
-                for e in edges.iter().take(3) {
-                    let Some(to) = place::node_of_uri(&e.to) else {
-                        continue;
-                    };
-                    if !(whole || in_scope(to, scope))
-                        || out.iter().chain(extra.iter()).any(|x: &Hit| x.uri == e.to)
-                    {
-                        continue;
-                    }
-                    if !self
-                        .store
-                        .get_node(to)?
-                        .is_some_and(|r| r.status == Status::Active)
-                    {
-                        continue;
-                    }
-                    let mut x = blank(&Arc::from(to));
-                    x.score = h.score * e.weight.clamp(0.0, 1.0) * 0.5;
-                    x.abstract_ = st
-                        .docs
-                        .get(to)
-                        .map(|d| d.ix.abstract_.clone())
-                        .unwrap_or_default();
-                    x.via = Some(format!("{}<-{}", e.kind, h.path));
-                    extra.push(x);
+        Ok(draw(out, drawn))
+    }
+
+    /// `out` and, after it, up to three related ACTIVE nodes of each result
+    /// in the scope (its heaviest relations), each scored below the result
+    /// it is related to and saying so (`via`).
+    fn with_relations(
+        &self,
+        st: &State,
+        mut out: Vec<Hit>,
+        scope: &str,
+        whole: bool,
+    ) -> Result<Vec<Hit>> {
+        let mut extra = Vec::new();
+        for h in &out {
+            let node = crate::schema::place::store_path(&h.path);
+            let Some(d) = st.docs.get(node) else { continue };
+            let mut edges = d.ix.edges.clone();
+            edges.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+            for e in edges.iter().take(3) {
+                let Some(to) = place::node_of_uri(&e.to) else {
+                    continue;
+                };
+                if !(whole || in_scope(to, scope))
+                    || out.iter().chain(extra.iter()).any(|x: &Hit| x.uri == e.to)
+                {
+                    continue;
                 }
+                if !self
+                    .store
+                    .get_node(to)?
+                    .is_some_and(|r| r.status == Status::Active)
+                {
+                    continue;
+                }
+                let mut x = Hit::blank(&Arc::from(to));
+                x.score = h.score * e.weight.clamp(0.0, 1.0) * 0.5;
+                x.abstract_ = st
+                    .docs
+                    .get(to)
+                    .map(|d| d.ix.abstract_.clone())
+                    .unwrap_or_default();
+                x.via = Some(format!("{}<-{}", e.kind, h.path));
+                extra.push(x);
             }
-            out.extend(extra);
         }
+        out.extend(extra);
         Ok(out)
     }
 
