@@ -295,3 +295,20 @@ fn a_users_view_holds_only_what_that_user_may_read() {
         );
     }
 }
+
+/// A daemon killed with `-9` leaves its views dead (they have no
+/// auto-unmount helper); the next mount detaches them and serves them again.
+#[test]
+fn views_left_by_a_killed_daemon_are_mounted_again() {
+    let (mut m, v) = with_views();
+    m.ok(WRITER, &four_steps(N1, "acme data", ACTIVE));
+    m.kill9();
+    m.mount();
+    assert_eq!(
+        m.ok(WRITER, &format!("cat {v}/1001/accounts/{N1}/content.md")),
+        "acme data"
+    );
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let views = mounts.lines().filter(|l| l.contains(&v)).count();
+    assert_eq!(views, 3, "one view per uid, no dead one left: {mounts}");
+}

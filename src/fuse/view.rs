@@ -55,12 +55,13 @@ pub fn primary_gid(uid: u32) -> u32 {
 /// Mount the view of `uid` at `path` (made if missing; a stale mount
 /// there is detached first) and serve it with `threads` workers.
 pub fn mount(fs: Arc<Fs>, path: &Path, uid: u32, threads: usize) -> std::io::Result<View> {
-    std::fs::create_dir_all(path)?;
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
-    // A view left by a daemon that died: its mountpoint answers ENOTCONN.
+    // A view left by a daemon that died (`kill -9`: views have no
+    // auto-unmount helper): its mountpoint answers ENOTCONN until detached.
     // SAFETY: `c` is a NUL-terminated path that outlives the call.
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    std::fs::create_dir_all(path)?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     // SAFETY: a plain open of a device path; the result is checked.
     let raw = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if raw < 0 {
