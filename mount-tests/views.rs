@@ -312,3 +312,38 @@ fn views_left_by_a_killed_daemon_are_mounted_again() {
     let views = mounts.lines().filter(|l| l.contains(&v)).count();
     assert_eq!(views, 3, "one view per uid, no dead one left: {mounts}");
 }
+
+/// A BROKEN node (the Repair Job's verdict on a draft nothing can
+/// complete) is listed for writers on the main mount, never on a view.
+#[test]
+fn a_broken_node_is_not_on_a_writers_view() {
+    let (mut m, v) = with_views();
+    let dir = "acme/users/alice/memories/events";
+    m.ok(WRITER, &four_steps(N1, "acme data", ACTIVE));
+    // A draft with no content.md, made durable, then the daemon killed.
+    m.ok(
+        WRITER,
+        &format!(
+            "mkdir $M/accounts/{dir}/broken && /usr/bin/python3 - <<'EOF'\nimport os\n\
+             d = os.path.expandvars('$M/accounts/{dir}/broken')\n\
+             for n, t in (('.abstract.md', 'text'), ('.meta.json', '{{\"status\": \"PENDING\"}}')):\n\
+             \x20   fd = os.open(os.path.join(d, n), os.O_CREAT | os.O_WRONLY | os.O_TRUNC)\n\
+             \x20   os.write(fd, t.encode()); os.fsync(fd); os.close(fd)\nEOF"
+        ),
+    );
+    m.kill9();
+    let out = ctxfs(&["repair", "--data", m.data.to_str().unwrap()]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("marked BROKEN"), "{report}");
+    m.mount();
+    assert_eq!(
+        m.ok(WRITER, &format!("ls $M/accounts/{dir}")),
+        "broken\ne1\n"
+    );
+    assert_eq!(m.ok(WRITER, &format!("ls {v}/1001/accounts/{dir}")), "e1\n");
+    m.fails(
+        WRITER,
+        &format!("ls {v}/1001/accounts/{dir}/broken"),
+        "No such file",
+    );
+}

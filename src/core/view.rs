@@ -157,6 +157,17 @@ impl Fs {
                 || e.name == ".."
                 || (e.kind == Kind::Dir && Self::view_shows(dir.as_deref(), &e.name))
         });
+        // A listing the main mount may not share can hold nodes a view does
+        // not show (a BROKEN node, listed for writers): each node is asked.
+        if let (false, Some(path)) = (l.shared, &dir) {
+            l.entries.retain(|(_, e)| {
+                let child = format!("{path}/{}", e.name);
+                e.name == "."
+                    || e.name == ".."
+                    || place::classify_dir(&place::split(&child)) != Ok(DirPlace::Node)
+                    || self.view_node(c, &child).is_ok()
+            });
+        }
         let one_caller = match &dir {
             None => true,
             Some(path) => {
