@@ -70,7 +70,7 @@ pub(super) fn says_something(span: &str, speakers: &HashSet<&str>) -> bool {
         )
         .expect("the greeting pattern compiles")
     });
-    let plain = super::quote::unbracketed(span);
+    let plain = super::line::unbracketed(span);
     // (A word in its place, so the sentence still ends where it did.)
     let plain = chat.replace_all(&plain, "ok");
     let mut greeted: HashSet<String> = super::support::vocatives(span).into_iter().collect();
@@ -100,7 +100,7 @@ pub(super) fn says_something(span: &str, speakers: &HashSet<&str>) -> bool {
 /// The words of `text` that can carry a fact: of three letters or more,
 /// not stopwords, not the words of chat; brackets aside.
 fn fact_words(text: &str) -> impl Iterator<Item = String> {
-    super::quote::words(&super::quote::unbracketed(text))
+    super::line::words(&super::line::unbracketed(text))
         .into_iter()
         .filter(|w| {
             w.chars().count() >= 3

@@ -9,6 +9,7 @@
 
 mod attribution;
 mod chat;
+mod line;
 pub mod llm;
 pub mod policy;
 pub mod prompt;

@@ -145,7 +145,7 @@ pub fn settle_kinds(conv: &Conversation, picked: &mut [Candidate]) {
         {
             continue;
         }
-        let quoted = super::quote::quoted(&c.text);
+        let quoted = super::line::quoted(&c.text);
         if let Some(topic) = super::support::sentences(&quoted)
             .iter()
             .find_map(|s| stated(s))
@@ -195,7 +195,7 @@ fn sweep(
         let held: Vec<String> = picked
             .iter()
             .filter(|c| c.messages.contains(&i))
-            .map(|c| super::quote::quoted(&c.text))
+            .map(|c| super::line::quoted(&c.text))
             .collect();
         let mut n = 0;
         for s in super::support::sentences(&msg.content) {
@@ -220,7 +220,7 @@ fn sweep(
             out.push(Candidate {
                 kind,
                 topic,
-                text: super::quote::statement(conv, i, &text),
+                text: super::line::statement(conv, i, &text),
                 messages: vec![i],
             });
             n += 1;
@@ -317,7 +317,7 @@ mod tests {
         let pick = |kind, i: usize, words: &str| Candidate {
             kind,
             topic: "model's".into(),
-            text: super::super::quote::statement(&c, i, words),
+            text: super::super::line::statement(&c, i, words),
             messages: vec![i],
         };
         let mut picked = vec![

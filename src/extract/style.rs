@@ -131,7 +131,7 @@ impl Style {
     /// …"), a written one's whole text.
     pub fn comparable(self, text: &str) -> String {
         match self {
-            Style::Quoted => quote::quoted(text),
+            Style::Quoted => super::line::quoted(text),
             Style::Written => text.to_string(),
         }
     }

@@ -1,7 +1,7 @@
 //! The one module that knows fuser: each callback converts its arguments,
 //! calls the core and replies. Errors are logged once, here.
 
-use crate::core::{Attr, Caller, Fs, Kind, SetAttr, Target};
+use crate::core::{Attr, Caller, DirBatch, Fs, Kind, SetAttr, Target};
 use crate::error::Error;
 use fuser::{
     AccessFlags, BsdFileFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem,
@@ -156,6 +156,37 @@ fn caller(req: &Request) -> Caller {
 }
 
 impl Adapter {
+    /// Reply to a `READDIR` of `ino` with `batch`. At the end of a listing
+    /// the kernel may not keep (it depends on the caller, or may change
+    /// uninvalidated), its pages are dropped before the kernel marks its
+    /// cache complete, so the next reading asks again.
+    fn reply_listing(
+        &self,
+        op: &'static str,
+        ino: INodeNo,
+        batch: crate::error::Result<DirBatch>,
+        mut reply: ReplyDirectory,
+    ) {
+        match batch {
+            Ok(batch) => {
+                if batch.entries.is_empty() && !batch.shared {
+                    self.drop_cached_listing(ino);
+                }
+                for (next, e) in batch.entries {
+                    let kind = match e.kind {
+                        Kind::Dir => FileType::Directory,
+                        Kind::File => FileType::RegularFile,
+                    };
+                    if reply.add(INodeNo(e.ino), next, kind, &e.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(self.err(op, &e)),
+        }
+    }
+
     /// The errno of `e`, counted and logged.
     fn err(&self, op: &'static str, e: &Error) -> Errno {
         self.fs.metrics.error(op, e.errno());
@@ -170,6 +201,12 @@ fn errno(op: &str, e: &Error) -> Errno {
         tracing::error!(op, error = %e.report(), "failed");
     }
     Errno::from_i32(e.errno())
+}
+
+/// Capacity is the data dir's disk; ctxfs reports a large, constant
+/// figure rather than a misleading one.
+fn reply_statfs(reply: ReplyStatfs) {
+    reply.statfs(1 << 32, 1 << 31, 1 << 31, 1 << 32, 1 << 31, 4096, 255, 4096);
 }
 
 fn fattr(a: &Attr) -> FileAttr {
@@ -573,31 +610,11 @@ impl Filesystem for Adapter {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
         let _t = self.fs.metrics.start("readdir");
-        match self.fs.readdir(caller(req), ino.0, offset) {
-            Ok(batch) => {
-                if batch.entries.is_empty() && !batch.shared {
-                    // The end of a listing that depends on the caller: the
-                    // kernel has just cached it and would serve it to the
-                    // next caller. Drop its pages before it marks the cache
-                    // complete, so the next reading asks again.
-                    self.drop_cached_listing(ino);
-                }
-                for (next, e) in batch.entries {
-                    let kind = match e.kind {
-                        Kind::Dir => FileType::Directory,
-                        Kind::File => FileType::RegularFile,
-                    };
-                    if reply.add(INodeNo(e.ino), next, kind, &e.name) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
-            Err(e) => reply.error(self.err("readdir", &e)),
-        }
+        let batch = self.fs.readdir(caller(req), ino.0, offset);
+        self.reply_listing("readdir", ino, batch, reply);
     }
 
     fn fsyncdir(
@@ -637,9 +654,7 @@ impl Filesystem for Adapter {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let _t = self.fs.metrics.start("statfs");
-        // Capacity is the data dir's disk; ctxfs reports a large, constant
-        // figure rather than a misleading one.
-        reply.statfs(1 << 32, 1 << 31, 1 << 31, 1 << 32, 1 << 31, 4096, 255, 4096);
+        reply_statfs(reply);
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {

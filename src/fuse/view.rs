@@ -11,17 +11,17 @@
 //! kernel sends neither (nor `RELEASE`) on this connection again and keeps
 //! every file's pages; the `ro` superblock needs no atime.
 
-use super::{caller, errno, fattr, ttl};
-use crate::core::{Fs, Kind};
+use super::{caller, fattr, reply_statfs, ttl, Adapter};
+use crate::core::Fs;
 use fuser::{
-    AccessFlags, Config, Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, IoctlFlags,
-    LockOwner, Notifier, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr, Request, SessionACL,
+    AccessFlags, Config, Errno, FileHandle, Filesystem, Generation, INodeNo, IoctlFlags, LockOwner,
+    Notifier, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyXattr, Request, SessionACL,
 };
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// One uid's view, mounted and served.
 pub struct View {
@@ -31,11 +31,9 @@ pub struct View {
     pub(super) notifier: Notifier,
 }
 
-struct ViewFs {
-    fs: Arc<Fs>,
-    /// Set once the session is up (as the main adapter's).
-    notifier: Arc<OnceLock<Notifier>>,
-}
+/// A view's requests: the main adapter's helpers (errors, listings, its
+/// notifier once the session is up), the view's own answers.
+struct ViewFs(Adapter);
 
 /// The primary group of `uid` (from the password database), else the
 /// group of the same number.
@@ -58,8 +56,7 @@ pub fn mount(fs: Arc<Fs>, path: &Path, uid: u32, threads: usize) -> std::io::Res
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
     // A view left by a daemon that died (`kill -9`: views have no
     // auto-unmount helper): its mountpoint answers ENOTCONN until detached.
-    // SAFETY: `c` is a NUL-terminated path that outlives the call.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    let _ = detach(&c);
     std::fs::create_dir_all(path)?;
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     // SAFETY: a plain open of a device path; the result is checked.
@@ -91,16 +88,12 @@ pub fn mount(fs: Arc<Fs>, path: &Path, uid: u32, threads: usize) -> std::io::Res
     config.n_threads = Some(threads);
     config.clone_fd = true;
     // The kernel already admits only `uid`.
-    let set = Arc::new(OnceLock::new());
-    let view = ViewFs {
-        fs,
-        notifier: set.clone(),
-    };
-    let session = match fuser::Session::from_fd(view, fd, SessionACL::All, config) {
+    let adapter = Adapter::new(fs);
+    let set = adapter.notifier.clone();
+    let session = match fuser::Session::from_fd(ViewFs(adapter), fd, SessionACL::All, config) {
         Ok(s) => s,
         Err(e) => {
-            // SAFETY: as above.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            let _ = detach(&c);
             return Err(e);
         }
     };
@@ -114,14 +107,22 @@ pub fn mount(fs: Arc<Fs>, path: &Path, uid: u32, threads: usize) -> std::io::Res
     })
 }
 
+/// Detach the mount at `path` lazily (`umount2(MNT_DETACH)`).
+fn detach(path: &CStr) -> std::io::Result<()> {
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 impl View {
     /// Detach the view (lazily: an open file or a working directory in it
     /// does not hold the daemon) and wait for its workers.
     pub fn unmount(self) {
         if let Ok(c) = CString::new(self.path.as_os_str().as_encoded_bytes()) {
-            // SAFETY: `c` is a NUL-terminated path that outlives the call.
-            if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-                let e = std::io::Error::last_os_error();
+            if let Err(e) = detach(&c) {
                 tracing::warn!(path = %self.path.display(), error = %e, "view not unmounted");
             }
         }
@@ -131,35 +132,28 @@ impl View {
     }
 }
 
-impl ViewFs {
-    fn err(&self, op: &'static str, e: &crate::error::Error) -> Errno {
-        self.fs.metrics.error(op, e.errno());
-        errno(op, e)
-    }
-}
-
 impl Filesystem for ViewFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _t = self.fs.metrics.start("view_lookup");
+        let _t = self.0.fs.metrics.start("view_lookup");
         let Some(name) = name.to_str() else {
             reply.error(Errno::ENOENT);
             return;
         };
-        match self.fs.view_lookup(caller(req), parent.0, name) {
+        match self.0.fs.view_lookup(caller(req), parent.0, name) {
             Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
-            Err(e) => reply.error(self.err("view_lookup", &e)),
+            Err(e) => reply.error(self.0.err("view_lookup", &e)),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+        self.0.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _t = self.fs.metrics.start("view_getattr");
-        match self.fs.view_getattr(caller(req), ino.0) {
+        let _t = self.0.fs.metrics.start("view_getattr");
+        match self.0.fs.view_getattr(caller(req), ino.0) {
             Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-            Err(e) => reply.error(self.err("view_getattr", &e)),
+            Err(e) => reply.error(self.0.err("view_getattr", &e)),
         }
     }
 
@@ -184,10 +178,10 @@ impl Filesystem for ViewFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _t = self.fs.metrics.start("view_read");
-        match self.fs.view_read(caller(req), ino.0, offset, size) {
+        let _t = self.0.fs.metrics.start("view_read");
+        match self.0.fs.view_read(caller(req), ino.0, offset, size) {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(self.err("view_read", &e)),
+            Err(e) => reply.error(self.0.err("view_read", &e)),
         }
     }
 
@@ -197,31 +191,11 @@ impl Filesystem for ViewFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let _t = self.fs.metrics.start("view_readdir");
-        match self.fs.view_readdir(caller(req), ino.0, offset) {
-            Ok(batch) => {
-                if batch.entries.is_empty() && !batch.shared {
-                    // A listing that may change uninvalidated (an expiring
-                    // node): the next reading asks again.
-                    if let Err(e) = self.notifier_drop(ino) {
-                        tracing::debug!(ino = ino.0, error = %e, "view listing not dropped");
-                    }
-                }
-                for (next, e) in batch.entries {
-                    let kind = match e.kind {
-                        Kind::Dir => FileType::Directory,
-                        Kind::File => FileType::RegularFile,
-                    };
-                    if reply.add(INodeNo(e.ino), next, kind, &e.name) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
-            Err(e) => reply.error(self.err("view_readdir", &e)),
-        }
+        let _t = self.0.fs.metrics.start("view_readdir");
+        let batch = self.0.fs.view_readdir(caller(req), ino.0, offset);
+        self.0.reply_listing("view_readdir", ino, batch, reply);
     }
 
     /// `ENOSYS` sets `no_flush`: a close sends nothing again.
@@ -268,7 +242,7 @@ impl Filesystem for ViewFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(1 << 32, 1 << 31, 1 << 31, 1 << 32, 1 << 31, 4096, 255, 4096);
+        reply_statfs(reply);
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -276,20 +250,9 @@ impl Filesystem for ViewFs {
             reply.error(Errno::EROFS);
             return;
         }
-        match self.fs.view_getattr(caller(req), ino.0) {
+        match self.0.fs.view_getattr(caller(req), ino.0) {
             Ok(_) => reply.ok(),
-            Err(e) => reply.error(self.err("view_access", &e)),
-        }
-    }
-}
-
-impl ViewFs {
-    /// Drop directory `ino`'s listing from this view's kernel cache, from
-    /// inside `readdir` (as the main adapter's `drop_cached_listing`).
-    fn notifier_drop(&self, ino: INodeNo) -> std::io::Result<()> {
-        match self.notifier.get() {
-            Some(n) => n.inval_inode(ino, 0, 0),
-            None => Ok(()),
+            Err(e) => reply.error(self.0.err("view_access", &e)),
         }
     }
 }
