@@ -1218,8 +1218,10 @@ fn an_answer_repeating_itself_is_stopped_and_one_cut_short_is_followed() {
     );
     assert_eq!(asked[0]["stream"], true, "the answer is streamed");
     let streamed_file = server.dir.path().join("port.streamed");
-    within(Duration::from_secs(10), || streamed_file.exists()).expect("the stream ended");
-    let streamed = std::fs::read_to_string(&streamed_file).unwrap();
+    // The server creates the file and then writes its line: wait for the line.
+    let line = || std::fs::read_to_string(&streamed_file).unwrap_or_default();
+    within(Duration::from_secs(10), || line().ends_with('\n')).expect("the stream ended");
+    let streamed = line();
     let (sent, total) = streamed.trim().split_once(" of ").unwrap();
     let (sent, total): (usize, usize) = (sent.parse().unwrap(), total.parse().unwrap());
     assert!(
