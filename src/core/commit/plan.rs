@@ -136,73 +136,24 @@ fn plan(
         derived_before,
         by,
     } = view;
-    let invalid = Refusal::Invalid;
-    let mut redacted = 0;
-    let (status, mut obj, edges) = if let Intent::Broken(reason) = intent {
-        let mut obj = match get(&files, META) {
-            Some(Content::New(b, ..)) => match serde_json::from_slice::<Value>(b) {
-                Ok(Value::Object(o)) => o,
-                _ => Map::new(),
-            },
-            _ => Map::new(),
-        };
-        obj.insert("broken_reason".into(), Value::String(reason.to_string()));
-        (Status::Broken, obj, None)
-    } else {
-        let meta = match get(&files, META) {
-            Some(Content::New(b, ..)) => b.clone(),
-            _ => return Ok(None),
-        };
-        let (status, mut obj) = match rules::parse_meta(&meta) {
-            Ok(MetaIntent::Commit(s, o)) => (s, o),
-            Ok(MetaIntent::Pending) => return Ok(None),
-            Err(reason) => return Err(invalid(reason)),
-        };
-        // No lost update: a change made on version N lands only over N.
-        if let Some(want) = rules::take_if_version(&mut obj).map_err(invalid)? {
-            let have = committed.map_or(0, |r| r.version);
-            let since = format!("version {want} was read");
-            if let Some(reason) = rules::stale_reason(have, want, &since) {
-                return Err(Refusal::Stale {
-                    reason,
-                    current: have,
-                });
-            }
-        }
-        match obj.get("searchable") {
-            None | Some(Value::Bool(_)) => {}
-            Some(_) => {
-                return Err(invalid(
-                    "\"searchable\" in .meta.json is true or false".into(),
-                ))
-            }
-        }
-        rules::check_times(&mut obj).map_err(invalid)?;
-        // Secrets leave before anything is checked, stored or indexed.
-        if let Some(r) = redactor {
-            redacted = redact(r, &mut files, &mut obj);
-        }
-        if get(&files, CONTENT).is_none() {
-            return Err(invalid(
-                "content.md is missing: write it before .meta.json".into(),
-            ));
-        }
-        let mut edges = None;
-        for (name, c) in &files {
-            let Content::New(bytes, ..) = c else { continue };
-            let checked = match *name {
-                ABSTRACT => rules::check_abstract(bytes),
-                RELATIONS => rules::check_relations(bytes, node).map(|e| {
-                    edges = Some(e);
-                }),
-                META => Ok(()),
-                other => rules::check_utf8(other, bytes).map(|_| ()),
-            };
-            checked.map_err(invalid)?;
-        }
-        (status, obj, edges)
+    let asked = match intent {
+        Intent::Broken(reason) => Asked {
+            status: Status::Broken,
+            obj: broken_meta(&files, reason),
+            edges: None,
+            redacted: 0,
+        },
+        _ => match asked(node, committed, &mut files, redactor)? {
+            Some(a) => a,
+            None => return Ok(None),
+        },
     };
-
+    let Asked {
+        status,
+        mut obj,
+        edges,
+        redacted,
+    } = asked;
     let text_of = |files: &[(&'static str, Content)], name: &str| -> Option<String> {
         match get(files, name)? {
             Content::New(b, ..) => Some(String::from_utf8_lossy(b).into_owned()),
@@ -214,43 +165,11 @@ fn plan(
     };
     let mut expires = None;
     if !matches!(intent, Intent::Broken(_)) {
-        expires = ttl::expiry_of(&mut obj, now).map_err(invalid)?;
+        expires = ttl::expiry_of(&mut obj, now).map_err(Refusal::Invalid)?;
         let content = text_of(&files, CONTENT);
-        let mut derived = derive_summaries(&mut files, content.as_deref(), &derived_before, now);
-        obj.remove("derived");
-        obj.remove("redacted");
-        if let Intent::Import(i) = intent {
-            for label in ["abstract", "overview"] {
-                if i.derived.iter().any(|d| d == label) && !derived.contains(&label) {
-                    derived.push(label);
-                }
-            }
-            redacted += i.redacted as usize;
-        }
-        if !derived.is_empty() {
-            obj.insert("derived".into(), json!(derived));
-        }
-        if redacted > 0 {
-            obj.insert("redacted".into(), redacted.into());
-        }
-        let hash = content.as_deref().map(|c| content_hash(c.as_bytes()));
-        obj.insert(
-            "content_hash".into(),
-            Value::String(hash.unwrap_or_default()),
-        );
-        let size: u64 = files
-            .iter()
-            .filter(|(name, _)| *name != META)
-            .map(|(_, c)| match c {
-                Content::New(b, ..) => b.len() as u64,
-                Content::Keep(f) => f.size,
-            })
-            .sum();
-        if size > NODE_BUDGET_BYTES {
-            return Err(Refusal::TooBig(format!(
-                "the node's files hold {size} bytes; a node holds at most {NODE_BUDGET_BYTES} (split it into several nodes)"
-            )));
-        }
+        let derived = derive_summaries(&mut files, content.as_deref(), &derived_before, now);
+        stamp(&mut obj, intent, derived, redacted, content.as_deref());
+        check_size(&files)?;
     }
 
     let (version, created_at) = match (committed, intent) {
@@ -293,17 +212,7 @@ fn plan(
             Some((level, text_of(&files, name).unwrap_or_default()))
         })
         .collect();
-    let mut events = match status {
-        Status::Archived => vec![Change::ArchiveContext {}],
-        Status::Active if !searchable => vec![Change::UnindexContext {}],
-        Status::Active => vec![Change::UpsertContext {
-            records: event::records(node, &texts),
-        }],
-        Status::Broken => Vec::new(),
-    };
-    if let Some(edges) = edges {
-        events.push(Change::UpsertRelation { edges });
-    }
+    let events = events_of(node, status, searchable, &texts, edges);
     Ok(Some(Plan {
         status,
         version,
@@ -316,6 +225,169 @@ fn plan(
         events,
         by,
     }))
+}
+
+/// What a commit's `.meta.json` asks for, checked.
+struct Asked {
+    status: Status,
+    /// The client's fields of `.meta.json`.
+    obj: Map<String, Value>,
+    /// The edges of a `.relations.json` written in this commit.
+    edges: Option<Vec<Value>>,
+    /// Secrets replaced in this commit.
+    redacted: usize,
+}
+
+/// A BROKEN version's `.meta.json` fields: the draft's, if they parse, and
+/// the reason.
+fn broken_meta(files: &[(&'static str, Content)], reason: &str) -> Map<String, Value> {
+    let mut obj = match get(files, META) {
+        Some(Content::New(b, ..)) => match serde_json::from_slice::<Value>(b) {
+            Ok(Value::Object(o)) => o,
+            _ => Map::new(),
+        },
+        _ => Map::new(),
+    };
+    obj.insert("broken_reason".into(), Value::String(reason.to_string()));
+    obj
+}
+
+/// The written `.meta.json` and files checked for a commit (`None`: the
+/// node stays a draft), secrets replaced first.
+fn asked(
+    node: &str,
+    committed: Option<&NodeRec>,
+    files: &mut [(&'static str, Content)],
+    redactor: Option<&Redactor>,
+) -> Result<Option<Asked>, Refusal> {
+    let invalid = Refusal::Invalid;
+    let meta = match get(files, META) {
+        Some(Content::New(b, ..)) => b.clone(),
+        _ => return Ok(None),
+    };
+    let (status, mut obj) = match rules::parse_meta(&meta) {
+        Ok(MetaIntent::Commit(s, o)) => (s, o),
+        Ok(MetaIntent::Pending) => return Ok(None),
+        Err(reason) => return Err(invalid(reason)),
+    };
+    // No lost update: a change made on version N lands only over N.
+    if let Some(want) = rules::take_if_version(&mut obj).map_err(invalid)? {
+        let have = committed.map_or(0, |r| r.version);
+        let since = format!("version {want} was read");
+        if let Some(reason) = rules::stale_reason(have, want, &since) {
+            return Err(Refusal::Stale {
+                reason,
+                current: have,
+            });
+        }
+    }
+    match obj.get("searchable") {
+        None | Some(Value::Bool(_)) => {}
+        Some(_) => {
+            return Err(invalid(
+                "\"searchable\" in .meta.json is true or false".into(),
+            ))
+        }
+    }
+    rules::check_times(&mut obj).map_err(invalid)?;
+    // Secrets leave before anything is checked, stored or indexed.
+    let redacted = redactor.map_or(0, |r| redact(r, files, &mut obj));
+    if get(files, CONTENT).is_none() {
+        return Err(invalid(
+            "content.md is missing: write it before .meta.json".into(),
+        ));
+    }
+    let mut edges = None;
+    for (name, c) in files.iter() {
+        let Content::New(bytes, ..) = c else { continue };
+        let checked = match *name {
+            ABSTRACT => rules::check_abstract(bytes),
+            RELATIONS => rules::check_relations(bytes, node).map(|e| {
+                edges = Some(e);
+            }),
+            META => Ok(()),
+            other => rules::check_utf8(other, bytes).map(|_| ()),
+        };
+        checked.map_err(invalid)?;
+    }
+    Ok(Some(Asked {
+        status,
+        obj,
+        edges,
+        redacted,
+    }))
+}
+
+/// The daemon's marks in `.meta.json`: which summaries it wrote, how many
+/// secrets it replaced, the content's hash.
+fn stamp(
+    obj: &mut Map<String, Value>,
+    intent: Intent,
+    mut derived: Vec<&'static str>,
+    mut redacted: usize,
+    content: Option<&str>,
+) {
+    obj.remove("derived");
+    obj.remove("redacted");
+    if let Intent::Import(i) = intent {
+        for label in ["abstract", "overview"] {
+            if i.derived.iter().any(|d| d == label) && !derived.contains(&label) {
+                derived.push(label);
+            }
+        }
+        redacted += i.redacted as usize;
+    }
+    if !derived.is_empty() {
+        obj.insert("derived".into(), json!(derived));
+    }
+    if redacted > 0 {
+        obj.insert("redacted".into(), redacted.into());
+    }
+    let hash = content.map(|c| content_hash(c.as_bytes()));
+    obj.insert(
+        "content_hash".into(),
+        Value::String(hash.unwrap_or_default()),
+    );
+}
+
+/// A node's files within its byte budget (`.meta.json` aside).
+fn check_size(files: &[(&'static str, Content)]) -> Result<(), Refusal> {
+    let size: u64 = files
+        .iter()
+        .filter(|(name, _)| *name != META)
+        .map(|(_, c)| match c {
+            Content::New(b, ..) => b.len() as u64,
+            Content::Keep(f) => f.size,
+        })
+        .sum();
+    if size > NODE_BUDGET_BYTES {
+        return Err(Refusal::TooBig(format!(
+            "the node's files hold {size} bytes; a node holds at most {NODE_BUDGET_BYTES} (split it into several nodes)"
+        )));
+    }
+    Ok(())
+}
+
+/// The outbox events of a version.
+fn events_of(
+    node: &str,
+    status: Status,
+    searchable: bool,
+    texts: &[(u8, String)],
+    edges: Option<Vec<Value>>,
+) -> Vec<Change> {
+    let mut events = match status {
+        Status::Archived => vec![Change::ArchiveContext {}],
+        Status::Active if !searchable => vec![Change::UnindexContext {}],
+        Status::Active => vec![Change::UpsertContext {
+            records: event::records(node, texts),
+        }],
+        Status::Broken => Vec::new(),
+    };
+    if let Some(edges) = edges {
+        events.push(Change::UpsertRelation { edges });
+    }
+    events
 }
 
 /// Replace secrets in the node files written in this commit and in the
