@@ -710,7 +710,7 @@ impl Fs {
                 "version": version,
             }),
         )?);
-        let new_bytes = blob_bytes(&ops);
+        let new_bytes = blob_bytes(ops);
         self.check_write_quota(place::account_of(dst), new_bytes)?;
         ops.extend(self.write_quota_ops(dst, new_bytes)?);
         if let Some(at) = expiry {
