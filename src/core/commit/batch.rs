@@ -17,6 +17,7 @@ use crate::locks::lock;
 use crate::schema::names::{ABSTRACT, CONTENT, META, OVERVIEW, RELATIONS};
 use crate::schema::place::{self, DirPlace};
 use crate::schema::time::now_ns;
+use crate::store::NodeRec;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
@@ -47,7 +48,18 @@ struct BatchNode {
 struct Planning<'a> {
     now: i128,
     redactor: Option<&'a crate::schema::redact::Redactor>,
-    by: super::rules::By,
+    /// Who commits a batch's drafts (the drafts committed all or none
+    /// carry their own).
+    by: Option<super::rules::By>,
+    intent: Intent<'a>,
+}
+
+/// Why a draft planned among others was not.
+enum NotPlanned {
+    /// Its status asks for no commit.
+    Pending,
+    Refused(Refusal),
+    Failed(Error),
 }
 
 /// Why a line is refused; `current` is the node's version (0: none) when
@@ -169,7 +181,8 @@ impl Fs {
                 let cx = Planning {
                     now,
                     redactor: redactor.as_ref(),
-                    by: c.by(Some(via)),
+                    by: Some(c.by(Some(via))),
+                    intent: Intent::Close,
                 };
                 let r = self.plan_batch_node(&path, n, &cx, &mut ops, &mut pending);
                 match r {
@@ -223,7 +236,7 @@ impl Fs {
     pub(crate) fn commit_all_or_none(
         &self,
         account: &str,
-        drafts: Vec<(String, crate::store::NodeRec, Draft)>,
+        drafts: Vec<(String, NodeRec, Draft)>,
         intent: Intent,
     ) -> Result<Vec<u32>> {
         let guards = self.stripes_of(drafts.iter().map(|(p, _, _)| p.as_str()));
@@ -233,7 +246,12 @@ impl Fs {
         // single commit is.
         let mut attempt = 0;
         let (versions, expiries) = loop {
-            let now = now_ns();
+            let at = Planning {
+                now: now_ns(),
+                redactor: redactor.as_ref(),
+                by: None,
+                intent,
+            };
             let mut ops = Vec::new();
             let mut versions = Vec::new();
             let mut expiries = Vec::new();
@@ -255,30 +273,26 @@ impl Fs {
                         )))
                     }
                 }
-                let view = self.gather(path, rec.as_ref(), draft)?;
-                let plan = match Plan::build(view, intent, now, redactor.as_ref()) {
-                    Outcome::Commit(p) => *p,
-                    Outcome::StillPending => {
-                        return Err(Error::BadCommit(format!(
-                            "{}: its status cannot be committed",
-                            place::in_account(path)
-                        )))
+                let planned = self.plan_among(
+                    path,
+                    (was.id, rec.as_ref(), None),
+                    draft,
+                    &at,
+                    &mut ops,
+                    &mut pending,
+                );
+                let (version, expires) = planned.map_err(|e| match e {
+                    NotPlanned::Pending => Error::BadCommit(format!(
+                        "{}: its status cannot be committed",
+                        place::in_account(path)
+                    )),
+                    NotPlanned::Refused(r) => {
+                        Error::BadCommit(format!("{}: {}", place::in_account(path), r.reason()))
                     }
-                    Outcome::Refused(r) => {
-                        return Err(Error::BadCommit(format!(
-                            "{}: {}",
-                            place::in_account(path),
-                            r.reason()
-                        )))
-                    }
-                };
-                versions.push(plan.version);
-                expiries.push(plan.expires);
-                let node_ops = self.commit_ops(path, was.id, rec.as_ref(), None, plan, &intent)?;
-                let (w, b) = self.counted(account, &node_ops);
-                pending = (pending.0 + w, pending.1 + b);
-                self.check_pending(account, pending.0, pending.1)?;
-                ops.extend(node_ops);
+                    NotPlanned::Failed(e) => e,
+                })?;
+                versions.push(version);
+                expiries.push(expires);
             }
             drop(ids);
             match self.store.apply(ops, true) {
@@ -315,7 +329,6 @@ impl Fs {
         ops: &mut Vec<crate::store::Op>,
         pending: &mut (i64, i64),
     ) -> std::result::Result<(u32, Option<u64>), LineError> {
-        let (now, redactor) = (cx.now, cx.redactor);
         if self.draft(path).is_some_and(|d| !lock(&d).files.is_empty()) {
             return Err("the node has uncommitted changes in a draft".into());
         }
@@ -334,7 +347,7 @@ impl Fs {
             }
         }
         let mut draft = Draft::new(rec.as_ref().map(|r| (r.id, r.version)));
-        draft.by = Some(cx.by);
+        draft.by = cx.by;
         let mut put = |name: &str, bytes: Vec<u8>| {
             draft
                 .files
@@ -354,35 +367,57 @@ impl Fs {
             META,
             serde_json::to_vec(&Value::Object(n.meta)).unwrap_or_default(),
         );
-        let view = self
-            .gather(path, rec.as_ref(), &draft)
-            .map_err(|e| e.to_string())?;
-        let plan = match Plan::build(view, Intent::Close, now, redactor) {
-            Outcome::Commit(p) => *p,
-            Outcome::StillPending => {
-                return Err("meta.status must be ACTIVE or ARCHIVED to commit".into())
-            }
-            Outcome::Refused(Refusal::Invalid(r) | Refusal::TooBig(r)) => return Err(r.into()),
-            Outcome::Refused(Refusal::Stale { reason, current }) => {
-                return Err(LineError {
-                    reason,
-                    current: Some(current),
-                })
-            }
-        };
-        let (version, expires) = (plan.version, plan.expires);
         let id = match &rec {
             Some(r) => r.id,
             None => self.ids.node().map_err(|e| e.to_string())?,
         };
+        self.plan_among(
+            path,
+            (id, rec.as_ref(), stale.as_ref()),
+            &draft,
+            cx,
+            ops,
+            pending,
+        )
+        .map_err(|e| match e {
+            NotPlanned::Pending => "meta.status must be ACTIVE or ARCHIVED to commit".into(),
+            NotPlanned::Refused(Refusal::Invalid(r) | Refusal::TooBig(r)) => r.into(),
+            NotPlanned::Refused(Refusal::Stale { reason, current }) => LineError {
+                reason,
+                current: Some(current),
+            },
+            NotPlanned::Failed(e) => e.to_string().into(),
+        })
+    }
+
+    /// Plan `draft` of node `path` (its id, its current record, an expired
+    /// record it replaces) among others committed in one transaction: its
+    /// operations go to `ops`, its writes and bytes are counted against the
+    /// account's quota with `pending`, those planned before it. Its version
+    /// and expiry.
+    fn plan_among(
+        &self,
+        path: &str,
+        (id, rec, stale): (u64, Option<&NodeRec>, Option<&NodeRec>),
+        draft: &Draft,
+        cx: &Planning,
+        ops: &mut Vec<crate::store::Op>,
+        pending: &mut (i64, i64),
+    ) -> std::result::Result<(u32, Option<u64>), NotPlanned> {
+        let view = self.gather(path, rec, draft).map_err(NotPlanned::Failed)?;
+        let plan = match Plan::build(view, cx.intent, cx.now, cx.redactor) {
+            Outcome::Commit(p) => *p,
+            Outcome::StillPending => return Err(NotPlanned::Pending),
+            Outcome::Refused(r) => return Err(NotPlanned::Refused(r)),
+        };
+        let (version, expires) = (plan.version, plan.expires);
         let node_ops = self
-            .commit_ops(path, id, rec.as_ref(), stale.as_ref(), plan, &Intent::Close)
-            .map_err(|e| e.to_string())?;
-        // The quota counts this node with those planned before it.
+            .commit_ops(path, id, rec, stale, plan, &cx.intent)
+            .map_err(NotPlanned::Failed)?;
         let account = place::account_of(path);
         let (w, b) = self.counted(account, &node_ops);
         self.check_pending(account, pending.0 + w, pending.1 + b)
-            .map_err(|e| e.to_string())?;
+            .map_err(NotPlanned::Failed)?;
         *pending = (pending.0 + w, pending.1 + b);
         ops.extend(node_ops);
         Ok((version, expires))
