@@ -872,3 +872,47 @@ fn failed_embeddings_retry_on_an_encrypted_postgresql_store() {
         Some(&node)
     );
 }
+
+/// A long memory whose every line names its person: the result's `LINES`
+/// are the lines holding the rarer words of the query, and `sed -n` of them
+/// reads the answer.
+#[test]
+fn a_long_memory_names_the_lines_holding_the_rare_words() {
+    let m = Mount::with_config(Some(CONFIG));
+    let node = format!("{ALICE}/entities/andrew");
+    let mut lines: Vec<String> = (1..=40)
+        .map(|i| format!("Andrew said on day {i}: the birds were out again."))
+        .collect();
+    lines[33] = "Andrew said on day 34: I started a new job as a financial analyst.".into();
+    put(&m, WRITER, &node, &lines.join("\n"), "What Andrew said.");
+    // Other nodes naming Andrew make the name a common word.
+    for i in 0..3 {
+        put(
+            &m,
+            WRITER,
+            &format!("{ALICE}/entities/walk-{i}"),
+            "Andrew and the user walked the dogs.",
+            "A walk.",
+        );
+    }
+    sync(&m);
+    let tsv = m.ok(
+        READER,
+        &format!("cat \"$M/accounts/{ALICE}/.search/What job did Andrew start\""),
+    );
+    let line = tsv
+        .lines()
+        .find(|l| l.contains("entities/andrew\t"))
+        .unwrap_or_else(|| panic!("{tsv}"));
+    let cols: Vec<&str> = line.split('\t').collect();
+    assert_eq!(cols[7], "40", "every line holds a query word: {line}");
+    let ranges = cols[6];
+    let shown = m.ok(
+        READER,
+        &format!(
+            "for r in $(echo {ranges} | tr , ' '); do sed -n \"$(echo $r | tr - ,)p\" \"$M/accounts/{node}/content.md\"; done"
+        ),
+    );
+    assert_eq!(shown.lines().count(), 12, "{ranges}: {shown}");
+    assert!(shown.contains("financial analyst"), "{ranges}: {shown}");
+}

@@ -257,21 +257,33 @@ pub(super) fn judge_one(
     semantic: bool,
 ) -> Judged {
     let total: f32 = weights.iter().sum();
-    let mut lines = Vec::new();
-    let mut snippet = (0usize, String::new());
+    // Each line holding a query term, weighed by the idf of the terms it
+    // holds: a name on every line of a long node weighs little.
+    let mut held_lines: Vec<(u32, f32)> = Vec::new();
+    let mut snippet = (0.0f32, String::new());
     if !stems.is_empty() {
         for (i, line) in content.lines().enumerate() {
             let lower = line.to_lowercase();
-            let here = stems.iter().filter(|s| lower.contains(s.as_str())).count();
+            let mut here = 0usize;
+            let mut weight = 0.0f32;
+            for (k, s) in stems.iter().enumerate() {
+                if lower.contains(s.as_str()) {
+                    here += 1;
+                    // A term with no weight (no idf yet) still counts a little.
+                    weight += weights.get(k).copied().unwrap_or(0.0).max(1e-3);
+                }
+            }
             if here == 0 {
                 continue;
             }
-            lines.push(i as u32 + 1);
-            if here > snippet.0 {
-                snippet = (here, text::one_line(line));
+            held_lines.push((i as u32 + 1, weight));
+            if weight > snippet.0 {
+                snippet = (weight, text::one_line(line));
             }
         }
     }
+    let hits_n = held_lines.len();
+    let mut lines = heaviest_lines(held_lines, MAX_LINES);
     let coverage = if total <= 0.0 {
         0.0
     } else {
@@ -282,11 +294,9 @@ pub(super) fn judge_one(
             .sum::<f32>()
             / total
     };
-    let hits_n = lines.len();
     if lines.is_empty() && hit.level == 2 && hit.line > 0 {
         lines.push(hit.line);
     }
-    lines.truncate(MAX_LINES);
     if snippet.1.is_empty() {
         snippet.1 = hit.abstract_.clone();
     }
@@ -302,9 +312,65 @@ pub(super) fn judge_one(
     }
 }
 
+/// The `max` heaviest of `(line, weight)`, earlier lines first among
+/// equals, in line order.
+fn heaviest_lines(mut held: Vec<(u32, f32)>, max: usize) -> Vec<u32> {
+    if held.len() > max {
+        held.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        held.truncate(max);
+    }
+    let mut lines: Vec<u32> = held.into_iter().map(|(l, _)| l).collect();
+    lines.sort_unstable();
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_node_names_its_lines_holding_the_rare_terms() {
+        // Line n holds the name (weight 0.1); lines 20 and 30 also a rare term.
+        let mut held: Vec<(u32, f32)> = (1..=40).map(|l| (l, 0.1)).collect();
+        held[19].1 = 2.1;
+        held[29].1 = 2.1;
+        let got = heaviest_lines(held, 12);
+        assert_eq!(got.len(), 12);
+        assert!(got.contains(&20) && got.contains(&30), "{got:?}");
+        assert_eq!(
+            &got[..10],
+            &(1..=10).collect::<Vec<_>>()[..],
+            "then the first"
+        );
+        // Fewer than the limit: all of them, in order.
+        assert_eq!(heaviest_lines(vec![(5, 0.1), (2, 3.0)], 12), vec![2, 5]);
+    }
+
+    #[test]
+    fn judging_a_long_node_weighs_its_lines_by_idf() {
+        let content: String = (1..=30)
+            .map(|i| {
+                if i == 25 {
+                    "Andrew said: I started a new job as a financial analyst.\n".to_string()
+                } else {
+                    format!("Andrew said: line {i} about birds.\n")
+                }
+            })
+            .collect();
+        let qterms = vec!["andrew".to_string(), "job".to_string()];
+        let j = judge_one(
+            hit(None, true, false),
+            &content,
+            &[true, true],
+            &[0.05, 3.0],
+            &stems(&qterms),
+            false,
+        );
+        assert!(j.lines.contains(&25), "{:?}", j.lines);
+        assert_eq!(j.lines.len(), MAX_LINES);
+        assert_eq!(j.hits, 30);
+        assert!(j.snippet.contains("financial analyst"), "{}", j.snippet);
+    }
 
     fn hit(vector: Option<f32>, lexical: bool, via: bool) -> Hit {
         Hit {
