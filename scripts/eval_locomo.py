@@ -27,8 +27,12 @@ Rows, the same questions and the same answer prompt:
   whole      the whole history in the prompt, only where it fits the model
              (the row is scored over the questions where it fits)
 
+A memory result is read as an agent reads it: `content.md` whole when it
+holds at most 12 lines, else the lines its result names (LINES, as `sed -n`
+would), so a memory grown over many sessions does not fill the prompt.
+
 Evidence recall@10: one of the top 10 holds an evidence turn (a memory by
-its provenance). Category 5 is scored 1 for "unknown" (its gold answer is
+the provenance of the lines read: a quoted line by its words). Category 5 is scored 1 for "unknown" (its gold answer is
 adversarial). Answers are cached by prompt (--cache).
 
     python3 scripts/eval_locomo.py --data DIR --sessions 3      # a quick run
@@ -295,6 +299,7 @@ def main():
                 nq += 1
                 cat = q["category"]
                 want = evidence(q)
+                by_session = {n: turns for n, _, turns in c["sessions"]}
                 me = copy_for(q["question"], c["a"], c["b"])
                 other = c["b"] if me == c["a"] else c["a"]
                 root = f"accounts/eval/users/{me.lower()}"
@@ -314,8 +319,8 @@ def main():
                         # its message results in their order.
                         hits = [h for h in search(mnt, root, q["question"], k=MESSAGES_K) if MSG.search(h[0])][:10]
                     else:
-                        hits = search(mnt, root, q["question"])
-                    for p, _ in hits:
+                        hits = search_lines(mnt, root, q["question"])
+                    for p, spec in hits:
                         m = MSG.search(p)
                         if m:
                             # The message whole, as `cat` of the path before
@@ -324,9 +329,9 @@ def main():
                             texts.append(message_line(mnt, p, me, other))
                             ids.add((int(m[1]), int(m[2])))
                         else:
-                            texts.append(node_body(mnt, p))
-                            ids |= {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, p)
-                                    if re.fullmatch(r"s\d+\.json", f)}
+                            text, from_ids = memory_read(mnt, p, spec, by_session)
+                            texts.append(text)
+                            ids |= from_ids
                     got[row] = (texts, ids)
                 # Within a budget: ctxfs's own packing is the context.
                 with open(os.path.join(mnt, root, ".search", query_name(q["question"], f"budget={PACKED_BUDGET}"))) as f:
@@ -435,6 +440,54 @@ def message_line(mnt, path, me, other):
             CONVERSATIONS[conv] = json.load(f)["messages"]
     m = CONVERSATIONS[conv][int(n)]
     return f"[{m['ts'][:10]}] {me if m['role'] == 'user' else other}: {m['content']}"
+
+
+# A memory of at most this many lines is read whole; a longer one by the
+# lines its search result names (LINES, as `sed -n` reads them).
+READ_WHOLE = 12
+
+
+def search_lines(mnt, scope, q, k=10):
+    """[(path, LINES)] of `scope`'s search file."""
+    with open(os.path.join(mnt, scope, ".search", query_name(q, f"k={k}"))) as f:
+        rows = [line.split("\t") for line in f.read().splitlines() if line.strip()]
+    return [(r[2], r[6] if len(r) > 6 else "-") for r in rows]
+
+
+def line_numbers(spec):
+    """1-based line numbers of a LINES column (`3,5-7`; `-`: none)."""
+    out = []
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        if a.isdigit():
+            out.extend(range(int(a), int(b or a) + 1) if (b or a).isdigit() else [int(a)])
+    return out
+
+
+def memory_read(mnt, path, spec, by_session):
+    """(text, messages) of a memory result as an agent reads it: the whole
+    `content.md` when it holds at most READ_WHOLE lines, else the lines the
+    result names; the messages are those the lines read came from (a
+    quoted line by its words, among the memory's provenance)."""
+    with open(os.path.join(mnt, path, "content.md")) as f:
+        lines = f.read().split("\n")
+    body = [i for i, l in enumerate(lines, 1) if l.strip() and not (i == 1 and l.startswith("# "))]
+    prov = {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, path) if re.fullmatch(r"s\d+\.json", f)}
+    if len(body) <= READ_WHOLE:
+        return node_body(mnt, path), prov
+    named = [n for n in line_numbers(spec) if n in body] or body[:READ_WHOLE]
+    shown = [lines[n - 1].strip() for n in named]
+    ids = set()
+    for line in shown:
+        m = QUOTED.match(line)
+        if not m:
+            # A written line names no message: the memory's own.
+            ids |= prov
+            continue
+        parts = [_plain(x) for x in m["span"].split(" … ")]
+        ids |= {(s, i) for s, i in prov
+                if s in by_session and i < len(by_session[s]) and all(x in _plain(by_session[s][i][1]) for x in parts)}
+    return " ".join(" ".join(shown).split()), ids
 
 
 QUOTED = re.compile(r'^(?P<who>.+?) said(?: on (?P<day>\d{4}-\d{2}-\d{2}))?: "(?P<span>.*)"$')
