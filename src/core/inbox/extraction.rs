@@ -24,17 +24,42 @@ pub(super) fn extract_job(
     let account = place::account_of(inbox).to_string();
     // `{a}/users/{u}/inbox`
     let user = place::split(inbox)[2].to_string();
-    let style = ib.style;
     let cands = match candidates(ib, job, conv, spent) {
         Ok(c) => c,
         Err(o) => return o,
     };
     job.changes.clear();
+    let placed = place_all(cands, &user, conv, job);
+    let cx = JobCx {
+        ib,
+        conv,
+        account: &account,
+        user: &user,
+    };
+    let mut lines = Vec::new();
+    for (t, c) in policy::combine(placed) {
+        match cx.plan(job, spent, &lines, t, c) {
+            Ok(Some(line)) => lines.push(line),
+            Ok(None) => {}
+            Err(o) => return o,
+        }
+    }
+    commit_or_hold(ib, job, &account, lines)
+}
+
+/// Where each candidate lands (its target node), or why it is skipped
+/// (noted in `job.changes`).
+fn place_all(
+    cands: Vec<Candidate>,
+    user: &str,
+    conv: &Conversation,
+    job: &mut Job,
+) -> Vec<(policy::Target, Candidate)> {
     let mut placed = Vec::new();
     for c in cands {
         let target = match extract::entity_is_the_user(&c, conv) {
             Some(why) => Err(why),
-            None => policy::target(&c, &user, conv.agent.as_deref(), &job.file),
+            None => policy::target(&c, user, conv.agent.as_deref(), &job.file),
         };
         match target {
             Ok(t) => placed.push((t, c)),
@@ -49,16 +74,36 @@ pub(super) fn extract_job(
             }),
         }
     }
-    let mut lines = Vec::new();
-    for (mut t, c) in policy::combine(placed) {
+    placed
+}
+
+/// What one job works in: its inbox, its conversation, whose it is.
+struct JobCx<'a> {
+    ib: &'a Inbox,
+    conv: &'a Conversation,
+    account: &'a str,
+    user: &'a str,
+}
+
+impl JobCx<'_> {
+    /// One placed candidate: where it lands, how it meets what is there
+    /// ([`policy::step`]), and the batch line that carries it out (`None`:
+    /// nothing to write); its change is noted in `job.changes`. `lines`
+    /// are the lines planned before it.
+    fn plan(
+        &self,
+        job: &mut Job,
+        spent: &mut llm::Usage,
+        lines: &[(String, String)],
+        mut t: policy::Target,
+        c: Candidate,
+    ) -> std::result::Result<Option<(String, String)>, Outcome> {
+        let (ib, conv, account, style) = (self.ib, self.conv, self.account, self.ib.style);
         // Where it lands: the slug's node, or a near-duplicate's.
-        let found = ib.with_fs(|fs| fs.existing_for(&account, &t, &c, style));
-        let Some(found) = found else {
-            return Outcome::Retry("the daemon is stopping".into());
-        };
-        let found = match found {
-            Ok(f) => f,
-            Err(e) => return Outcome::Retry(e.to_string()),
+        let found = match ib.with_fs(|fs| fs.existing_for(account, &t, &c, style)) {
+            None => return Err(Outcome::Retry("the daemon is stopping".into())),
+            Some(Err(e)) => return Err(Outcome::Retry(e.to_string())),
+            Some(Ok(f)) => f,
         };
         // Only what its messages (or the node it joins) say reaches a memory.
         let known = match &found {
@@ -81,7 +126,7 @@ pub(super) fn extract_job(
                 why: "no sentence of it is supported by the messages it cites (see dropped)".into(),
                 messages,
             });
-            continue;
+            return Ok(None);
         };
         let mut change = ChangeRec {
             action: String::new(),
@@ -92,14 +137,6 @@ pub(super) fn extract_job(
             why: String::new(),
             messages: c.messages.clone(),
         };
-        // The sources of the text a merge keeps.
-        let mut earlier: Vec<Value> = Vec::new();
-        // The version the change is planned on (0: a node that is not
-        // there): committed only over that version, so a delete (or an
-        // edit) made meanwhile wins over the job and over a late review.
-        let mut base = 0u32;
-        // An earlier event this one updates.
-        let mut supersedes: Option<String> = None;
         let meets = match &found {
             Existing::None => policy::Meets::Nothing,
             Existing::Same(path, sim, stored) => policy::Meets::Same {
@@ -110,19 +147,23 @@ pub(super) fn extract_job(
             Existing::Node(path, stored, ..) => policy::Meets::Node {
                 path,
                 stored,
-                taken: lines.iter().any(|(n, _): &(String, String)| n == path),
+                taken: lines.iter().any(|(n, _)| n == path),
             },
         };
         let step = policy::step(t.mode, style, c.kind, &c.text, meets);
-        // A merge into the node met: planned on its version, its sources kept.
-        if let (
-            policy::Step::Merged { .. } | policy::Step::AskModel,
-            Existing::Node(_, _, sources, version),
-        ) = (&step, &found)
-        {
-            earlier = sources.clone();
-            base = *version;
-        }
+        // A merge into the node met is planned on its version (0: a node
+        // that is not there), so a delete or an edit made meanwhile wins
+        // over the job and over a late review; the sources of the text it
+        // keeps go with it.
+        let (earlier, base) = match (&step, &found) {
+            (
+                policy::Step::Merged { .. } | policy::Step::AskModel,
+                Existing::Node(_, _, sources, version),
+            ) => (sources.clone(), *version),
+            _ => (Vec::new(), 0),
+        };
+        // An earlier event this one updates.
+        let mut supersedes: Option<String> = None;
         let (content, action, why) = match step {
             policy::Step::New {
                 action,
@@ -161,21 +202,18 @@ pub(super) fn extract_job(
                 // The day's budget holds within a job too: a merge-heavy
                 // conversation stops at it and waits for the next day.
                 if let Some(why) = ib
-                    .with_fs(|fs| fs.llm_budget_spent(&account, spent.total()))
+                    .with_fs(|fs| fs.llm_budget_spent(account, spent.total()))
                     .flatten()
                 {
-                    return Outcome::Wait(why);
+                    return Err(Outcome::Wait(why));
                 }
-                match merge_by_model(ib, &c, conv, stored, dup, spent) {
-                    Ok(x) => x,
-                    Err(o) => return o,
-                }
+                merge_by_model(ib, &c, conv, stored, dup, spent)?
             }
         };
         change.action = action.into();
         change.why = why;
         change.uri = place::uri_of(&format!("{account}/{}", change.path));
-        if let Some(content) = content {
+        let line = content.map(|content| {
             let w = Write {
                 node: &t.node,
                 content,
@@ -185,14 +223,14 @@ pub(super) fn extract_job(
                 base,
                 supersedes,
             };
-            lines.push((
+            (
                 t.node.clone(),
-                batch_line(&account, &user, &job.file, conv, &c, w),
-            ));
-        }
+                batch_line(account, self.user, &job.file, conv, &c, w),
+            )
+        });
         job.changes.push(change);
+        Ok(line)
     }
-    commit_or_hold(ib, job, &account, lines)
 }
 
 /// The model's candidates for `conv`, a window of whole messages at a
