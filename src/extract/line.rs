@@ -50,37 +50,85 @@ pub(super) fn unbracketed(text: &str) -> String {
     out
 }
 
+/// Words that open a sentence leaning on the one before it ("It has a
+/// special mark on it."): a line that starts with one is read with that
+/// sentence.
+const LEANING: &[&str] = &[
+    "it", "its", "this", "that", "these", "those", "they", "them", "their", "he", "she", "his",
+    "her", "there", "which",
+];
+
 /// The sentences of `content` that `quote` copies, in their order and
 /// word for word as the message has them, with the share of the quote's
-/// words they hold; `None` when the quote copies no sentence of it.
+/// words they hold; `None` when the quote copies no sentence of it. When
+/// the first sentence taken leans on the one before it (it opens with
+/// "it", "this", "they", …), that one is taken too: a line must say what
+/// it is about.
 pub(super) fn locate(quote: &str, content: &str) -> Option<(String, f32)> {
     let q: HashSet<String> = content_words(&unbracketed(quote)).into_iter().collect();
     if q.is_empty() {
         return None;
     }
-    let mut found = String::new();
-    let mut last = None;
-    let mut held: HashSet<String> = HashSet::new();
-    for (k, s) in super::support::sentences(content).into_iter().enumerate() {
+    let sentences = super::support::sentences(content);
+    let mut taken: Vec<usize> = Vec::new();
+    for (k, s) in sentences.iter().enumerate() {
         // A bracket (a date resolved, a photo described) is not the
         // speaker's words: a quote may leave it out.
-        let w = content_words(&unbracketed(&s));
+        let w = content_words(&unbracketed(s));
         if w.is_empty() {
             continue;
         }
         let inside = w.iter().filter(|x| q.contains(*x)).count();
         if inside as f32 >= MIN_SENTENCE * w.len() as f32 {
-            held.extend(words(&s));
-            // Sentences apart in the message are shown apart: "A. … C."
-            if let Some(l) = last {
-                found.push_str(if k == l + 1 { " " } else { " … " });
-            }
-            found.push_str(&s);
-            last = Some(k);
+            taken.push(k);
         }
     }
+    let first = *taken.first()?;
+    if first > 0 && leans_back(&sentences[first]) {
+        let before = &sentences[first - 1];
+        if !content_words(&unbracketed(before)).is_empty() && !before.ends_with('?') {
+            taken.insert(0, first - 1);
+        }
+    }
+    let mut found = String::new();
+    let mut held: HashSet<String> = HashSet::new();
+    for (n, &k) in taken.iter().enumerate() {
+        held.extend(words(&sentences[k]));
+        // Sentences apart in the message are shown apart: "A. … C."
+        if n > 0 {
+            found.push_str(if k == taken[n - 1] + 1 { " " } else { " … " });
+        }
+        found.push_str(&sentences[k]);
+    }
     let share = q.iter().filter(|x| held.contains(*x)).count() as f32 / q.len() as f32;
-    (!found.is_empty()).then_some((found, share))
+    Some((found, share))
+}
+
+/// `span` (as [`locate`] found it for `quote`) without a first sentence
+/// taken only because the next one leans on it: the words the quote picked,
+/// which name its memory.
+pub(super) fn picked_part<'s>(quote: &str, span: &'s str) -> &'s str {
+    let q: HashSet<String> = content_words(&unbracketed(quote)).into_iter().collect();
+    let Some(first) = super::support::sentences(span).into_iter().next() else {
+        return span;
+    };
+    let w = content_words(&unbracketed(&first));
+    let inside = w.iter().filter(|x| q.contains(*x)).count();
+    match span.strip_prefix(first.as_str()) {
+        Some(rest)
+            if (inside as f32) < MIN_SENTENCE * w.len() as f32 && !rest.trim().is_empty() =>
+        {
+            rest.trim_start()
+        }
+        _ => span,
+    }
+}
+
+/// Does `sentence` open with a word that leans on the sentence before it?
+fn leans_back(sentence: &str) -> bool {
+    words(sentence)
+        .first()
+        .is_some_and(|w| LEANING.contains(&w.as_str()))
 }
 
 /// Who said message `i`, for a memory: its `name`, and "the user" for the
@@ -115,4 +163,56 @@ pub(super) fn quoted(text: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sentence_leaning_on_the_one_before_is_read_with_it() {
+        let msg = "My grandfather built this boat in 1987. It still sails every summer. Lovely!";
+        // "It" needs its sentence before.
+        assert_eq!(
+            locate("It still sails every summer.", msg).unwrap().0,
+            "My grandfather built this boat in 1987. It still sails every summer."
+        );
+        // A sentence that stands alone is taken alone.
+        assert_eq!(
+            locate("My grandfather built this boat in 1987.", msg)
+                .unwrap()
+                .0,
+            "My grandfather built this boat in 1987."
+        );
+        // The first sentence of a message has nothing before it; a
+        // question before is not a statement to lean on.
+        assert_eq!(
+            locate("They were late.", "They were late. We waited.")
+                .unwrap()
+                .0,
+            "They were late."
+        );
+        assert_eq!(
+            locate(
+                "That was my first race.",
+                "Did you run? That was my first race."
+            )
+            .unwrap()
+            .0,
+            "That was my first race."
+        );
+        // What names the memory is the part the quote picked.
+        let (span, _) = locate("It still sails every summer.", msg).unwrap();
+        assert_eq!(
+            picked_part("It still sails every summer.", &span),
+            "It still sails every summer."
+        );
+        assert_eq!(
+            picked_part("They were late.", "They were late."),
+            "They were late."
+        );
+        // The share counts the quote's words, whatever is added.
+        let (_, share) = locate("It still sails every summer.", msg).unwrap();
+        assert!((share - 1.0).abs() < 1e-6);
+    }
 }

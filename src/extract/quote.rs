@@ -17,7 +17,7 @@
 //! (questions, greetings and thanks are not kept).
 
 use super::chat::{says_something, statements_only, too_few_facts, topic_of};
-use super::line::{locate, quoted, statement, words};
+use super::line::{locate, picked_part, quoted, statement, words};
 use super::{Candidate, Conversation, Kind};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -316,7 +316,7 @@ pub fn candidates(
                 .iter()
                 .any(|k| topic.eq_ignore_ascii_case(k.as_str()))
         {
-            topic = topic_of(&span);
+            topic = topic_of(picked_part(quote, &span));
         }
         out.push(Candidate {
             kind,
@@ -519,10 +519,12 @@ mod tests {
         let (c, _) = one(json!({"message": 0, "quote": "Pepper, Precious and Panda.",
                                "kind": "entity", "topic": "Pepper"}));
         assert_eq!(c[0].messages, [3]);
-        // Part of a sentence quoted takes the sentence whole.
+        // Part of a sentence quoted takes the sentence whole, and the one
+        // before, which "Their" leans on.
         assert!(
-            c[0].text
-                .ends_with(": \"Their names are Pepper, Precious and Panda.\""),
+            c[0].text.ends_with(
+                ": \"I've had them for 3 years! Their names are Pepper, Precious and Panda.\""
+            ),
             "{}",
             c[0].text
         );
