@@ -26,10 +26,6 @@ pub enum Key {
         node: Arc<str>,
         name: Arc<str>,
     },
-    /// `{a}/users/{u}/inbox/`: conversations in, memories out.
-    Inbox(Arc<str>),
-    /// A conversation, `.status` or `.review` file of an inbox.
-    InboxFile(Arc<str>),
     /// A project's scratchpad, anything in it, or its activity log.
     Scratch(Arc<str>),
     /// `accounts/{a}/.ctxfs/`: the account's own files (reached by path).

@@ -5,9 +5,11 @@
 //! where its names appear (`lookup`, `entries`), and answers attributes,
 //! listings and opens of its own keys ([`Key::Virtual`], tagged with its
 //! `id`). The operations of `ops/` ask the features first, so nothing
-//! else changes when one is added. Changes (create, write-open of a
-//! directory, unlink, rename, mkdir) of a feature's names are refused by
-//! the operations' fallbacks (`EPERM`).
+//! else changes when one is added. A feature answers `create`, `unlink`
+//! and `rename` in its own directories too; other changes (write-open of
+//! a directory, mkdir) are refused by the operations' fallbacks (`EPERM`).
+//! A feature with a module of its own implements the trait there (the
+//! inbox, `inbox/files.rs`).
 //!
 //! The recipe for a new virtual file: a file here with a unit struct
 //! implementing `Feature`, its `mod` line and its entry in `FEATURES`
@@ -79,6 +81,12 @@ pub(in crate::core) trait Feature: Sync {
         Err(Error::NotPermitted("virtual directory"))
     }
 
+    /// `create` of `name` in one of its directories, `dir`: the new file's
+    /// attributes and its open handle.
+    fn create(&self, _fs: &Fs, _c: Caller, _dir: &VKey, _name: &str) -> Result<(Attr, Opened)> {
+        Err(Error::NotPermitted("no files can be created here"))
+    }
+
     /// `rename` of `name` in its directory `from` to `newname` in its
     /// directory `to` (a move between two features, or between a feature
     /// and the tree, is refused before).
@@ -109,6 +117,7 @@ static FEATURES: &[&dyn Feature] = &[
     &commit_error::CommitError,
     &outbox::Outbox,
     &versions::Versions,
+    &crate::core::inbox::InboxFiles,
 ];
 
 /// `accounts/{a}/.ctxfs/FILE` of feature `id`: its key when `name` is

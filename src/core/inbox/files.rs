@@ -3,7 +3,9 @@
 //! queueing at close, `NAME.status`, `NAME.review` and its decision, and
 //! unlink.
 
+use crate::core::features::Feature;
 use crate::core::inbox::entry_of;
+use crate::core::inbox::is_user;
 use crate::core::inbox::record_results;
 use crate::core::inbox::split_name;
 use crate::core::inbox::Entry;
@@ -11,10 +13,12 @@ use crate::core::inbox::InboxHandle;
 use crate::core::inbox::Job;
 use crate::core::inbox::State;
 use crate::core::inbox::HASHES;
+use crate::core::inbox::INBOX;
 use crate::core::inbox::JOBS;
 use crate::core::inbox::REVIEW_EXT;
 use crate::core::inbox::STATUS_EXT;
 use crate::core::inodes::Key;
+use crate::core::inodes::VKey;
 use crate::core::Attr;
 use crate::core::Caller;
 use crate::core::Fs;
@@ -38,6 +42,112 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
+/// The inbox as a feature: `{a}/users/{u}/inbox/` and its files are its
+/// keys (`VKey` tagged `inbox`: the directory as `(user dir, "inbox")`, a
+/// file as `(inbox dir, NAME)`); what they do is the `Fs` methods below.
+pub(in crate::core) struct InboxFiles;
+
+const ID: &str = "inbox";
+
+/// The key of file `name` of inbox directory `inbox`.
+fn file_key(inbox: &str, name: &str) -> Key {
+    Key::Virtual(VKey::new(ID, inbox, name))
+}
+
+/// Is `key` the inbox directory (else one of its files)?
+fn is_dir(key: &VKey) -> bool {
+    &*key.name == INBOX && is_user(&key.dir)
+}
+
+/// The path of `key` (`{a}/users/{u}/inbox` or `…/inbox/NAME`).
+fn path_of(key: &VKey) -> String {
+    format!("{}/{}", key.dir, key.name)
+}
+
+impl Feature for InboxFiles {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
+        match parent {
+            Key::Dir(path) if name == INBOX && is_user(path) => Some(
+                fs.gate(c, path, false)
+                    .map(|_| Key::Virtual(VKey::new(ID, path, INBOX))),
+            ),
+            Key::Virtual(v) if v.feature == ID && is_dir(v) => {
+                Some(fs.inbox_child(c, &path_of(v), name))
+            }
+            _ => None,
+        }
+    }
+
+    fn entries(&self, _fs: &Fs, _c: Caller, parent: &Key) -> Vec<(Key, String, Kind)> {
+        match parent {
+            Key::Dir(path) if is_user(path) => vec![(
+                Key::Virtual(VKey::new(ID, path, INBOX)),
+                INBOX.to_string(),
+                Kind::Dir,
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {
+        if is_dir(key) {
+            fs.inbox_dir_attr(c, &path_of(key), ino)
+        } else {
+            fs.inbox_attr(c, &path_of(key), ino)
+        }
+    }
+
+    fn list(&self, fs: &Fs, c: Caller, key: &VKey) -> Result<Vec<(Key, String, Kind)>> {
+        if !is_dir(key) {
+            return Err(Error::NotDir);
+        }
+        let inbox = path_of(key);
+        Ok(fs
+            .inbox_list(c, &inbox)?
+            .into_iter()
+            .map(|(name, kind)| (file_key(&inbox, &name), name, kind))
+            .collect())
+    }
+
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+        if is_dir(key) {
+            return Err(Error::IsDir);
+        }
+        fs.inbox_open(c, &path_of(key), write)
+    }
+
+    /// Conversations are written, and a review takes a decision.
+    fn takes_writes(&self, key: &VKey) -> bool {
+        !is_dir(key)
+    }
+
+    fn unlink_in(&self, fs: &Fs, c: Caller, dir: &VKey, name: &str) -> Result<()> {
+        if !is_dir(dir) {
+            return Err(Error::NotDir);
+        }
+        fs.inbox_unlink(c, &path_of(dir), name)
+    }
+
+    fn create(&self, fs: &Fs, c: Caller, dir: &VKey, name: &str) -> Result<(Attr, Opened)> {
+        if !is_dir(dir) {
+            return Err(Error::NotDir);
+        }
+        let inbox = path_of(dir);
+        let opened = fs.inbox_create(c, &inbox, name)?;
+        // Not stored before its close: the entry the kernel gets is the
+        // file being written (empty, writable by its writer).
+        let ino = fs.ino_lookup(file_key(&inbox, name));
+        Ok((
+            fs.file_attr(ino, 0, 0o644, SystemTime::now(), false),
+            opened,
+        ))
+    }
+}
+
 impl Fs {
     fn inbox_there(&self, c: Caller, inbox: &str, write: bool) -> Result<()> {
         self.gate(c, inbox, write)?;
@@ -52,7 +162,7 @@ impl Fs {
     pub(in crate::core) fn inbox_child(&self, c: Caller, inbox: &str, name: &str) -> Result<Key> {
         self.inbox_there(c, inbox, false)?;
         entry_of(name).ok_or(Error::NotFound)?;
-        Ok(Key::InboxFile(format!("{inbox}/{name}").into()))
+        Ok(file_key(inbox, name))
     }
 
     pub(in crate::core) fn inbox_attr(&self, c: Caller, path: &str, ino: u64) -> Result<Attr> {
@@ -204,8 +314,7 @@ impl Fs {
         }
     }
 
-    pub(in crate::core) fn inbox_open(&self, c: Caller, path: &str, flags: i32) -> Result<Opened> {
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+    pub(in crate::core) fn inbox_open(&self, c: Caller, path: &str, write: bool) -> Result<Opened> {
         let (inbox, name) = split_name(path);
         self.inbox_there(c, inbox, write)?;
         let (entry, stem) = entry_of(name).ok_or(Error::NotFound)?;

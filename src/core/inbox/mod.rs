@@ -556,5 +556,6 @@ fn record_results(job: &mut Job, result: &[u8]) {
 
 mod extraction;
 mod files;
+pub(in crate::core) use files::InboxFiles;
 mod jobs;
 pub mod summaries;

@@ -134,7 +134,6 @@ impl Fs {
         };
         match &key {
             Key::Scratch(path) => self.scratch_open(c, path, flags),
-            Key::InboxFile(path) => self.inbox_open(c, path, flags),
             Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
             Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => crate::core::features::owner(v)?.open(self, c, v, write),
@@ -217,14 +216,8 @@ impl Fs {
             let attr = self.lookup(c, parent, name)?;
             return Ok((attr, opened));
         }
-        if let Key::Inbox(dir) = &pkey {
-            let opened = self.inbox_create(c, dir, name)?;
-            // Not stored before its close: the entry the kernel gets is the
-            // file being written (empty, writable by its writer).
-            let key = Key::InboxFile(Arc::from(format!("{dir}/{name}")));
-            let ino = self.ino_lookup(key);
-            let attr = self.file_attr(ino, 0, 0o644, SystemTime::now(), false);
-            return Ok((attr, opened));
+        if let Key::Virtual(dir) = &pkey {
+            return crate::core::features::owner(dir)?.create(self, c, dir, name);
         }
         let node = match &pkey {
             Key::Dir(p) => p.clone(),
@@ -442,9 +435,7 @@ impl Fs {
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             // `echo N > restore` truncates first: nothing to truncate.
-            Key::AsOfRestore { .. } | Key::InboxFile(_)
-                if sa.mode.is_none() && sa.size == Some(0) =>
-            {
+            Key::AsOfRestore { .. } if sa.mode.is_none() && sa.size == Some(0) => {
                 return self.attr_of(c, &key, ino)
             }
             Key::Virtual(v)

@@ -3,7 +3,6 @@
 
 use crate::config::Access;
 use crate::core::cookie;
-use crate::core::inbox;
 use crate::core::ops::arc;
 use crate::core::ops::join;
 use crate::core::ops::view_names;
@@ -132,10 +131,6 @@ impl Fs {
                         let k = Key::Scratch(arc(&join(path, names::ACTIVITY_LOG)));
                         entries.push(d(k, names::ACTIVITY_LOG, Kind::File));
                     }
-                    if inbox::is_user(path) {
-                        let k = Key::Inbox(arc(&join(path, inbox::INBOX)));
-                        entries.push(d(k, inbox::INBOX, Kind::Dir));
-                    }
                 }
             }
             // Its files are the features' (usage, batch, audit).
@@ -143,13 +138,6 @@ impl Fs {
             Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
                 shared = false;
                 for (k, name, kind) in self.as_of_list(c, &key)? {
-                    entries.push(d(k, &name, kind));
-                }
-            }
-            Key::Inbox(dir) => {
-                shared = false;
-                for (name, kind) in self.inbox_list(c, dir)? {
-                    let k = Key::InboxFile(arc(&join(dir, &name)));
                     entries.push(d(k, &name, kind));
                 }
             }

@@ -2,7 +2,6 @@
 //! caller (`lookup`, `getattr`), and the views of nodes it is built from.
 
 use crate::config::Access;
-use crate::core::inbox;
 use crate::core::ops::arc;
 use crate::core::ops::join;
 use crate::core::ops::read_lock;
@@ -138,8 +137,6 @@ impl Fs {
                 Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
             }
             Key::Scratch(path) => self.scratch_attr(c, path, ino),
-            Key::Inbox(path) => self.inbox_dir_attr(c, path, ino),
-            Key::InboxFile(path) => self.inbox_attr(c, path, ino),
             Key::AccountCtxfs(account) => {
                 self.gate(c, account, false)?;
                 Ok(self.dir_attr(ino, 0o555, self.started, false))
@@ -315,11 +312,6 @@ impl Fs {
                 Ok(Key::Scratch(arc(&join(path, name))))
             }
             Key::Scratch(dir) => self.scratch_child(c, dir, name),
-            Key::Dir(path) if name == inbox::INBOX && inbox::is_user(path) => {
-                self.gate(c, path, false)?;
-                Ok(Key::Inbox(arc(&join(path, name))))
-            }
-            Key::Inbox(dir) => self.inbox_child(c, dir, name),
             Key::Dir(path) if name == names::AS_OF_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AsOfRoot(path.clone()))

@@ -355,9 +355,6 @@ impl Fs {
         if let Key::Scratch(dir) = &pkey {
             return self.scratch_unlink(c, dir, name, false);
         }
-        if let Key::Inbox(dir) = &pkey {
-            return self.inbox_unlink(c, dir, name);
-        }
         if matches!(
             pkey,
             Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. }
