@@ -32,7 +32,8 @@ holds at most 12 lines, else the lines its result names (LINES, as `sed -n`
 would), so a memory grown over many sessions does not fill the prompt.
 
 Evidence recall@10: one of the top 10 holds an evidence turn (a memory by
-the provenance of the lines read: a quoted line by its words). Category 5 is scored 1 for "unknown" (its gold answer is
+the provenance of the lines read: a quoted line by its words; in the
+packed row, the lines its abstract, overview and matching lines show). Category 5 is scored 1 for "unknown" (its gold answer is
 adversarial). Answers are cached by prompt (--cache).
 
     python3 scripts/eval_locomo.py --data DIR --sessions 3      # a quick run
@@ -337,16 +338,18 @@ def main():
                 with open(os.path.join(mnt, root, ".search", query_name(q["question"], f"budget={PACKED_BUDGET}"))) as f:
                     packed = f.read()
                 ids = set()
-                for p in re.findall(r"^## \d+\. (\S+) ", packed, re.M):
+                blocks = re.split(r"^(?=## \d+\. \S+ )", packed, flags=re.M)
+                for block in blocks:
+                    head = re.match(r"## \d+\. (\S+) ", block)
+                    if not head:
+                        continue
                     # Paths are relative to the directory searched.
-                    p = p if p.startswith("accounts/") else f"{root}/{p}"
+                    p = head[1] if head[1].startswith("accounts/") else f"{root}/{head[1]}"
                     m = MSG.search(p)
                     if m:
                         ids.add((int(m[1]), int(m[2])))
                     else:
-                        rel = p[len("accounts/"):] if p.startswith("accounts/") else p
-                        ids |= {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, "accounts/" + rel)
-                                if re.fullmatch(r"s\d+\.json", f)}
+                        ids |= messages_shown(mnt, p, block, by_session)
                 got["packed"] = ([packed], ids)
                 if fits:
                     got["whole"] = ([whole], {t for t, _ in turns})
@@ -464,6 +467,42 @@ def line_numbers(spec):
     return out
 
 
+def line_messages(line, prov, by_session):
+    """The messages of `prov` a quoted memory line copies (by its words)."""
+    m = QUOTED.match(line.strip())
+    if not m:
+        return None
+    parts = [_plain(x) for x in m["span"].split(" … ")]
+    return {(s, i) for s, i in prov
+            if s in by_session and i < len(by_session[s]) and all(x in _plain(by_session[s][i][1]) for x in parts)}
+
+
+def node_provenance(mnt, path):
+    return {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, path) if re.fullmatch(r"s\d+\.json", f)}
+
+
+def messages_shown(mnt, path, shown, by_session):
+    """The messages of memory `path` whose lines `shown` (what the model is
+    given of it: a packed result's abstract, overview and lines) holds; a
+    memory of written lines counts whole when shown."""
+    with open(os.path.join(mnt, path, "content.md")) as f:
+        lines = f.read().split("\n")
+    prov = node_provenance(mnt, path)
+    text = _plain(shown)
+    out, quoted = set(), False
+    for line in lines:
+        got = line_messages(line, prov, by_session)
+        if got is None:
+            continue
+        quoted = True
+        span = QUOTED.match(line.strip())["span"].split(" … ")[0]
+        # A line shown cut (an abstract stops at 160 characters) counts by
+        # its first words.
+        if _plain(span)[:60] in text:
+            out |= got
+    return out if quoted else prov
+
+
 def memory_read(mnt, path, spec, by_session):
     """(text, messages) of a memory result as an agent reads it: the whole
     `content.md` when it holds at most READ_WHOLE lines, else the lines the
@@ -472,21 +511,16 @@ def memory_read(mnt, path, spec, by_session):
     with open(os.path.join(mnt, path, "content.md")) as f:
         lines = f.read().split("\n")
     body = [i for i, l in enumerate(lines, 1) if l.strip() and not (i == 1 and l.startswith("# "))]
-    prov = {(int(f[1:].split(".")[0]), i) for f, i in provenance(mnt, path) if re.fullmatch(r"s\d+\.json", f)}
+    prov = node_provenance(mnt, path)
     if len(body) <= READ_WHOLE:
         return node_body(mnt, path), prov
     named = [n for n in line_numbers(spec) if n in body] or body[:READ_WHOLE]
     shown = [lines[n - 1].strip() for n in named]
     ids = set()
     for line in shown:
-        m = QUOTED.match(line)
-        if not m:
-            # A written line names no message: the memory's own.
-            ids |= prov
-            continue
-        parts = [_plain(x) for x in m["span"].split(" … ")]
-        ids |= {(s, i) for s, i in prov
-                if s in by_session and i < len(by_session[s]) and all(x in _plain(by_session[s][i][1]) for x in parts)}
+        got = line_messages(line, prov, by_session)
+        # A written line names no message: the memory's own.
+        ids |= prov if got is None else got
     return " ".join(" ".join(shown).split()), ids
 
 
