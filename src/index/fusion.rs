@@ -113,6 +113,48 @@ pub(super) fn message_live(stored_now: Option<u64>, indexed_from: Option<u64>) -
     }
 }
 
+/// What one-per-source knows of the hit at one place of a ranking.
+pub(super) enum Source {
+    /// A message of a conversation stored now.
+    Message,
+    /// A memory extracted from the messages at these paths.
+    Memory(HashSet<String>),
+    /// A result that is its own source (a memory written by hand or from
+    /// elsewhere; any node when no message ranks).
+    Own,
+    /// Not shown: no longer ACTIVE, or a message of a conversation gone.
+    Gone,
+}
+
+/// Places in a ranking: the sources placed in order, and the memories
+/// drawn above their messages with the message paths they cite.
+pub(super) type Picked = (Vec<usize>, Vec<(usize, HashSet<String>)>);
+
+/// One result per source, as places in a ranking of `paths`: the sources
+/// placed (messages and results of their own, at most `k`), in order, and
+/// the memories to draw above one of their messages ([`draw`]), which take
+/// no place of their own. `source` is asked once per place, in order, and
+/// only as far as needed.
+pub(super) fn pick_sources<E>(
+    paths: &[&str],
+    k: usize,
+    mut source: impl FnMut(usize) -> std::result::Result<Source, E>,
+) -> std::result::Result<Picked, E> {
+    let mut placed: Vec<usize> = Vec::new();
+    let mut drawn: Vec<(usize, HashSet<String>)> = Vec::new();
+    for i in 0..paths.len() {
+        if placed.len() >= k {
+            break;
+        }
+        match source(i)? {
+            Source::Gone => {}
+            Source::Message | Source::Own => placed.push(i),
+            Source::Memory(cited) => drawn.push((i, cited)),
+        }
+    }
+    Ok((placed, drawn))
+}
+
 /// One result per source: each memory of `drawn` (with the message paths
 /// it cites) is shown right above the first of its messages among `out`,
 /// taking no place of its own; one whose messages did not make it is not
@@ -143,6 +185,58 @@ pub(super) fn draw(out: Vec<Hit>, mut drawn: Vec<(Hit, HashSet<String>)>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_result_per_source_as_a_table() {
+        // A ranking as (path, what it is): "mem>x" is a memory citing
+        // message x; "-x" a message of a conversation gone; "own" a node of
+        // its own.
+        fn pick(ranking: &[&str], k: usize) -> (Vec<String>, Vec<String>) {
+            let paths: Vec<&str> = ranking.iter().map(|r| r.trim_start_matches('-')).collect();
+            let (placed, drawn) = pick_sources::<()>(&paths, k, |i| {
+                let r = ranking[i];
+                Ok(if let Some(x) = r.strip_prefix("mem>") {
+                    Source::Memory(x.split(',').map(String::from).collect())
+                } else if r == "own" {
+                    Source::Own
+                } else if r.starts_with('-') {
+                    Source::Gone
+                } else {
+                    Source::Message
+                })
+            })
+            .unwrap();
+            (
+                placed.iter().map(|&i| paths[i].to_string()).collect(),
+                drawn.iter().map(|(i, _)| paths[*i].to_string()).collect(),
+            )
+        }
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        // (ranking, k) -> (sources placed in order, memories drawn)
+        type Row<'a> = (&'a [&'a str], usize, &'a [&'a str], &'a [&'a str]);
+        let rows: &[Row] = &[
+            // Its message placed before or after it: drawn, no place of its own.
+            (&["m1", "mem>m1", "m2"], 2, &["m1", "m2"], &["mem>m1"]),
+            (
+                &["mem>m3,m2", "m1", "m2", "m3"],
+                2,
+                &["m1", "m2"],
+                &["mem>m3,m2"],
+            ),
+            // Drawn even when none of its messages makes it ([`draw`] then
+            // leaves it out): a memory never pushes a message out.
+            (&["mem>m3", "m1", "m2", "m3"], 1, &["m1"], &["mem>m3"]),
+            // Nodes of their own and results gone.
+            (&["own", "-m1", "m2", "m3"], 2, &["own", "m2"], &[]),
+        ];
+        for (ranking, k, placed, drawn) in rows {
+            assert_eq!(
+                pick(ranking, *k),
+                (s(placed), s(drawn)),
+                "{ranking:?} k={k}"
+            );
+        }
+    }
 
     #[test]
     fn a_sure_channel_beats_two_lukewarm_ones() {

@@ -4,10 +4,10 @@
 
 use crate::error::Error;
 use crate::error::Result;
-use crate::index::fusion::draw;
 use crate::index::fusion::message_live;
 use crate::index::fusion::weighted;
 use crate::index::fusion::Channels;
+use crate::index::fusion::{draw, pick_sources, Source};
 use crate::index::AccountIndex;
 use crate::index::Graph;
 use crate::index::State;
@@ -297,7 +297,7 @@ impl Index {
     /// messages that made the top k (and not at all when none did), so a
     /// memory never pushes a message out (BENCHMARKS: on real
     /// conversations, every place given to extracted memories cost
-    /// evidence recall).
+    /// evidence recall). The decision is `fusion::pick_sources`.
     fn one_per_source(
         &self,
         st: &State,
@@ -305,65 +305,72 @@ impl Index {
         hits: Vec<Hit>,
         k: usize,
     ) -> Result<Vec<Hit>> {
-        let mut out: Vec<Hit> = Vec::new();
         // Conversations looked up so far (several messages of one are
         // common): when the one stored under the name was stored.
         let mut stored: HashMap<String, Option<u64>> = HashMap::new();
-        // Extracted memories waiting for one of their messages: (hit, the
-        // message paths it cites).
-        let mut drawn: Vec<(Hit, HashSet<String>)> = Vec::new();
-        let mut sources = 0;
         let any_message = hits.iter().any(|h| h.level == MESSAGE_LEVEL);
-        for h in hits {
-            if sources >= k {
-                break;
+        let paths: Vec<&str> = hits.iter().map(|h| h.path.as_str()).collect();
+        let (placed, drawn) = pick_sources(&paths, k, |i| -> Result<Source> {
+            let node = crate::schema::place::store_path(paths[i]);
+            if event::message_of(node).is_some() {
+                return Ok(if self.message_live_now(st, &mut stored, node)? {
+                    Source::Message
+                } else {
+                    Source::Gone
+                });
             }
-            let node = crate::schema::place::store_path(&h.path);
-            match event::message_of(node) {
-                Some((conv, _)) => {
-                    let now = match stored.get(conv) {
-                        Some(&s) => s,
-                        None => {
-                            let s = match self.store.get_scratch(conv)? {
-                                Some(b) => Some(crate::store::ScratchRec::decode(&b)?.time_ns()),
-                                None => None,
-                            };
-                            stored.insert(conv.to_string(), s);
-                            s
-                        }
-                    };
-                    // The message was indexed from the conversation stored
-                    // under this name now, not one deleted before it (a
-                    // message indexed before the index kept `source` is
-                    // judged by the name alone).
-                    let from = st.docs.get(node).and_then(|d| d.ix.source);
-                    if message_live(now, from) {
-                        sources += 1;
-                        out.push(h);
-                    }
-                }
-                None => {
-                    let Some(rec) = self.store.get_node(node)? else {
-                        continue;
-                    };
-                    if rec.status != Status::Active {
-                        continue;
-                    }
-                    let cited = if any_message {
-                        self.cited_messages(account, &rec)
-                    } else {
-                        HashSet::new()
-                    };
-                    if cited.is_empty() {
-                        sources += 1;
-                        out.push(h);
-                    } else {
-                        drawn.push((h, cited));
-                    }
-                }
+            let Some(rec) = self.store.get_node(node)? else {
+                return Ok(Source::Gone);
+            };
+            if rec.status != Status::Active {
+                return Ok(Source::Gone);
             }
-        }
+            let cited = if any_message {
+                self.cited_messages(account, &rec)
+            } else {
+                HashSet::new()
+            };
+            Ok(if cited.is_empty() {
+                Source::Own
+            } else {
+                Source::Memory(cited)
+            })
+        })?;
+        let mut slots: Vec<Option<Hit>> = hits.into_iter().map(Some).collect();
+        let mut take = |i: usize| slots[i].take().expect("each place is taken once");
+        let out: Vec<Hit> = placed.into_iter().map(&mut take).collect();
+        let drawn: Vec<(Hit, HashSet<String>)> =
+            drawn.into_iter().map(|(i, c)| (take(i), c)).collect();
         Ok(draw(out, drawn))
+    }
+
+    /// Is message `node` of a conversation stored under its name now, and
+    /// indexed from that conversation (not one deleted before it)?
+    /// `stored` keeps the conversations looked up.
+    fn message_live_now(
+        &self,
+        st: &State,
+        stored: &mut HashMap<String, Option<u64>>,
+        node: &str,
+    ) -> Result<bool> {
+        let Some((conv, _)) = event::message_of(node) else {
+            return Ok(false);
+        };
+        let now = match stored.get(conv) {
+            Some(&s) => s,
+            None => {
+                let s = match self.store.get_scratch(conv)? {
+                    Some(b) => Some(crate::store::ScratchRec::decode(&b)?.time_ns()),
+                    None => None,
+                };
+                stored.insert(conv.to_string(), s);
+                s
+            }
+        };
+        // A message indexed before the index kept `source` is judged by
+        // the name alone.
+        let from = st.docs.get(node).and_then(|d| d.ix.source);
+        Ok(message_live(now, from))
     }
 
     /// `out` and, after it, up to three related ACTIVE nodes of each result
