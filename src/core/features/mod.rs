@@ -81,6 +81,12 @@ pub(in crate::core) trait Feature: Sync {
         Err(Error::NotPermitted("virtual directory"))
     }
 
+    /// `rmdir` of one of its directories that appears in the tree (`None`:
+    /// the tree's rules answer).
+    fn rmdir(&self, _fs: &Fs, _c: Caller, _key: &VKey) -> Option<Result<()>> {
+        None
+    }
+
     /// `create` of `name` in one of its directories, `dir`: the new file's
     /// attributes and its open handle.
     fn create(&self, _fs: &Fs, _c: Caller, _dir: &VKey, _name: &str) -> Result<(Attr, Opened)> {

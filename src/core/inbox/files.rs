@@ -132,6 +132,22 @@ impl Feature for InboxFiles {
         fs.inbox_unlink(c, &path_of(dir), name)
     }
 
+    /// Like an empty scratchpad, an empty inbox is "removed" and shows
+    /// again, so `rm -r` of a user directory works.
+    fn rmdir(&self, fs: &Fs, c: Caller, key: &VKey) -> Option<Result<()>> {
+        if !is_dir(key) {
+            return None;
+        }
+        let removed = || {
+            fs.gate(c, &key.dir, true)?;
+            if !fs.inbox_list(c, &path_of(key))?.is_empty() {
+                return Err(Error::NotEmpty);
+            }
+            Ok(())
+        };
+        Some(removed())
+    }
+
     fn create(&self, fs: &Fs, c: Caller, dir: &VKey, name: &str) -> Result<(Attr, Opened)> {
         if !is_dir(dir) {
             return Err(Error::NotDir);

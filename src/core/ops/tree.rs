@@ -125,18 +125,15 @@ impl Fs {
     }
 
     fn rmdir_at(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
-        match self.key_of(parent)? {
-            Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
-            // Like an empty scratchpad, an empty inbox is "removed" and
-            // shows again, so `rm -r` of a user directory works.
-            Key::Dir(p) if inbox::is_user(&p) && name == inbox::INBOX => {
-                self.gate(c, &p, true)?;
-                let dir = join(&p, inbox::INBOX);
-                if !self.inbox_list(c, &dir)?.is_empty() {
-                    return Err(Error::NotEmpty);
-                }
-                return Ok(());
+        let pkey = self.key_of(parent)?;
+        // A feature's directory in the tree answers for itself.
+        if let Some(Ok(Key::Virtual(v))) = self.feature_lookup(c, &pkey, name) {
+            if let Some(r) = crate::core::features::owner(&v)?.rmdir(self, c, &v) {
+                return r;
             }
+        }
+        match pkey {
+            Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
             // Like structural directories, an empty scratchpad is
             // "removed" and shows again, so `rm -r` of a project works.
             Key::Dir(p) if scratch::is_project(&p) && name == names::SCRATCHPAD => {
