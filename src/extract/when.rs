@@ -5,8 +5,8 @@
 //! does not do calendar arithmetic; this does it once, deterministically.
 //!
 //! Resolved: today, yesterday, tomorrow, tonight, last night; last / this
-//! past / next WEEKDAY; last / next week, weekend, month, year; N days,
-//! weeks, months or years ago; in N days or weeks. A message without a
+//! past / next WEEKDAY; last / this / next week, weekend, month, year; N
+//! days, weeks, months or years ago (or back); in N days or weeks. A message without a
 //! time (`ts`) is left as it is.
 
 use jiff::civil::{Date, Weekday};
@@ -34,7 +34,7 @@ fn pattern() -> &'static Regex {
         let wd = "monday|tuesday|wednesday|thursday|friday|saturday|sunday";
         let n = r"\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|a couple of|a few";
         Regex::new(&format!(
-            r"(?i)\b(?:(?P<rel>last|this past|next) (?P<wd>{wd})|(?P<lw>last|next) (?P<unit>week|weekend|month|year)|(?P<n>{n}) (?P<u2>day|week|month|year)s? ago|in (?P<n3>{n}) (?P<u3>day|week)s?|(?P<word>today|yesterday|tomorrow|tonight|last night))\b"
+            r"(?i)\b(?:(?P<rel>last|this past|next) (?P<wd>{wd})|(?P<lw>last|next|this) (?P<unit>week|weekend|month|year)|(?P<n>{n}) (?P<u2>day|week|month|year)s? (?:ago|back)|in (?P<n3>{n}) (?P<u3>day|week)s?|(?P<word>today|yesterday|tomorrow|tonight|last night))\b"
         ))
         .expect("the relative-time pattern compiles")
     })
@@ -90,10 +90,10 @@ fn resolve(c: &Captures, day: Date) -> Option<String> {
         return Some(ymd(d));
     }
     if let (Some(lw), Some(unit)) = (c.name("lw"), c.name("unit")) {
-        let sign = if lw.as_str().eq_ignore_ascii_case("next") {
-            1
-        } else {
-            -1
+        let sign = match lw.as_str().to_lowercase().as_str() {
+            "next" => 1,
+            "this" => 0,
+            _ => -1,
         };
         return Some(match unit.as_str().to_lowercase().as_str() {
             "week" => format!(
@@ -101,10 +101,10 @@ fn resolve(c: &Captures, day: Date) -> Option<String> {
                 ymd(monday(day).checked_add((7 * sign).days()).ok()?)
             ),
             "weekend" => {
-                let sat = if sign < 0 {
-                    day.nth_weekday(-1, Weekday::Saturday).ok()?
-                } else {
-                    day.nth_weekday(1, Weekday::Saturday).ok()?
+                let sat = match sign {
+                    s if s < 0 => day.nth_weekday(-1, Weekday::Saturday).ok()?,
+                    0 => monday(day).checked_add(5.days()).ok()?,
+                    _ => day.nth_weekday(1, Weekday::Saturday).ok()?,
                 };
                 format!("weekend of {}", ymd(sat))
             }
@@ -280,6 +280,18 @@ mod tests {
             "last weekend [weekend of 2026-03-14] was fun"
         );
         assert_eq!(on("a year ago", d), "a year ago [2025]");
+        assert_eq!(
+            on("I took it up a few years back", d),
+            "I took it up a few years back [2023]"
+        );
+        assert_eq!(
+            on("this year I started, this month I moved", d),
+            "this year [2026] I started, this month [2026-03] I moved"
+        );
+        assert_eq!(
+            on("busy this week and this weekend", d),
+            "busy this week [week of 2026-03-16] and this weekend [weekend of 2026-03-21]"
+        );
         // No relative time, or one resolved already: unchanged.
         assert_eq!(on("I like tea on Saturdays", d), "I like tea on Saturdays");
         let once = on("last Friday", d);
