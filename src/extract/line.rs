@@ -70,19 +70,9 @@ pub(super) fn locate(quote: &str, content: &str) -> Option<(String, f32)> {
         return None;
     }
     let sentences = super::support::sentences(content);
-    let mut taken: Vec<usize> = Vec::new();
-    for (k, s) in sentences.iter().enumerate() {
-        // A bracket (a date resolved, a photo described) is not the
-        // speaker's words: a quote may leave it out.
-        let w = content_words(&unbracketed(s));
-        if w.is_empty() {
-            continue;
-        }
-        let inside = w.iter().filter(|x| q.contains(*x)).count();
-        if inside as f32 >= MIN_SENTENCE * w.len() as f32 {
-            taken.push(k);
-        }
-    }
+    let mut taken: Vec<usize> = (0..sentences.len())
+        .filter(|&k| picks(&q, &sentences[k]))
+        .collect();
     let first = *taken.first()?;
     if first > 0 && leans_back(&sentences[first]) {
         let before = &sentences[first - 1];
@@ -112,16 +102,20 @@ pub(super) fn picked_part<'s>(quote: &str, span: &'s str) -> &'s str {
     let Some(first) = super::support::sentences(span).into_iter().next() else {
         return span;
     };
-    let w = content_words(&unbracketed(&first));
-    let inside = w.iter().filter(|x| q.contains(*x)).count();
     match span.strip_prefix(first.as_str()) {
-        Some(rest)
-            if (inside as f32) < MIN_SENTENCE * w.len() as f32 && !rest.trim().is_empty() =>
-        {
-            rest.trim_start()
-        }
+        Some(rest) if !picks(&q, &first) && !rest.trim().is_empty() => rest.trim_start(),
         _ => span,
     }
+}
+
+/// Does a quote of words `q` pick `sentence` (hold at least
+/// `MIN_SENTENCE` of its words)? A bracket (a date resolved, a photo
+/// described) is not the speaker's words: a quote may leave it out, and a
+/// sentence of brackets alone is never picked.
+fn picks(q: &HashSet<String>, sentence: &str) -> bool {
+    let w = content_words(&unbracketed(sentence));
+    let inside = w.iter().filter(|x| q.contains(*x)).count();
+    !w.is_empty() && inside as f32 >= MIN_SENTENCE * w.len() as f32
 }
 
 /// Does `sentence` open with a word that leans on the sentence before it?

@@ -264,16 +264,15 @@ pub(super) fn judge_one(
     if !stems.is_empty() {
         for (i, line) in content.lines().enumerate() {
             let lower = line.to_lowercase();
-            let mut here = 0usize;
-            let mut weight = 0.0f32;
-            for (k, s) in stems.iter().enumerate() {
-                if lower.contains(s.as_str()) {
-                    here += 1;
-                    // A term with no weight (no idf yet) still counts a little.
-                    weight += weights.get(k).copied().unwrap_or(0.0).max(1e-3);
-                }
-            }
-            if here == 0 {
+            // A term with no weight (no idf yet) still counts a little, so
+            // a line holding any term weighs more than nothing.
+            let weight: f32 = stems
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| lower.contains(s.as_str()))
+                .map(|(k, _)| weights.get(k).copied().unwrap_or(0.0).max(1e-3))
+                .sum();
+            if weight == 0.0 {
                 continue;
             }
             held_lines.push((i as u32 + 1, weight));

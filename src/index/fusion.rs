@@ -130,19 +130,19 @@ pub(super) enum Source {
 /// drawn above their messages with the message paths they cite.
 pub(super) type Picked = (Vec<usize>, Vec<(usize, HashSet<String>)>);
 
-/// One result per source, as places in a ranking of `paths`: the sources
+/// One result per source, as places in a ranking of `n` hits: the sources
 /// placed (messages and results of their own, at most `k`), in order, and
 /// the memories to draw above one of their messages ([`draw`]), which take
 /// no place of their own. `source` is asked once per place, in order, and
 /// only as far as needed.
 pub(super) fn pick_sources<E>(
-    paths: &[&str],
+    n: usize,
     k: usize,
     mut source: impl FnMut(usize) -> std::result::Result<Source, E>,
 ) -> std::result::Result<Picked, E> {
     let mut placed: Vec<usize> = Vec::new();
     let mut drawn: Vec<(usize, HashSet<String>)> = Vec::new();
-    for i in 0..paths.len() {
+    for i in 0..n {
         if placed.len() >= k {
             break;
         }
@@ -193,7 +193,7 @@ mod tests {
         // its own.
         fn pick(ranking: &[&str], k: usize) -> (Vec<String>, Vec<String>) {
             let paths: Vec<&str> = ranking.iter().map(|r| r.trim_start_matches('-')).collect();
-            let (placed, drawn) = pick_sources::<()>(&paths, k, |i| {
+            let (placed, drawn) = pick_sources::<()>(paths.len(), k, |i| {
                 let r = ranking[i];
                 Ok(if let Some(x) = r.strip_prefix("mem>") {
                     Source::Memory(x.split(',').map(String::from).collect())

@@ -309,11 +309,10 @@ impl Index {
         // common): when the one stored under the name was stored.
         let mut stored: HashMap<String, Option<u64>> = HashMap::new();
         let any_message = hits.iter().any(|h| h.level == MESSAGE_LEVEL);
-        let paths: Vec<&str> = hits.iter().map(|h| h.path.as_str()).collect();
-        let (placed, drawn) = pick_sources(&paths, k, |i| -> Result<Source> {
-            let node = crate::schema::place::store_path(paths[i]);
-            if event::message_of(node).is_some() {
-                return Ok(if self.message_live_now(st, &mut stored, node)? {
+        let (placed, drawn) = pick_sources(hits.len(), k, |i| -> Result<Source> {
+            let node = crate::schema::place::store_path(&hits[i].path);
+            if let Some((conv, _)) = event::message_of(node) {
+                return Ok(if self.message_live_now(st, &mut stored, conv, node)? {
                     Source::Message
                 } else {
                     Source::Gone
@@ -344,18 +343,16 @@ impl Index {
         Ok(draw(out, drawn))
     }
 
-    /// Is message `node` of a conversation stored under its name now, and
-    /// indexed from that conversation (not one deleted before it)?
+    /// Is message `node` of conversation `conv` stored under its name now,
+    /// and indexed from that conversation (not one deleted before it)?
     /// `stored` keeps the conversations looked up.
     fn message_live_now(
         &self,
         st: &State,
         stored: &mut HashMap<String, Option<u64>>,
+        conv: &str,
         node: &str,
     ) -> Result<bool> {
-        let Some((conv, _)) = event::message_of(node) else {
-            return Ok(false);
-        };
         let now = match stored.get(conv) {
             Some(&s) => s,
             None => {

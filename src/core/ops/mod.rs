@@ -1,6 +1,7 @@
 //! The filesystem operations of the core, by syscall family: lookup and
 //! attributes (`lookup.rs`), listings (`listing.rs`), file I/O
-//! (`files.rs`), changes to the tree (`tree.rs`).
+//! (`files.rs`), changes to the tree (`tree.rs`), a node's move
+//! (`moves.rs`).
 
 use crate::core::Draft;
 use crate::core::Slot;
@@ -10,6 +11,7 @@ use std::sync::Mutex;
 mod files;
 mod listing;
 mod lookup;
+mod moves;
 mod tree;
 
 use super::commit::{blob_bytes, Intent};
