@@ -810,6 +810,55 @@ fn every_message_is_searchable_beside_the_memories() {
     assert!(!after.contains("inbox"), "{after}");
 }
 
+/// A memory that ranks above all of its messages keeps its place, its
+/// best message brought up below it, the pair counting as one of the `k`
+/// (before, it was shown only above a message that made the top `k` on
+/// its own, so a memory ranked first could disappear behind a message
+/// ranked further down).
+#[test]
+fn a_memory_ranked_first_brings_its_message_up_to_its_place() {
+    let memory = r#"{"memories":[{"kind":"preference","topic":"tea","text":"The user drinks green tea with honey in the morning.","messages":[0]}]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": memory }]), |c| c);
+    let conv = r#"[{"role":"user","content":"I drink green tea with honey in the morning, before the long walk to the office through the park and past the station.","ts":"2026-03-04T10:00:00Z"},
+      {"role":"user","content":"Green tea and honey, yes.","ts":"2026-03-04T10:01:00Z"},
+      {"role":"assistant","content":"Noted."}]"#;
+    let s = ingest(&m, "c1", conv, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let paths = |q: &str| -> Vec<(String, f64)> {
+        let json = m.json(
+            WRITER,
+            &format!("cat \"$M/accounts/acme/users/priya/.search/{q}&format=json\""),
+        );
+        json["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let p = r["path"].as_str().unwrap();
+                (
+                    p[p.rfind('/').unwrap() + 1..].to_string(),
+                    r["score"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // The raw order: the memory first, the short message second, the
+    // memory's own (long) message third; a message brought up keeps its
+    // score, so its place and its score disagree. Two places, three lines.
+    let three = paths("green tea honey?k=2");
+    let names: Vec<&str> = three.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(names, ["tea", "c1.json#0", "c1.json#1"], "{three:?}");
+    assert!(
+        three[2].1 > three[1].1,
+        "#1 ranks above #0 on its own: {three:?}"
+    );
+    // With one place, the memory and its message take it.
+    let one = paths("green tea honey?k=1");
+    let names: Vec<&str> = one.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(names, ["tea", "c1.json#0"], "{one:?}");
+}
+
 /// A conversation removed and written again under its name while the
 /// indexer is behind: no search shows a message of the removed one, even
 /// before its delete events are indexed (a message hit is checked against

@@ -316,9 +316,7 @@ def main():
                 for row in ("messages", "mem+conv"):
                     texts, ids = [], set()
                     if row == "messages":
-                        # The stored conversations alone: the same search,
-                        # its message results in their order.
-                        hits = [h for h in search(mnt, root, q["question"], k=MESSAGES_K) if MSG.search(h[0])][:10]
+                        hits = messages_alone(mnt, root, q["question"])
                     else:
                         hits = search_lines(mnt, root, q["question"])
                     for p, spec in hits:
@@ -448,6 +446,17 @@ def message_line(mnt, path, me, other):
 # A memory of at most this many lines is read whole; a longer one by the
 # lines its search result names (LINES, as `sed -n` reads them).
 READ_WHOLE = 12
+
+
+def messages_alone(mnt, scope, q, k=10):
+    """[(path, "-")] of the top `k` messages of `scope`'s search: the stored
+    conversations alone. A message keeps its own score where a memory
+    brings it up (one result per source), so their own order is by score."""
+    with open(os.path.join(mnt, scope, ".search", query_name(q, f"k={MESSAGES_K}"))) as f:
+        rows = [line.split("\t") for line in f.read().splitlines() if line.strip()]
+    msgs = [(float(r[1]), r[2]) for r in rows if MSG.search(r[2])]
+    msgs.sort(key=lambda x: -x[0])
+    return [(p, "-") for _, p in msgs[:k]]
 
 
 def search_lines(mnt, scope, q, k=10):

@@ -130,35 +130,63 @@ pub(super) enum Source {
 /// drawn above their messages with the message paths they cite.
 pub(super) type Picked = (Vec<usize>, Vec<(usize, HashSet<String>)>);
 
-/// One result per source, as places in a ranking of `n` hits: the sources
+/// One result per source, as places in a ranking of `paths`: the sources
 /// placed (messages and results of their own, at most `k`), in order, and
-/// the memories to draw above one of their messages ([`draw`]), which take
-/// no place of their own. `source` is asked once per place, in order, and
-/// only as far as needed.
+/// the memories to draw above one of their messages ([`draw`]). A memory
+/// with one of its messages placed already is drawn above it; one none of
+/// whose messages is placed yet brings its best-ranked message below it
+/// up to its own place (the pair takes that one place), or, with none
+/// below that is still there, takes its place alone. `source` is asked
+/// once per place, in order, and only as far as needed.
 pub(super) fn pick_sources<E>(
-    n: usize,
+    paths: &[&str],
     k: usize,
     mut source: impl FnMut(usize) -> std::result::Result<Source, E>,
 ) -> std::result::Result<Picked, E> {
+    let mut taken = vec![false; paths.len()];
     let mut placed: Vec<usize> = Vec::new();
     let mut drawn: Vec<(usize, HashSet<String>)> = Vec::new();
-    for i in 0..n {
+    for i in 0..paths.len() {
         if placed.len() >= k {
             break;
         }
-        match source(i)? {
-            Source::Gone => {}
-            Source::Message | Source::Own => placed.push(i),
-            Source::Memory(cited) => drawn.push((i, cited)),
+        if std::mem::replace(&mut taken[i], true) {
+            continue;
         }
+        let cited = match source(i)? {
+            Source::Gone => continue,
+            Source::Message | Source::Own => {
+                placed.push(i);
+                continue;
+            }
+            Source::Memory(cited) => cited,
+        };
+        if !placed.iter().any(|&o| cited.contains(paths[o])) {
+            let below = (i + 1..paths.len()).find(|&j| !taken[j] && cited.contains(paths[j]));
+            let up = match below {
+                Some(j) => {
+                    taken[j] = true;
+                    matches!(source(j)?, Source::Message).then_some(j)
+                }
+                None => None,
+            };
+            match up {
+                Some(j) => placed.push(j),
+                None => {
+                    placed.push(i);
+                    continue;
+                }
+            }
+        }
+        drawn.push((i, cited));
     }
     Ok((placed, drawn))
 }
 
 /// One result per source: each memory of `drawn` (with the message paths
 /// it cites) is shown right above the first of its messages among `out`,
-/// taking no place of its own; one whose messages did not make it is not
-/// shown, so a memory never pushes a message out.
+/// taking no place of its own ([`pick_sources`] placed one of them for
+/// it); one with none of them in `out` is not shown.
 pub(super) fn draw(out: Vec<Hit>, mut drawn: Vec<(Hit, HashSet<String>)>) -> Vec<Hit> {
     if drawn.is_empty() {
         return out;
@@ -193,7 +221,7 @@ mod tests {
         // its own.
         fn pick(ranking: &[&str], k: usize) -> (Vec<String>, Vec<String>) {
             let paths: Vec<&str> = ranking.iter().map(|r| r.trim_start_matches('-')).collect();
-            let (placed, drawn) = pick_sources::<()>(paths.len(), k, |i| {
+            let (placed, drawn) = pick_sources::<()>(&paths, k, |i| {
                 let r = ranking[i];
                 Ok(if let Some(x) = r.strip_prefix("mem>") {
                     Source::Memory(x.split(',').map(String::from).collect())
@@ -215,19 +243,29 @@ mod tests {
         // (ranking, k) -> (sources placed in order, memories drawn)
         type Row<'a> = (&'a [&'a str], usize, &'a [&'a str], &'a [&'a str]);
         let rows: &[Row] = &[
-            // Its message placed before or after it: drawn, no place of its own.
+            // Its message placed before it: drawn above it.
             (&["m1", "mem>m1", "m2"], 2, &["m1", "m2"], &["mem>m1"]),
+            // Ranked above all its messages: the best-ranked comes up.
+            (&["mem>m3", "m1", "m2", "m3"], 1, &["m3"], &["mem>m3"]),
             (
                 &["mem>m3,m2", "m1", "m2", "m3"],
                 2,
-                &["m1", "m2"],
+                &["m2", "m1"],
                 &["mem>m3,m2"],
             ),
-            // Drawn even when none of its messages makes it ([`draw`] then
-            // leaves it out): a memory never pushes a message out.
-            (&["mem>m3", "m1", "m2", "m3"], 1, &["m1"], &["mem>m3"]),
+            // None of its messages ranks, or the one that does is gone:
+            // its own place.
+            (&["mem>m9", "m1"], 1, &["mem>m9"], &[]),
+            (&["mem>m9", "m1", "-m9"], 2, &["mem>m9", "m1"], &[]),
             // Nodes of their own and results gone.
             (&["own", "-m1", "m2", "m3"], 2, &["own", "m2"], &[]),
+            // A message brought up is not placed twice.
+            (
+                &["mem>m2", "m1", "m2", "m3"],
+                3,
+                &["m2", "m1", "m3"],
+                &["mem>m2"],
+            ),
         ];
         for (ranking, k, placed, drawn) in rows {
             assert_eq!(

@@ -294,10 +294,12 @@ impl Index {
     /// by a moment). One result per source: where messages are among the
     /// results, a memory extracted from messages of this scope takes no
     /// place of its own; it is shown right above the best-ranked of its
-    /// messages that made the top k (and not at all when none did), so a
-    /// memory never pushes a message out (BENCHMARKS: on real
-    /// conversations, every place given to extracted memories cost
-    /// evidence recall). The decision is `fusion::pick_sources`.
+    /// messages. When that message ranks below the memory, it comes up to
+    /// the memory's place (the pair takes one place, the memory's); a
+    /// memory none of whose messages the ranking holds takes its own place.
+    /// So a memory never pushes the message it came from out, and a memory
+    /// that ranks first is not lost behind a message ranked 15th
+    /// (BENCHMARKS, "Memory from real conversations").
     fn one_per_source(
         &self,
         st: &State,
@@ -309,8 +311,9 @@ impl Index {
         // common): when the one stored under the name was stored.
         let mut stored: HashMap<String, Option<u64>> = HashMap::new();
         let any_message = hits.iter().any(|h| h.level == MESSAGE_LEVEL);
-        let (placed, drawn) = pick_sources(hits.len(), k, |i| -> Result<Source> {
-            let node = crate::schema::place::store_path(&hits[i].path);
+        let paths: Vec<&str> = hits.iter().map(|h| h.path.as_str()).collect();
+        let (placed, drawn) = pick_sources(&paths, k, |i| -> Result<Source> {
+            let node = crate::schema::place::store_path(paths[i]);
             if let Some((conv, _)) = event::message_of(node) {
                 return Ok(if self.message_live_now(st, &mut stored, conv, node)? {
                     Source::Message
