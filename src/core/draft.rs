@@ -2,6 +2,7 @@
 //! deleted since its last commit. Writers of the account see the committed
 //! version with the overlay on top; readers never see it.
 
+use crate::core::types::STRIPES;
 use crate::schema::time::now_ns;
 use crate::schema::time::ns_of;
 use crate::schema::time::time_of;
@@ -347,16 +348,73 @@ impl Draft {
     }
 }
 
-/// The drafts of the daemon by node path. Lock order: this map → one
-/// `Draft` → one `DFile` (taken under the node's stripe when changing).
-#[derive(Default)]
+/// The drafts of the daemon by node path, and the node locks a change
+/// takes (stripes: a node's path hashed to one of `STRIPES` mutexes).
+/// Lock order: a node's stripe → this map → one `Draft` → one `DFile`.
 pub(crate) struct Drafts {
     map: std::sync::Mutex<std::collections::HashMap<String, SharedDraft>>,
+    stripes: Vec<std::sync::Mutex<()>>,
+}
+
+/// The stripe a node's path hashes to.
+pub(crate) fn stripe_of(node: &str) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.hash(&mut h);
+    (h.finish() as usize) % STRIPES
+}
+
+impl Default for Drafts {
+    fn default() -> Drafts {
+        Drafts {
+            map: Default::default(),
+            stripes: (0..STRIPES).map(|_| std::sync::Mutex::new(())).collect(),
+        }
+    }
 }
 
 pub(crate) type SharedDraft = Arc<std::sync::Mutex<Draft>>;
 
 impl Drafts {
+    /// The lock of `node`: every change of a node's files or status holds it.
+    pub(crate) fn stripe(&self, node: &str) -> std::sync::MutexGuard<'_, ()> {
+        crate::locks::lock(&self.stripes[stripe_of(node)])
+    }
+
+    /// The stripes of all `nodes`, each once, taken in ascending order (no
+    /// deadlock with another taker of several).
+    pub(crate) fn stripes_of<'a>(
+        &self,
+        nodes: impl Iterator<Item = &'a str>,
+    ) -> Vec<std::sync::MutexGuard<'_, ()>> {
+        let mut ids: Vec<usize> = nodes.map(stripe_of).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|i| crate::locks::lock(&self.stripes[i]))
+            .collect()
+    }
+
+    /// The locks of two nodes (one when they share a stripe), in order.
+    pub(crate) fn lock_two(
+        &self,
+        a: &str,
+        b: &str,
+    ) -> (
+        std::sync::MutexGuard<'_, ()>,
+        Option<std::sync::MutexGuard<'_, ()>>,
+    ) {
+        let (i, j) = (stripe_of(a), stripe_of(b));
+        if i == j {
+            (crate::locks::lock(&self.stripes[i]), None)
+        } else {
+            let (lo, hi) = (i.min(j), i.max(j));
+            let g1 = crate::locks::lock(&self.stripes[lo]);
+            let g2 = crate::locks::lock(&self.stripes[hi]);
+            (g1, Some(g2))
+        }
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SharedDraft>> {
         crate::locks::lock(&self.map)
     }

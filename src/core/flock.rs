@@ -85,14 +85,16 @@ impl Fs {
 
     /// The name a lock has on every daemon: the file's path.
     fn lock_name(&self, ino: u64) -> Result<String> {
-        Ok(match lock(&self.inodes).key(ino).ok_or(Error::NotFound)? {
-            Key::Scratch(p) => format!("scratch:{p}"),
-            Key::File { node, name, .. } | Key::Draft { node, name } => {
-                format!("node:{node}/{name}")
-            }
-            Key::Dir(p) => format!("dir:{p}"),
-            other => format!("{other:?}"),
-        })
+        Ok(
+            match lock(&self.kernel.inodes).key(ino).ok_or(Error::NotFound)? {
+                Key::Scratch(p) => format!("scratch:{p}"),
+                Key::File { node, name, .. } | Key::Draft { node, name } => {
+                    format!("node:{node}/{name}")
+                }
+                Key::Dir(p) => format!("dir:{p}"),
+                other => format!("{other:?}"),
+            },
+        )
     }
 
     /// `flock` (FUSE SETLK/SETLKW for a whole file): take a shared or

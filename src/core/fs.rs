@@ -4,18 +4,18 @@
 //! handles and inodes, the committed node a caller sees.
 //!
 //! Lock order: node stripe → `drafts` map → one `Draft` → one `DFile`;
-//! `inodes` and `handles` are leaf locks, never held while taking another.
+//! the inode table (`kernel.inodes`) and `handles` are leaf locks, never
+//! held while taking another.
 
 use super::draft::{self, Draft, Slot};
 use super::handles::Handle;
 use super::handles::Handles;
-use super::inodes::{Inodes, Key};
+use super::inodes::Key;
 use super::kcache::{self};
 use super::metrics;
-use super::{asof, ids, quota, scratch, services, ttl, Caller, Stats};
+use super::{asof, ids, quota, scratch, services, shown, ttl, Caller};
 use crate::config::{Access, Tenancy};
 use crate::core::inbox;
-use crate::core::types::STRIPES;
 use crate::error::{Error, Result};
 use crate::locks::lock;
 use crate::schema::place;
@@ -24,29 +24,28 @@ use crate::schema::time::{now_ns, ns_of, rfc3339, rfc3339_ms, time_of};
 use crate::schema::{counters, names};
 use crate::store::{NodeRec, Op, Status, Store};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
 
 pub struct Fs {
     pub(super) store: Arc<dyn Store>,
     /// The index, the inbox and the policies the daemon sets at start.
     pub(super) services: services::Services,
     pub(super) tenancy: Tenancy,
-    pub(super) inodes: Mutex<Inodes>,
+    /// Writes before their commit, and the node locks every change takes.
     pub(super) drafts: draft::Drafts,
-    pub(super) stripes: Vec<Mutex<()>>,
     pub(super) handles: Handles,
     /// Project scratchpads: open buffers, their lock, `flock`s.
     pub(super) scratch: scratch::Scratchpads,
     /// Node, blob and event ids.
     pub(super) ids: ids::Ids,
-    pub(super) started: SystemTime,
-    /// Owner shown on every file: attributes must not depend on the caller.
-    pub(super) owner: (u32, u32),
-    /// Drops kernel cache entries after changes (its own thread); the
-    /// committed-file inodes readers hold open through the kernel's cache.
+    /// What every attribute shows whoever asks: the owner, and the
+    /// daemon's start as the time of what has none of its own.
+    pub(super) shown: shown::Shown,
+    /// What the kernel was told and caches: the inode table, the thread
+    /// that drops cache entries after changes, the committed-file inodes
+    /// readers hold open through the cache.
     pub(super) kernel: kcache::Kernel,
-    pub stats: Stats,
+    /// Requests, refusals and the node counters (`metrics.nodes`).
     pub metrics: metrics::Metrics,
     /// Nodes with an expiry time.
     pub(super) expiry: ttl::Expiry,
@@ -62,18 +61,13 @@ impl Fs {
             ids: ids::Ids::new(store.clone())?,
             store,
             tenancy,
-            inodes: Mutex::new(Inodes::new()),
             drafts: draft::Drafts::default(),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             handles: Handles::default(),
             scratch: Default::default(),
             services: Default::default(),
             limits: Default::default(),
-            started: SystemTime::now(),
-            // SAFETY: geteuid(2) and getegid(2) have no preconditions and cannot fail.
-            owner: unsafe { (libc::geteuid(), libc::getegid()) },
+            shown: shown::Shown::new(),
             kernel: Default::default(),
-            stats: Stats::default(),
             metrics: metrics::Metrics::default(),
             expiry: ttl::Expiry::default(),
             as_of: Default::default(),
@@ -225,22 +219,6 @@ impl Fs {
 
     // ---- ids, locks ----------------------------------------------------
 
-    pub(super) fn stripe(&self, node: &str) -> MutexGuard<'_, ()> {
-        lock(&self.stripes[stripe_of(node)])
-    }
-
-    /// The stripes of all `nodes`, each once, taken in ascending order (no
-    /// deadlock with another taker of several).
-    pub(super) fn stripes_of<'a>(
-        &self,
-        nodes: impl Iterator<Item = &'a str>,
-    ) -> Vec<MutexGuard<'_, ()>> {
-        let mut ids: Vec<usize> = nodes.map(stripe_of).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.into_iter().map(|i| lock(&self.stripes[i])).collect()
-    }
-
     pub(super) fn new_handle(&self, h: Handle) -> u64 {
         self.handles.insert(h)
     }
@@ -250,16 +228,16 @@ impl Fs {
     }
 
     pub(super) fn ino_lookup(&self, key: Key) -> u64 {
-        lock(&self.inodes).lookup(key)
+        lock(&self.kernel.inodes).lookup(key)
     }
 
     pub(super) fn key_of(&self, ino: u64) -> Result<Key> {
-        lock(&self.inodes).key(ino).ok_or(Error::NotFound)
+        lock(&self.kernel.inodes).key(ino).ok_or(Error::NotFound)
     }
 
     pub fn forget(&self, ino: u64, n: u64) {
         let gone = {
-            let mut inodes = lock(&self.inodes);
+            let mut inodes = lock(&self.kernel.inodes);
             inodes.forget(ino, n);
             inodes.key(ino).is_none()
         };
@@ -269,7 +247,7 @@ impl Fs {
     }
 
     pub fn inode_count(&self) -> usize {
-        lock(&self.inodes).len()
+        lock(&self.kernel.inodes).len()
     }
 
     pub(super) fn draft(&self, node: &str) -> Option<Arc<Mutex<Draft>>> {
@@ -332,18 +310,11 @@ impl Fs {
         let drafts = self.drafts.snapshot();
         let mut ops = Vec::new();
         for (path, d) in &drafts {
-            let _g = self.stripe(path);
+            let _g = self.drafts.stripe(path);
             ops.push(self.persist_draft_op(path, &lock(d))?);
         }
         let n = ops.len();
         self.store.apply(ops, true)?;
         Ok(n)
     }
-}
-
-pub(crate) fn stripe_of(node: &str) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    node.hash(&mut h);
-    (h.finish() as usize) % STRIPES
 }

@@ -115,18 +115,25 @@ impl Key {
     }
 }
 
-#[derive(Default)]
 pub struct Inodes {
     by_key: HashMap<Key, u64>,
     by_ino: HashMap<u64, (Key, u64)>,
     next: u64,
 }
 
+impl Default for Inodes {
+    /// The table with the root alone.
+    fn default() -> Self {
+        Inodes::new()
+    }
+}
+
 impl Inodes {
     pub fn new() -> Self {
         let mut t = Inodes {
+            by_key: HashMap::new(),
+            by_ino: HashMap::new(),
             next: ROOT + 1,
-            ..Default::default()
         };
         t.by_key.insert(Key::Root, ROOT);
         t.by_ino.insert(ROOT, (Key::Root, 1));

@@ -2,7 +2,7 @@
 //! thread that drops dentries and pages after changes, and the committed
 //! inodes readers hold open through the cache while a writer edits them.
 
-use crate::core::inodes::Key;
+use crate::core::inodes::{Inodes, Key};
 use crate::core::Fs;
 use crate::locks::lock;
 use crate::schema::place;
@@ -29,10 +29,12 @@ pub enum Target {
     ViewListing(u64),
 }
 
-/// The kernel's side of the cache: the thread that drops its entries, and
-/// the committed inodes readers hold open through it.
+/// The kernel's side: the inode table, the thread that drops cache
+/// entries, and the committed inodes readers hold open through the cache.
 #[derive(Default)]
 pub(super) struct Kernel {
+    /// The inode numbers given to the kernel and what each names.
+    pub(super) inodes: Mutex<Inodes>,
     pub(super) inval: Invalidator,
     pub(super) cached: CachedReads,
 }
@@ -184,16 +186,16 @@ impl Fs {
     }
 
     pub(super) fn dir_ino(&self, dir: &str) -> Option<u64> {
-        lock(&self.inodes).peek(&Key::Dir(Arc::from(dir)))
+        lock(&self.kernel.inodes).peek(&Key::Dir(Arc::from(dir)))
     }
 
     pub(super) fn scratch_ino(&self, path: &str) -> Option<u64> {
-        lock(&self.inodes).peek(&Key::Scratch(Arc::from(path)))
+        lock(&self.kernel.inodes).peek(&Key::Scratch(Arc::from(path)))
     }
 
     /// Every inode the kernel may cache (after missed remote changes).
     pub(super) fn all_inode_targets(&self) -> Vec<Target> {
-        lock(&self.inodes)
+        lock(&self.kernel.inodes)
             .all()
             .into_iter()
             .map(Target::Inode)
@@ -205,7 +207,7 @@ impl Fs {
     pub(super) fn all_view_node_targets(&self) -> Vec<Target> {
         use crate::core::features::version_place;
         let nodes: std::collections::BTreeSet<String> = {
-            let inodes = lock(&self.inodes);
+            let inodes = lock(&self.kernel.inodes);
             inodes
                 .all()
                 .into_iter()
@@ -266,7 +268,7 @@ impl Fs {
         }
         let (parent, name) = place::parent_name(path);
         let parent_ino = if parent.is_empty() {
-            lock(&self.inodes).peek(&Key::Accounts)
+            lock(&self.kernel.inodes).peek(&Key::Accounts)
         } else {
             self.dir_ino(parent)
         };
@@ -280,7 +282,7 @@ impl Fs {
             d = up;
         }
         t.extend(
-            lock(&self.inodes)
+            lock(&self.kernel.inodes)
                 .peek(&Key::Accounts)
                 .map(Target::ViewListing),
         );
@@ -298,7 +300,7 @@ impl Fs {
     pub(super) fn invalidate_version(&self, node: &str, id: u64, version: u32) {
         use crate::core::features::{version_file_key, version_key};
         let t: Vec<Target> = {
-            let inodes = lock(&self.inodes);
+            let inodes = lock(&self.kernel.inodes);
             place::NODE_FILES
                 .iter()
                 .map(|n| version_file_key(node, id, version, n))

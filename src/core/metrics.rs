@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+
+use super::Stats;
 use std::time::{Duration, Instant};
 
 /// Log lines the daemon could not write (a full disk) and dropped; the
@@ -86,6 +88,8 @@ struct OpStats {
 }
 
 pub struct Metrics {
+    /// Commits, deletes, moves, repairs and expiries.
+    pub nodes: Stats,
     ops: Vec<OpStats>,
     /// Refusals by tenancy: (account, "denied" | "read_only") → count.
     auth: Mutex<BTreeMap<(String, &'static str), u64>>,
@@ -102,6 +106,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
+            nodes: Stats::default(),
             ops: OPS
                 .iter()
                 .map(|_| OpStats {
@@ -370,7 +375,7 @@ impl super::Fs {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         };
-        let s = &self.stats;
+        let s = &self.metrics.nodes;
         for (name, help, v) in [
             (
                 "ctxfs_commits_total",
@@ -495,7 +500,7 @@ impl super::Fs {
             out,
             "# HELP ctxfs_uptime_seconds Seconds since the daemon started.\n\
              # TYPE ctxfs_uptime_seconds gauge\nctxfs_uptime_seconds {}",
-            self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0)
+            self.shown.uptime_s()
         );
         Ok(out)
     }

@@ -29,6 +29,7 @@ pub mod repair;
 pub mod scratch;
 pub mod search;
 mod services;
+mod shown;
 pub mod transfer;
 pub mod ttl;
 mod types;
@@ -36,7 +37,6 @@ pub mod versions;
 mod view;
 
 pub use self::draft::{DFile, Draft, Slot};
-pub(crate) use self::fs::stripe_of;
 pub use self::fs::Fs;
 pub(crate) use self::handles::{Control, DraftHandle, Handle, RestoreHandle};
 pub use self::kcache::Target;

@@ -21,7 +21,7 @@ impl Fs {
         nodes.sort();
         let mut actions = Vec::new();
         for node in nodes {
-            let _g = self.stripe(&node);
+            let _g = self.drafts.stripe(&node);
             let Some(draft) = self.draft(&node) else {
                 continue;
             };
@@ -95,7 +95,8 @@ impl Fs {
                 actions.push(format!("{node}: PENDING with {reason}; marked BROKEN"));
             }
         }
-        self.stats
+        self.metrics
+            .nodes
             .repairs
             .fetch_add(actions.len() as u64, Ordering::Relaxed);
         for a in &actions {

@@ -168,7 +168,9 @@ impl Fs {
             return Ok(self.plain_attr(ino, Kind::File, f.data.len() as u64, f.mode, f.mtime));
         }
         match (area(path), self.scratch_rec(path)?) {
-            (Some(Area::Root), _) => Ok(self.plain_attr(ino, Kind::Dir, 0, 0o755, self.started)),
+            (Some(Area::Root), _) => {
+                Ok(self.plain_attr(ino, Kind::Dir, 0, 0o755, self.shown.started))
+            }
             (_, Some(r)) => Ok(self.plain_attr(
                 ino,
                 if r.dir { Kind::Dir } else { Kind::File },
@@ -176,7 +178,9 @@ impl Fs {
                 r.mode,
                 crate::schema::time::time_of(r.mtime_ns),
             )),
-            (Some(Area::Log), None) => Ok(self.plain_attr(ino, Kind::File, 0, 0o644, self.started)),
+            (Some(Area::Log), None) => {
+                Ok(self.plain_attr(ino, Kind::File, 0, 0o644, self.shown.started))
+            }
             _ => Err(Error::NotFound),
         }
     }
@@ -184,13 +188,13 @@ impl Fs {
     /// Other processes change these at any time: never cached (`shared` false).
     fn plain_attr(&self, ino: u64, kind: Kind, size: u64, mode: u16, mtime: SystemTime) -> Attr {
         match kind {
-            Kind::Dir => self.dir_attr(
+            Kind::Dir => self.shown.dir(
                 ino,
                 if mode == 0 { 0o755 } else { mode & 0o7777 },
                 mtime,
                 false,
             ),
-            Kind::File => self.file_attr(ino, size, mode, mtime, false),
+            Kind::File => self.shown.file(ino, size, mode, mtime, false),
         }
     }
 

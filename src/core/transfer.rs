@@ -172,7 +172,7 @@ impl Fs {
 
     /// Commit one checked node of an export, whole or not at all.
     pub fn import_node(&self, n: &ImportNode) -> Result<u32> {
-        let _g = self.stripe(&n.node);
+        let _g = self.drafts.stripe(&n.node);
         if self.live_node(&n.node)?.is_some() || self.draft(&n.node).is_some() {
             return Err(Error::Exists);
         }

@@ -150,7 +150,7 @@ impl Fs {
         let due = self.expiry.due(now);
         let mut swept = Vec::new();
         for node in due {
-            let _g = self.stripe(&node);
+            let _g = self.drafts.stripe(&node);
             if !self.expired(&node) {
                 continue; // committed again with a later expiry meanwhile
             }
@@ -176,7 +176,7 @@ impl Fs {
                 self.drafts.remove(&node);
             }
             if rec.is_some() {
-                self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                self.metrics.nodes.expired.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(node, "expired node removed");
                 swept.push(node.clone());
             }

@@ -81,7 +81,7 @@ impl Fs {
     /// without the secret first); redacting twice changes nothing.
     fn redact_version(&self, node: &str, data: &[u8], by: super::commit::rules::By) -> Result<()> {
         let v = version_number(data, REDACT)?;
-        let _g = self.stripe(node);
+        let _g = self.drafts.stripe(node);
         let cur = self.live_node(node)?.ok_or(Error::NotFound)?;
         if v == cur.version {
             return Err(Error::Invalid(format!(
@@ -189,7 +189,7 @@ impl Fs {
     fn restore(&self, node: &str, data: &[u8], by: super::commit::rules::By) -> Result<()> {
         let v = version_number(data, RESTORE)?;
         let done = {
-            let _g = self.stripe(node);
+            let _g = self.drafts.stripe(node);
             let cur = self.live_node(node)?.ok_or(Error::NotFound)?;
             if let Some(d) = self.draft(node) {
                 if !lock(&d).files.is_empty() {

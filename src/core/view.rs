@@ -99,7 +99,7 @@ impl Fs {
     /// Attributes on a view; `shared` when its kernel may keep them.
     fn view_attr_of(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
         match key {
-            Key::Root | Key::Accounts => Ok(self.dir_attr(ino, 0o555, self.started, true)),
+            Key::Root | Key::Accounts => Ok(self.shown.dir(ino, 0o555, self.shown.started, true)),
             Key::Dir(path) => {
                 let a = self.attr_of(c, key, ino)?;
                 // Not shared on the main mount because the answer depends on
@@ -119,10 +119,12 @@ impl Fs {
                 // A node that expires leaves at its time, uninvalidated.
                 let keep = !self.expires(&v.dir);
                 match file {
-                    None => Ok(self.dir_attr(ino, 0o555, time_of(rec.updated_ns), keep)),
+                    None => Ok(self.shown.dir(ino, 0o555, time_of(rec.updated_ns), keep)),
                     Some(name) => {
                         let f = rec.file(&name).ok_or(Error::NotFound)?;
-                        Ok(self.file_attr(ino, f.size, 0o444, time_of(f.mtime_ns), keep))
+                        Ok(self
+                            .shown
+                            .file(ino, f.size, 0o444, time_of(f.mtime_ns), keep))
                     }
                 }
             }

@@ -336,7 +336,7 @@ impl Fs {
             None if view.is_dir(path) => time_of(view.at),
             None => return Err(Error::NotFound),
         };
-        Ok(self.dir_attr(ino, 0o555, mtime, false))
+        Ok(self.shown.dir(ino, 0o555, mtime, false))
     }
 
     /// A name inside a directory of a view, with a directory's attributes
@@ -410,12 +410,12 @@ impl Fs {
         match key {
             Key::AsOfRoot(account) => {
                 self.gate(c, account, false)?;
-                Ok(self.dir_attr(ino, 0o555, self.started, false))
+                Ok(self.shown.dir(ino, 0o555, self.shown.started, false))
             }
             Key::AsOfRestore { account, .. } => {
                 self.gate(c, account, false)?;
                 let size = self.as_of_restore_text(c, account).len() as u64;
-                Ok(self.file_attr(ino, size, 0o644, self.started, false))
+                Ok(self.shown.file(ino, size, 0o644, self.shown.started, false))
             }
             Key::AsOf { at, path, .. } => {
                 let account = place::account_of(path);
@@ -426,8 +426,10 @@ impl Fs {
             Key::AsOfSearch { dir, name, .. } => {
                 self.gate(c, dir, false)?;
                 Ok(match name {
-                    None => self.dir_attr(ino, 0o555, self.started, false),
-                    Some(_) => self.file_attr(ino, 0, 0o444, std::time::SystemTime::now(), false),
+                    None => self.shown.dir(ino, 0o555, self.shown.started, false),
+                    Some(_) => self
+                        .shown
+                        .file(ino, 0, 0o444, std::time::SystemTime::now(), false),
                 })
             }
             _ => Err(Error::NotFound),

@@ -32,7 +32,7 @@ impl Fs {
     /// does not keep it in the draft).
     pub fn commit(&self, node: &str, closing: Option<&Arc<RwLock<DFile>>>) -> Result<Committed> {
         let done = {
-            let _g = self.stripe(node);
+            let _g = self.drafts.stripe(node);
             match self.draft(node) {
                 Some(d) => self.commit_as(node, &d, Intent::Close, closing)?,
                 None => Committed::StillPending,
@@ -97,7 +97,10 @@ impl Fs {
             Outcome::Commit(p) => *p,
             Outcome::StillPending => return Ok(Committed::StillPending),
             Outcome::Refused(r) => {
-                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .nodes
+                    .commit_failures
+                    .fetch_add(1, Ordering::Relaxed);
                 if let Some(suppressed) = self.limits.log_budget.take(place::account_of(node)) {
                     tracing::info!(node, reason = %r.reason(), suppressed, "commit refused");
                 }
@@ -123,7 +126,10 @@ impl Fs {
             Ok(ops) => ops,
             Err(e) => {
                 if matches!(e, Error::Quota(_)) {
-                    self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .nodes
+                        .commit_failures
+                        .fetch_add(1, Ordering::Relaxed);
                     d.error = Some(e.to_string());
                 }
                 return Err(e);
@@ -149,7 +155,7 @@ impl Fs {
         if empty {
             self.drafts.remove_if_empty(node, draft);
         }
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.metrics.nodes.commits.fetch_add(1, Ordering::Relaxed);
         Ok(Committed::Version(version))
     }
 

@@ -170,7 +170,9 @@ impl Fs {
         while !todo.is_empty() {
             let chunk: Vec<(usize, String, BatchNode)> =
                 todo.drain(..todo.len().min(BATCH_CHUNK)).collect();
-            let guards = self.stripes_of(chunk.iter().map(|(_, p, _)| p.as_str()));
+            let guards = self
+                .drafts
+                .stripes_of(chunk.iter().map(|(_, p, _)| p.as_str()));
             let mut ops = Vec::new();
             let mut planned: Vec<(usize, String, u32, Option<u64>)> = Vec::new();
             // Writes and bytes of the chunk's nodes so far (for the quota;
@@ -188,7 +190,10 @@ impl Fs {
                 match r {
                     Ok((v, expires)) => planned.push((line, path, v, expires)),
                     Err(e) => {
-                        self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                        self.metrics
+                            .nodes
+                            .commit_failures
+                            .fetch_add(1, Ordering::Relaxed);
                         let node = place::in_account(&path).to_string();
                         results.push(outcome(line, &node, Err(e)));
                     }
@@ -215,7 +220,8 @@ impl Fs {
             }
             done.extend(planned);
         }
-        self.stats
+        self.metrics
+            .nodes
             .commits
             .fetch_add(done.len() as u64, Ordering::Relaxed);
         results.sort_by_key(|r| r["line"].as_u64().unwrap_or(0));
@@ -239,7 +245,9 @@ impl Fs {
         drafts: Vec<(String, NodeRec, Draft)>,
         intent: Intent,
     ) -> Result<Vec<u32>> {
-        let guards = self.stripes_of(drafts.iter().map(|(p, _, _)| p.as_str()));
+        let guards = self
+            .drafts
+            .stripes_of(drafts.iter().map(|(p, _, _)| p.as_str()));
         let redactor = self.services.redaction().for_account(account);
         // On a shared store another daemon may commit one of the nodes
         // between the reads and the transaction: planned again, as a
@@ -313,7 +321,8 @@ impl Fs {
         for (path, _, _) in &drafts {
             self.invalidate_commit(path, false);
         }
-        self.stats
+        self.metrics
+            .nodes
             .commits
             .fetch_add(drafts.len() as u64, Ordering::Relaxed);
         Ok(versions)

@@ -35,7 +35,9 @@ impl Feature for Batch {
 
     fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {
         fs.gate(c, &key.dir, false)?;
-        Ok(fs.file_attr(ino, 0, 0o644, std::time::SystemTime::now(), false))
+        Ok(fs
+            .shown
+            .file(ino, 0, 0o644, std::time::SystemTime::now(), false))
     }
 
     fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {

@@ -58,7 +58,9 @@ impl Feature for CommitError {
 
     fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {
         let text = text(fs, c, &key.dir)?;
-        Ok(fs.file_attr(ino, text.len() as u64, 0o444, SystemTime::now(), false))
+        Ok(fs
+            .shown
+            .file(ino, text.len() as u64, 0o444, SystemTime::now(), false))
     }
 
     fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
@@ -68,7 +70,7 @@ impl Feature for CommitError {
     fn unlink(&self, fs: &Fs, c: Caller, key: &VKey) -> Result<()> {
         let node = &key.dir;
         fs.gate(c, node, true)?;
-        let _g = fs.stripe(node);
+        let _g = fs.drafts.stripe(node);
         let d = fs.draft(node).ok_or(Error::NotFound)?;
         let taken = lock(&d).error.take();
         taken.map(|_| ()).ok_or(Error::NotFound)

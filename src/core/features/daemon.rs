@@ -53,7 +53,9 @@ impl Feature for DaemonFiles {
     }
 
     fn attr(&self, fs: &Fs, _c: Caller, _key: &VKey, ino: u64) -> Result<Attr> {
-        Ok(fs.file_attr(ino, 0, 0o444, std::time::SystemTime::now(), false))
+        Ok(fs
+            .shown
+            .file(ino, 0, 0o444, std::time::SystemTime::now(), false))
     }
 
     fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
@@ -128,7 +130,7 @@ impl Fs {
             "dead_letters": dead,
             "index_lag_ms": indexer["index_lag_ms"].clone(),
             "indexer": indexer,
-            "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+            "uptime_s": self.shown.uptime_s(),
             "version": env!("CARGO_PKG_VERSION"),
         });
         if self.tenancy.knows(caller.uid) {
@@ -139,8 +141,13 @@ impl Fs {
             v["indexer"] = serde_json::json!({});
         }
         if admin {
-            v["commits"] = self.stats.commits.load(Ordering::Relaxed).into();
-            v["commit_failures"] = self.stats.commit_failures.load(Ordering::Relaxed).into();
+            v["commits"] = self.metrics.nodes.commits.load(Ordering::Relaxed).into();
+            v["commit_failures"] = self
+                .metrics
+                .nodes
+                .commit_failures
+                .load(Ordering::Relaxed)
+                .into();
             v["inodes"] = self.inode_count().into();
             v["log_lines_dropped"] = metrics::LOG_LINES_DROPPED.load(Ordering::Relaxed).into();
             v["encrypted"] = self.store.sealed().into();

@@ -77,7 +77,9 @@ impl Feature for Generated {
 
     fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {
         fs.check_space(c, &key.dir)?;
-        Ok(fs.file_attr(ino, 0, 0o444, std::time::SystemTime::now(), false))
+        Ok(fs
+            .shown
+            .file(ino, 0, 0o444, std::time::SystemTime::now(), false))
     }
 
     fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {

@@ -114,15 +114,19 @@ impl Feature for Outbox {
             At::Pending | At::Dead => {
                 let access = fs.gate(c, node, false)?;
                 fs.node_for(node, access)?;
-                Ok(fs.dir_attr(ino, 0o555, fs.started, false))
+                Ok(fs.shown.dir(ino, 0o555, fs.shown.started, false))
             }
             At::Event(seq) => {
                 let json = file(fs, c, node, seq, false)?;
-                Ok(fs.file_attr(ino, json.len() as u64, 0o444, fs.started, false))
+                Ok(fs
+                    .shown
+                    .file(ino, json.len() as u64, 0o444, fs.shown.started, false))
             }
             At::DeadEvent(seq) => {
                 let json = file(fs, c, node, seq, true)?;
-                Ok(fs.file_attr(ino, json.len() as u64, 0o644, fs.started, false))
+                Ok(fs
+                    .shown
+                    .file(ino, json.len() as u64, 0o644, fs.shown.started, false))
             }
         }
     }

@@ -41,10 +41,12 @@ impl Feature for SearchFiles {
     fn attr(&self, fs: &Fs, c: Caller, key: &VKey, ino: u64) -> Result<Attr> {
         fs.gate(c, &key.dir, false)?;
         if key.name.is_empty() {
-            return Ok(fs.dir_attr(ino, 0o555, fs.started, false));
+            return Ok(fs.shown.dir(ino, 0o555, fs.shown.started, false));
         }
         parse_query_name(&key.name)?;
-        Ok(fs.file_attr(ino, 0, 0o444, std::time::SystemTime::now(), false))
+        Ok(fs
+            .shown
+            .file(ino, 0, 0o444, std::time::SystemTime::now(), false))
     }
 
     fn list(&self, fs: &Fs, c: Caller, key: &VKey) -> Result<Vec<(Key, String, Kind)>> {

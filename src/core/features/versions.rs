@@ -248,11 +248,11 @@ impl Feature for Versions {
         match at(key)? {
             At::Dir => {
                 let (rec, _) = current(fs, c, node)?;
-                Ok(fs.dir_attr(ino, 0o555, time_of(rec.updated_ns), false))
+                Ok(fs.shown.dir(ino, 0o555, time_of(rec.updated_ns), false))
             }
             At::Version { id, version: n } => {
                 let rec = version(fs, c, node, Some(id), n)?;
-                Ok(fs.dir_attr(ino, 0o555, time_of(rec.updated_ns), false))
+                Ok(fs.shown.dir(ino, 0o555, time_of(rec.updated_ns), false))
             }
             At::File {
                 id,
@@ -266,12 +266,12 @@ impl Feature for Versions {
                 } else {
                     f.size
                 };
-                Ok(fs.file_attr(ino, size, 0o444, time_of(f.mtime_ns), false))
+                Ok(fs.shown.file(ino, size, 0o444, time_of(f.mtime_ns), false))
             }
             a @ (At::Restore | At::Redact) => {
                 current(fs, c, node)?;
                 let size = help(&a).len() as u64;
-                Ok(fs.file_attr(ino, size, 0o644, fs.started, false))
+                Ok(fs.shown.file(ino, size, 0o644, fs.shown.started, false))
             }
         }
     }

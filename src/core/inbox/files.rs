@@ -158,7 +158,7 @@ impl Feature for InboxFiles {
         // file being written (empty, writable by its writer).
         let ino = fs.ino_lookup(file_key(&inbox, name));
         Ok((
-            fs.file_attr(ino, 0, 0o644, SystemTime::now(), false),
+            fs.shown.file(ino, 0, 0o644, SystemTime::now(), false),
             opened,
         ))
     }
@@ -172,7 +172,7 @@ impl Fs {
 
     pub(in crate::core) fn inbox_dir_attr(&self, c: Caller, inbox: &str, ino: u64) -> Result<Attr> {
         self.inbox_there(c, inbox, false)?;
-        Ok(self.dir_attr(ino, 0o755, self.started, false))
+        Ok(self.shown.dir(ino, 0o755, self.shown.started, false))
     }
 
     pub(in crate::core) fn inbox_child(&self, c: Caller, inbox: &str, name: &str) -> Result<Key> {
@@ -189,14 +189,16 @@ impl Fs {
         match entry {
             Entry::Conversation => match self.conversation_rec(path)? {
                 Some(r) => {
-                    Ok(self.file_attr(ino, r.data.len() as u64, 0o444, mtime(r.mtime_ns), false))
+                    Ok(self
+                        .shown
+                        .file(ino, r.data.len() as u64, 0o444, mtime(r.mtime_ns), false))
                 }
                 None if self
                     .services
                     .inbox()
                     .is_some_and(|ib| lock(&ib.writing).contains(path)) =>
                 {
-                    Ok(self.file_attr(ino, 0, 0o644, SystemTime::now(), false))
+                    Ok(self.shown.file(ino, 0, 0o644, SystemTime::now(), false))
                 }
                 None => Err(Error::NotFound),
             },
@@ -207,7 +209,7 @@ impl Fs {
                     .redaction()
                     .for_account(place::account_of(inbox));
                 let n = status_text(&j, redactor.as_ref()).len() as u64;
-                Ok(self.file_attr(ino, n, 0o444, SystemTime::now(), false))
+                Ok(self.shown.file(ino, n, 0o444, SystemTime::now(), false))
             }
             Entry::Review => match self.job_of_stem(inbox, &stem)? {
                 Some(j) if j.state == State::Review => {
@@ -216,7 +218,7 @@ impl Fs {
                         .redaction()
                         .for_account(place::account_of(inbox));
                     let n = review_text(&j, redactor.as_ref()).len() as u64;
-                    Ok(self.file_attr(ino, n, 0o644, SystemTime::now(), false))
+                    Ok(self.shown.file(ino, n, 0o644, SystemTime::now(), false))
                 }
                 _ => Err(Error::NotFound),
             },

@@ -145,7 +145,7 @@ impl Fs {
             } => {
                 let access = self.gate(c, node, write)?;
                 if access == Access::Write {
-                    let g = self.stripe(node);
+                    let g = self.drafts.stripe(node);
                     let in_draft = self
                         .draft(node)
                         .map(|d| matches!(lock(&d).files.get(&**name), Some(Slot::File(_))))
@@ -239,7 +239,7 @@ impl Fs {
         }
         place::check_file_name(name)?;
         let file = {
-            let _g = self.stripe(&node);
+            let _g = self.drafts.stripe(&node);
             self.node_for(&node, Access::Write)?;
             let exists = self.node_child_key(&node, name, Access::Write).is_ok();
             if exists && flags & libc::O_EXCL != 0 {
@@ -404,7 +404,7 @@ impl Fs {
             return self.scratch_persist(s, true);
         }
         if let Handle::Draft(d) = &*h {
-            let _g = self.stripe(&d.node);
+            let _g = self.drafts.stripe(&d.node);
             if let Some(draft) = self.draft(&d.node) {
                 let op = self.persist_draft_op(&d.node, &lock(&draft))?;
                 self.store.apply(vec![op], true)?;
@@ -462,7 +462,7 @@ impl Fs {
         let file = match from_handle {
             Some(f) => f,
             None => {
-                let _g = self.stripe(&node);
+                let _g = self.drafts.stripe(&node);
                 self.cow(&node, &name, None)?
             }
         };
@@ -474,7 +474,9 @@ impl Fs {
             f.set_attr(&sa)?;
         }
         let f = read_lock(&file);
-        Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
+        Ok(self
+            .shown
+            .file(ino, f.data.len() as u64, f.mode, f.mtime, false))
     }
 
     pub fn access(&self, c: Caller, ino: u64, mask: i32) -> Result<()> {

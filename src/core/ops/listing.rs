@@ -169,7 +169,7 @@ impl Fs {
     /// knows the entry, else a stable non-zero hash (readdir's d_ino is
     /// informational; `stat` gives the real number).
     pub(in crate::core) fn entry_ino(&self, k: &Key) -> u64 {
-        if let Some(i) = lock(&self.inodes).peek(k) {
+        if let Some(i) = lock(&self.kernel.inodes).peek(k) {
             return i;
         }
         use std::hash::{Hash, Hasher};

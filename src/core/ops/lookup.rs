@@ -13,7 +13,6 @@ use crate::core::Caller;
 use crate::core::DFile;
 use crate::core::Fs;
 use crate::core::Handle;
-use crate::core::Kind;
 use crate::core::Slot;
 use crate::error::Error;
 use crate::error::Result;
@@ -26,51 +25,9 @@ use crate::store::NodeRec;
 use crate::store::Status;
 use std::sync::Arc;
 use std::sync::RwLock;
-use std::time::SystemTime;
 
 impl Fs {
     // ---- attributes --------------------------------------------------------
-
-    pub(in crate::core) fn dir_attr(
-        &self,
-        ino: u64,
-        perm: u16,
-        mtime: SystemTime,
-        shared: bool,
-    ) -> Attr {
-        Attr {
-            ino,
-            kind: Kind::Dir,
-            size: 0,
-            perm,
-            uid: self.owner.0,
-            gid: self.owner.1,
-            mtime,
-            ctime: mtime,
-            shared,
-        }
-    }
-
-    pub(in crate::core) fn file_attr(
-        &self,
-        ino: u64,
-        size: u64,
-        mode: u16,
-        mtime: SystemTime,
-        shared: bool,
-    ) -> Attr {
-        Attr {
-            ino,
-            kind: Kind::File,
-            size,
-            perm: if mode == 0 { 0o644 } else { mode & 0o7777 },
-            uid: self.owner.0,
-            gid: self.owner.1,
-            mtime,
-            ctime: mtime,
-            shared,
-        }
-    }
 
     /// Attributes of `key` as `c` sees it; `NotFound` when it is not there for `c`.
     /// Attributes never depend on the caller (see `Attr::shared`); whether
@@ -78,7 +35,7 @@ impl Fs {
     pub(in crate::core) fn attr_of(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
         match key {
             Key::Root | Key::Accounts | Key::CtxfsDir => {
-                Ok(self.dir_attr(ino, 0o555, self.started, true))
+                Ok(self.shown.dir(ino, 0o555, self.shown.started, true))
             }
             Key::Dir(path) => {
                 let comps = place::split(path);
@@ -93,20 +50,22 @@ impl Fs {
                         match (&rec, &draft) {
                             (Some(r), _) if r.status != Status::Broken => {
                                 let shared = shared && !self.expires(path);
-                                Ok(self.dir_attr(ino, 0o755, time_of(r.updated_ns), shared))
+                                Ok(self.shown.dir(ino, 0o755, time_of(r.updated_ns), shared))
                             }
                             (_, Some(d)) => {
-                                Ok(self.dir_attr(ino, 0o755, time_of(lock(d).modified_ns), false))
+                                Ok(self
+                                    .shown
+                                    .dir(ino, 0o755, time_of(lock(d).modified_ns), false))
                             }
                             (Some(r), None) => {
-                                Ok(self.dir_attr(ino, 0o755, time_of(r.updated_ns), false))
+                                Ok(self.shown.dir(ino, 0o755, time_of(r.updated_ns), false))
                             }
                             (None, None) => Err(Error::NotFound),
                         }
                     }
                     _ => {
                         if self.dir_present(path, &comps)? {
-                            Ok(self.dir_attr(ino, 0o755, self.started, shared))
+                            Ok(self.shown.dir(ino, 0o755, self.shown.started, shared))
                         } else {
                             Err(Error::NotFound)
                         }
@@ -134,12 +93,14 @@ impl Fs {
             Key::Draft { node, name } => {
                 let file = self.draft_file(c, node, name)?;
                 let f = read_lock(&file);
-                Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false))
+                Ok(self
+                    .shown
+                    .file(ino, f.data.len() as u64, f.mode, f.mtime, false))
             }
             Key::Scratch(path) => self.scratch_attr(c, path, ino),
             Key::AccountCtxfs(account) => {
                 self.gate(c, account, false)?;
-                Ok(self.dir_attr(ino, 0o555, self.started, false))
+                Ok(self.shown.dir(ino, 0o555, self.shown.started, false))
             }
             Key::AsOfRoot(_)
             | Key::AsOf { .. }
@@ -383,7 +344,8 @@ impl Fs {
         f: &crate::store::FileRec,
     ) -> Attr {
         let shared = rec.status != Status::Broken && !self.expires(&rec.path);
-        self.file_attr(ino, f.size, f.mode, time_of(f.mtime_ns), shared)
+        self.shown
+            .file(ino, f.size, f.mode, time_of(f.mtime_ns), shared)
     }
 
     pub fn lookup(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
@@ -402,11 +364,15 @@ impl Fs {
             if let Ok(h) = self.handle(fh) {
                 if let Handle::Draft(d) = &*h {
                     let f = read_lock(&d.file);
-                    return Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false));
+                    return Ok(self
+                        .shown
+                        .file(ino, f.data.len() as u64, f.mode, f.mtime, false));
                 }
                 if let Handle::Scratch(s) = &*h {
                     let f = read_lock(s.file());
-                    return Ok(self.file_attr(ino, f.data.len() as u64, f.mode, f.mtime, false));
+                    return Ok(self
+                        .shown
+                        .file(ino, f.data.len() as u64, f.mode, f.mtime, false));
                 }
             }
         }

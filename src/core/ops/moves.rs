@@ -30,7 +30,7 @@ impl Fs {
         dst: &str,
         noreplace: bool,
     ) -> Result<()> {
-        let _g = self.lock_two(src, dst);
+        let _g = self.drafts.lock_two(src, dst);
         let rec = self.live_node(src)?;
         let draft = self.draft(src);
         if rec.is_none() && draft.is_none() {
@@ -74,14 +74,14 @@ impl Fs {
         // The kernel moves its dentry of `src` to `dst` when this returns:
         // the inodes of it and everything below follow at once; the
         // entries are dropped after.
-        lock(&self.inodes).rename_tree(src, dst);
+        lock(&self.kernel.inodes).rename_tree(src, dst);
         // The kernel moved its dentry to an inode named by the old path.
         for path in [src, dst] {
             let (parent, name) = place::parent_name(path);
             self.invalidate(parent, &[name], false);
             self.invalidate_views(path);
         }
-        self.stats.moves.fetch_add(1, Ordering::Relaxed);
+        self.metrics.nodes.moves.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -8,7 +8,6 @@ use crate::core::ops::view_names;
 use crate::core::ops::Intent;
 use crate::core::ops::Key;
 use crate::core::scratch;
-use crate::core::stripe_of;
 use crate::core::Attr;
 use crate::core::Caller;
 use crate::core::DFile;
@@ -31,7 +30,6 @@ use crate::store::NodeRec;
 use crate::store::Op;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::MutexGuard;
 use std::sync::RwLock;
 
 impl Fs {
@@ -82,7 +80,7 @@ impl Fs {
                 self.invalidate_views(&path);
             }
             DirPlace::Node => {
-                let _g = self.stripe(&path);
+                let _g = self.drafts.stripe(&path);
                 if self.live_node(&path)?.is_some() || self.draft(&path).is_some() {
                     return Err(Error::Exists);
                 }
@@ -104,7 +102,7 @@ impl Fs {
         let Ok(pkey) = self.key_of(parent) else {
             return;
         };
-        let mut inodes = lock(&self.inodes);
+        let mut inodes = lock(&self.kernel.inodes);
         match pkey {
             Key::Dir(p) => {
                 let path: Arc<str> = Arc::from(join(&p, name));
@@ -224,7 +222,7 @@ impl Fs {
         }
         self.gate(c, path, true)?;
         for node in pending {
-            let _g = self.stripe(&node);
+            let _g = self.drafts.stripe(&node);
             // Committed meanwhile: a node the directory now holds.
             if self.store.get_node(&node)?.is_some() {
                 return Err(Error::NotEmpty);
@@ -238,7 +236,7 @@ impl Fs {
     }
 
     pub(in crate::core) fn delete_node(&self, c: Caller, node: &str) -> Result<()> {
-        let _g = self.stripe(node);
+        let _g = self.drafts.stripe(node);
         let rec = self.live_node(node)?;
         let draft = self.draft(node);
         if rec.is_none() && draft.is_none() {
@@ -272,7 +270,7 @@ impl Fs {
         self.drafts.remove(node);
         self.invalidate_views(node);
         self.as_of.forget_account(place::account_of(node));
-        self.stats.deletes.fetch_add(1, Ordering::Relaxed);
+        self.metrics.nodes.deletes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -376,7 +374,7 @@ impl Fs {
         if place::classify_dir(&place::split(node))? != DirPlace::Node {
             return self.child_key(c, &pkey, name).and(Err(Error::IsDir));
         }
-        let _g = self.stripe(node);
+        let _g = self.drafts.stripe(node);
         let rec = self.live_node(node)?;
         let in_committed = rec.as_ref().and_then(|r| r.file(name)).is_some();
         let draft = match self.draft(node) {
@@ -477,22 +475,6 @@ impl Fs {
         self.move_node(c, &src, &dst, noreplace)
     }
 
-    pub(in crate::core) fn lock_two(
-        &self,
-        a: &str,
-        b: &str,
-    ) -> (MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>) {
-        let (i, j) = (stripe_of(a), stripe_of(b));
-        if i == j {
-            (lock(&self.stripes[i]), None)
-        } else {
-            let (lo, hi) = (i.min(j), i.max(j));
-            let g1 = lock(&self.stripes[lo]);
-            let g2 = lock(&self.stripes[hi]);
-            (g1, Some(g2))
-        }
-    }
-
     pub(in crate::core) fn rename_file(
         &self,
         c: Caller,
@@ -508,7 +490,7 @@ impl Fs {
             }
         }
         place::check_file_name(dname)?;
-        let _g = self.lock_two(sn, dn);
+        let _g = self.drafts.lock_two(sn, dn);
         if self.node_for(dn, Access::Write).is_err() {
             return Err(Error::NotFound);
         }
