@@ -244,6 +244,118 @@ fn b(v: &[u8]) -> Param {
     Box::new(v.to_vec())
 }
 
+/// How a table's rows are keyed after the account: by a path's parent and
+/// name (`$1`–`$3` of the statement), or by the whole path (`$1`–`$2`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum By {
+    Path,
+    Key,
+}
+
+/// An op that is one statement on one keyed row: the statement, the
+/// parameters after the key, and the kind of change other daemons hear
+/// of (`None`: nothing to tell).
+struct Keyed<'a> {
+    by: By,
+    sql: &'static str,
+    path: &'a str,
+    more: Vec<Param>,
+    feed: Option<&'static str>,
+}
+
+/// The statement of an op on one keyed row; `None` for the ops
+/// `apply_ops` queues itself (those that read first, batch rows, or carry
+/// no path).
+fn keyed(op: &Op) -> Result<Option<Keyed<'_>>> {
+    fn k<'a>(
+        by: By,
+        sql: &'static str,
+        path: &'a str,
+        more: Vec<Param>,
+        feed: Option<&'static str>,
+    ) -> Option<Keyed<'a>> {
+        Some(Keyed {
+            by,
+            sql,
+            path,
+            more,
+            feed,
+        })
+    }
+    Ok(match op {
+        // Locks the node row and raises `schema::CONFLICT` unless the node
+        // is at `version` (none: it must not exist).
+        Op::Expect { path, version } => k(
+            By::Path,
+            "SELECT ctxfs_expect($1, $2, $3, $4) /* account */",
+            path,
+            vec![Box::new(version.map(|v| v as i32))],
+            None,
+        ),
+        Op::PutNode { path, rec } => k(
+            By::Path,
+            "INSERT INTO nodes (account, parent, name, rec, version) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (account, parent, name) DO UPDATE SET rec = EXCLUDED.rec, version = EXCLUDED.version",
+            path,
+            vec![Box::new(encode(rec)?), Box::new(rec.version as i32)],
+            Some("node"),
+        ),
+        Op::DelNode { path } => k(
+            By::Path,
+            "DELETE FROM nodes WHERE account = $1 AND parent = $2 AND name = $3",
+            path,
+            vec![],
+            Some("node"),
+        ),
+        Op::PutScratch { path, data } => k(
+            By::Path,
+            "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (account, parent, name) DO UPDATE SET data = EXCLUDED.data",
+            path,
+            vec![b(data)],
+            Some("scratch"),
+        ),
+        Op::DelScratch { path } => k(
+            By::Path,
+            "DELETE FROM scratch WHERE account = $1 AND parent = $2 AND name = $3",
+            path,
+            vec![],
+            Some("scratch"),
+        ),
+        Op::PutExpiry { path, at_ns } => k(
+            By::Key,
+            "INSERT INTO expiry (account, path, at_ns) VALUES ($1, $2, $3) \
+             ON CONFLICT (account, path) DO UPDATE SET at_ns = EXCLUDED.at_ns",
+            path,
+            vec![n(*at_ns)],
+            Some("expiry"),
+        ),
+        Op::DelExpiry { path } => k(
+            By::Key,
+            "DELETE FROM expiry WHERE account = $1 AND path = $2",
+            path,
+            vec![],
+            Some("expiry"),
+        ),
+        Op::PutIx { path, data } => k(
+            By::Key,
+            "INSERT INTO ix_docs (account, path, data) VALUES ($1, $2, $3) \
+             ON CONFLICT (account, path) DO UPDATE SET data = EXCLUDED.data",
+            path,
+            vec![b(data)],
+            Some("ix"),
+        ),
+        Op::DelIx { path } => k(
+            By::Key,
+            "DELETE FROM ix_docs WHERE account = $1 AND path = $2",
+            path,
+            vec![],
+            Some("ix"),
+        ),
+        _ => None,
+    })
+}
+
 /// Queue `ops` on `pl`; the changes other daemons must hear of go to
 /// `changes`, and the answer says whether a `NOTIFY` is due even without
 /// them (a directory that feeds its own change if it is new).
@@ -271,36 +383,17 @@ async fn apply_ops(
     let mut notify = false;
     let mut rows = Rows::default();
     for op in ops {
+        if let Some(k) = keyed(op)? {
+            match k.by {
+                By::Path => at_path(pl, k.sql, k.path, k.more),
+                By::Key => at_key(pl, k.sql, k.path, k.more),
+            }
+            if let Some(kind) = k.feed {
+                feed(k.path, kind);
+            }
+            continue;
+        }
         match op {
-            Op::Expect { path, version } => {
-                // Locks the node row and raises `schema::CONFLICT` unless
-                // the node is at `version` (none: it must not exist).
-                at_path(
-                    pl,
-                    "SELECT ctxfs_expect($1, $2, $3, $4) /* account */",
-                    path,
-                    vec![Box::new(version.map(|v| v as i32))],
-                );
-            }
-            Op::PutNode { path, rec } => {
-                at_path(
-                    pl,
-                    "INSERT INTO nodes (account, parent, name, rec, version) VALUES ($1, $2, $3, $4, $5) \
-                     ON CONFLICT (account, parent, name) DO UPDATE SET rec = EXCLUDED.rec, version = EXCLUDED.version",
-                    path,
-                    vec![Box::new(encode(rec)?), Box::new(rec.version as i32)],
-                );
-                feed(path, "node");
-            }
-            Op::DelNode { path } => {
-                at_path(
-                    pl,
-                    "DELETE FROM nodes WHERE account = $1 AND parent = $2 AND name = $3",
-                    path,
-                    vec![],
-                );
-                feed(path, "node");
-            }
             Op::PutDir { path } => {
                 rows.dirs.insert(path.clone());
                 notify = true;
@@ -382,25 +475,6 @@ async fn apply_ops(
                 put_event(pl, Queue::Outbox, account, *seq, node_path, json, shard)?;
             }
             Op::DropDead { seq, account, .. } => drop_event(pl, Queue::Dead, account, *seq, shard),
-            Op::PutScratch { path, data } => {
-                at_path(
-                    pl,
-                    "INSERT INTO scratch (account, parent, name, data) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (account, parent, name) DO UPDATE SET data = EXCLUDED.data",
-                    path,
-                    vec![b(data)],
-                );
-                feed(path, "scratch");
-            }
-            Op::DelScratch { path } => {
-                at_path(
-                    pl,
-                    "DELETE FROM scratch WHERE account = $1 AND parent = $2 AND name = $3",
-                    path,
-                    vec![],
-                );
-                feed(path, "scratch");
-            }
             Op::AppendLog {
                 path,
                 data,
@@ -410,44 +484,6 @@ async fn apply_ops(
                 rows.queue(pl, shard, origin);
                 append_log(c, pl, path, data, *mode, *mtime_ns).await?;
                 feed(path, "scratch");
-            }
-            Op::PutExpiry { path, at_ns } => {
-                at_key(
-                    pl,
-                    "INSERT INTO expiry (account, path, at_ns) VALUES ($1, $2, $3) \
-                     ON CONFLICT (account, path) DO UPDATE SET at_ns = EXCLUDED.at_ns",
-                    path,
-                    vec![n(*at_ns)],
-                );
-                feed(path, "expiry");
-            }
-            Op::DelExpiry { path } => {
-                at_key(
-                    pl,
-                    "DELETE FROM expiry WHERE account = $1 AND path = $2",
-                    path,
-                    vec![],
-                );
-                feed(path, "expiry");
-            }
-            Op::PutIx { path, data } => {
-                at_key(
-                    pl,
-                    "INSERT INTO ix_docs (account, path, data) VALUES ($1, $2, $3) \
-                     ON CONFLICT (account, path) DO UPDATE SET data = EXCLUDED.data",
-                    path,
-                    vec![b(data)],
-                );
-                feed(path, "ix");
-            }
-            Op::DelIx { path } => {
-                at_key(
-                    pl,
-                    "DELETE FROM ix_docs WHERE account = $1 AND path = $2",
-                    path,
-                    vec![],
-                );
-                feed(path, "ix");
             }
             // The embedding cache is content-addressed (model, hash of the
             // text) and shared: it holds no path and no text (on an
@@ -468,6 +504,16 @@ async fn apply_ops(
                 );
             }
             Op::PutDraft { .. } | Op::DelDraft { .. } => {}
+            // One keyed row each: `keyed` above.
+            Op::Expect { .. }
+            | Op::PutNode { .. }
+            | Op::DelNode { .. }
+            | Op::PutScratch { .. }
+            | Op::DelScratch { .. }
+            | Op::PutExpiry { .. }
+            | Op::DelExpiry { .. }
+            | Op::PutIx { .. }
+            | Op::DelIx { .. } => {}
             Op::Count { key, delta } => *rows.counts.entry(key.clone()).or_default() += delta,
             // On a shared store node, blob and event ids come from `alloc`,
             // which moved their marks already: setting them again would
@@ -770,4 +816,112 @@ fn drop_event(pl: &mut Pipeline, q: Queue, account: &str, seq: u64, shard: i16) 
         sql,
         vec![s(account), n(seq), s(&q.counter(account)), Box::new(shard)],
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NodeRec, Status};
+
+    /// Each op on one keyed row as a table: how its table is keyed, what
+    /// other daemons hear, and a statement whose placeholders are exactly
+    /// the key's columns and the parameters after them (a parameter
+    /// missing or left over fails only at run time on PostgreSQL).
+    #[test]
+    fn each_keyed_op_and_its_statement_as_a_table() {
+        let path = "acme/users/u/memories/a/b".to_string();
+        let rec = NodeRec {
+            id: 7,
+            path: path.clone(),
+            status: Status::Active,
+            version: 2,
+            created_at: String::new(),
+            updated_at: String::new(),
+            updated_ns: 0,
+            files: Vec::new(),
+        };
+        let p = || path.clone();
+        let data = || vec![1u8, 2];
+        let rows: Vec<(Op, By, &str, Option<&str>)> = vec![
+            (
+                Op::Expect {
+                    path: p(),
+                    version: Some(1),
+                },
+                By::Path,
+                "ctxfs_expect",
+                None,
+            ),
+            (
+                Op::PutNode { path: p(), rec },
+                By::Path,
+                "nodes",
+                Some("node"),
+            ),
+            (Op::DelNode { path: p() }, By::Path, "nodes", Some("node")),
+            (
+                Op::PutScratch {
+                    path: p(),
+                    data: data(),
+                },
+                By::Path,
+                "scratch",
+                Some("scratch"),
+            ),
+            (
+                Op::DelScratch { path: p() },
+                By::Path,
+                "scratch",
+                Some("scratch"),
+            ),
+            (
+                Op::PutExpiry {
+                    path: p(),
+                    at_ns: 5,
+                },
+                By::Key,
+                "expiry",
+                Some("expiry"),
+            ),
+            (
+                Op::DelExpiry { path: p() },
+                By::Key,
+                "expiry",
+                Some("expiry"),
+            ),
+            (
+                Op::PutIx {
+                    path: p(),
+                    data: data(),
+                },
+                By::Key,
+                "ix_docs",
+                Some("ix"),
+            ),
+            (Op::DelIx { path: p() }, By::Key, "ix_docs", Some("ix")),
+        ];
+        for (op, by, table, feed) in rows {
+            let k = keyed(&op).unwrap().expect("a keyed op");
+            assert_eq!((k.by, k.path, k.feed), (by, path.as_str(), feed), "{op:?}");
+            assert!(k.sql.contains(table), "{op:?}: {}", k.sql);
+            let key = match by {
+                By::Path => 3,
+                By::Key => 2,
+            };
+            let highest = (1..=9).filter(|i| k.sql.contains(&format!("${i}"))).max();
+            assert_eq!(highest, Some(key + k.more.len()), "{op:?}: {}", k.sql);
+        }
+        // Ops that read first, batch their rows or carry no path are not.
+        for op in [
+            Op::PutDir { path: p() },
+            Op::DelDir { path: p() },
+            Op::DropHistory { node_id: 7 },
+            Op::DelVec {
+                model: "m".into(),
+                hash: 1,
+            },
+        ] {
+            assert!(keyed(&op).unwrap().is_none(), "{op:?}");
+        }
+    }
 }
