@@ -135,6 +135,17 @@ fn the_tree_as_it_stood_then_read_only_and_deletes_stay_deleted() {
     );
     m.fails(
         WRITER,
+        &format!("mv \"{now}/notes/a\" \"{then}/notes/a2\""),
+        "Read-only file system",
+    );
+    m.fails(
+        WRITER,
+        &format!("rmdir \"{then}/notes/a\""),
+        "Read-only file system",
+    );
+    m.fails(WRITER, "rm \"$M/accounts/acme/.as-of\"", "Is a directory");
+    m.fails(
+        WRITER,
         &format!("echo x > \"{then}/notes/a/content.md\""),
         "not permitted",
     );

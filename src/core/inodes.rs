@@ -30,30 +30,6 @@ pub enum Key {
     Scratch(Arc<str>),
     /// `accounts/{a}/.ctxfs/`: the account's own files (reached by path).
     AccountCtxfs(Arc<str>),
-    /// `accounts/{a}/.as-of/`: reached by path, lists nothing.
-    AsOfRoot(Arc<str>),
-    /// A directory of `accounts/{a}/.as-of/{time}/`: `path` is its place
-    /// at `at` (ns since the epoch), `time` the name it was reached by.
-    AsOf {
-        time: Arc<str>,
-        at: i128,
-        path: Arc<str>,
-    },
-    /// `accounts/{a}/.as-of/{time}/restore`: a path written here is
-    /// committed again as it was then.
-    AsOfRestore {
-        time: Arc<str>,
-        at: i128,
-        account: Arc<str>,
-    },
-    /// `.search/` of a directory `dir` of an as-of view (`name` `None`),
-    /// or a query file in it: searches the versions current at `at`.
-    AsOfSearch {
-        time: Arc<str>,
-        at: i128,
-        dir: Arc<str>,
-        name: Option<Arc<str>>,
-    },
     /// A name of a feature that owns its virtual files (`core::features`).
     Virtual(VKey),
 }

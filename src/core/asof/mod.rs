@@ -23,8 +23,11 @@
 //! nodes, so a node deleted after the view was built is gone at once, and
 //! one moved is found at its new place when the view is built again.
 
+mod files;
 mod restore;
 mod search;
+
+pub(in crate::core) use files::{AsOfFiles, Past};
 
 use super::features::version_file_key;
 use super::inodes::Key;
@@ -306,7 +309,7 @@ impl Fs {
     }
 
     /// `accounts/A/.as-of/NAME`: the view's root.
-    pub(super) fn as_of_root_child(&self, c: Caller, account: &str, name: &str) -> Result<Key> {
+    pub(super) fn as_of_root_child(&self, c: Caller, account: &str, name: &str) -> Result<Past> {
         self.gate(c, account, false)?;
         let at = parse_time(name)?;
         let now = std::time::SystemTime::now()
@@ -317,7 +320,7 @@ impl Fs {
         if at > now {
             return Err(Error::NotFound);
         }
-        Ok(Key::AsOf {
+        Ok(Past::Dir {
             time: Arc::from(name),
             at,
             path: Arc::from(account),
@@ -344,10 +347,10 @@ impl Fs {
     pub(super) fn as_of_child(
         &self,
         c: Caller,
-        parent: &Key,
+        parent: &Past,
         name: &str,
     ) -> Result<(Key, Option<Attr>)> {
-        if let Key::AsOfSearch {
+        if let Past::Search {
             time,
             at,
             dir,
@@ -356,28 +359,28 @@ impl Fs {
         {
             self.gate(c, dir, false)?;
             super::search::parse_query_name(name)?;
-            let key = Key::AsOfSearch {
+            let key = Past::Search {
                 time: time.clone(),
                 at: *at,
                 dir: dir.clone(),
                 name: Some(Arc::from(name)),
             };
-            return Ok((key, None));
+            return Ok((key.key(), None));
         }
-        let Key::AsOf { time, at, path } = parent else {
+        let Past::Dir { time, at, path } = parent else {
             return Err(Error::NotDir);
         };
         let account = place::account_of(path);
         let access = self.gate(c, path, false)?;
         let view = self.as_of_view(account, *at)?;
         if name == SEARCH_DIR && view.is_dir(path) {
-            let key = Key::AsOfSearch {
+            let key = Past::Search {
                 time: time.clone(),
                 at: *at,
                 dir: path.clone(),
                 name: None,
             };
-            return Ok((key, None));
+            return Ok((key.key(), None));
         }
         if let Some(placed) = view.node(path) {
             let rec = self.placed_rec(placed, access)?.ok_or(Error::NotFound)?;
@@ -386,44 +389,44 @@ impl Fs {
             return Ok((key, None));
         }
         if name == RESTORE && !path.contains('/') {
-            let key = Key::AsOfRestore {
+            let key = Past::Restore {
                 time: time.clone(),
                 at: *at,
                 account: path.clone(),
             };
-            return Ok((key, None));
+            return Ok((key.key(), None));
         }
         let child = format!("{path}/{name}");
         let access = self.gate(c, &child, false)?;
         let attr = self.view_dir_attr(&view, &child, access, 0)?;
-        let key = Key::AsOf {
+        let key = Past::Dir {
             time: time.clone(),
             at: *at,
             path: Arc::from(child),
         };
-        Ok((key, Some(attr)))
+        Ok((key.key(), Some(attr)))
     }
 
     /// Attributes of `.as-of/` and of a view's directories (read-only; a
     /// node's directory carries its version's time, the others the view's).
-    pub(super) fn as_of_attr(&self, c: Caller, key: &Key, ino: u64) -> Result<Attr> {
-        match key {
-            Key::AsOfRoot(account) => {
+    pub(super) fn as_of_attr(&self, c: Caller, past: &Past, ino: u64) -> Result<Attr> {
+        match past {
+            Past::Root { account } => {
                 self.gate(c, account, false)?;
                 Ok(self.shown.dir(ino, 0o555, self.shown.started, false))
             }
-            Key::AsOfRestore { account, .. } => {
+            Past::Restore { account, .. } => {
                 self.gate(c, account, false)?;
                 let size = self.as_of_restore_text(c, account).len() as u64;
                 Ok(self.shown.file(ino, size, 0o644, self.shown.started, false))
             }
-            Key::AsOf { at, path, .. } => {
+            Past::Dir { at, path, .. } => {
                 let account = place::account_of(path);
                 let access = self.gate(c, path, false)?;
                 let view = self.as_of_view(account, *at)?;
                 self.view_dir_attr(&view, path, access, ino)
             }
-            Key::AsOfSearch { dir, name, .. } => {
+            Past::Search { dir, name, .. } => {
                 self.gate(c, dir, false)?;
                 Ok(match name {
                     None => self.shown.dir(ino, 0o555, self.shown.started, false),
@@ -432,15 +435,14 @@ impl Fs {
                         .file(ino, 0, 0o444, std::time::SystemTime::now(), false),
                 })
             }
-            _ => Err(Error::NotFound),
         }
     }
 
     /// The entries of a view's directory: its directories and nodes then,
     /// or a node's files then.
-    pub(super) fn as_of_list(&self, c: Caller, key: &Key) -> Result<Vec<(Key, String, Kind)>> {
+    pub(super) fn as_of_list(&self, c: Caller, past: &Past) -> Result<Vec<(Key, String, Kind)>> {
         let mut out = Vec::new();
-        let Key::AsOf { time, at, path } = key else {
+        let Past::Dir { time, at, path } = past else {
             // `.as-of/` itself lists nothing: any time is reached by path.
             return Ok(out);
         };
@@ -470,12 +472,12 @@ impl Fs {
                     continue;
                 }
             }
-            let k = Key::AsOf {
+            let k = Past::Dir {
                 time: time.clone(),
                 at: *at,
                 path: Arc::from(format!("{path}/{name}")),
             };
-            out.push((k, name, Kind::Dir));
+            out.push((k.key(), name, Kind::Dir));
         }
         Ok(out)
     }

@@ -2,7 +2,6 @@
 //! again as it was at T, every node or none.
 
 use crate::config::Access;
-use crate::core::inodes::Key;
 use crate::core::{Caller, Control, Fs, Handle, Opened, RestoreHandle};
 use crate::error::{Error, Result};
 use crate::schema::place::{self, NODE_FILES};
@@ -57,17 +56,15 @@ impl Fs {
     pub(in crate::core) fn as_of_restore_open(
         &self,
         c: Caller,
-        key: &Key,
+        account: &Arc<str>,
+        at: i128,
         write: bool,
     ) -> Result<Opened> {
-        let Key::AsOfRestore { at, account, .. } = key else {
-            return Err(Error::NotFound);
-        };
         if write {
             self.gate_writes_in(c, account)?;
             let fh = self.new_handle(Handle::Restore(RestoreHandle::new(
                 account.clone(),
-                Control::RestoreAsOf { at: *at },
+                Control::RestoreAsOf { at },
                 c.by(Some("restore")),
             )));
             return Ok(Opened {

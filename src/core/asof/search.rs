@@ -2,9 +2,9 @@
 //! live search ranks now, through an exact index of the view kept while
 //! it is searched (`index::past`).
 
+use super::Past;
 use super::View;
 use crate::config::Access;
-use crate::core::inodes::Key;
 use crate::core::{Caller, Fs};
 use crate::error::{Error, Result};
 use crate::index::{PastDoc, PastIndex, Query};
@@ -50,13 +50,13 @@ impl Fs {
 
     /// `.as-of/T/DIR/.search/QUERY`: the versions current at T under DIR,
     /// ranked as the live search ranks (see `index::past`).
-    pub(in crate::core) fn as_of_search_file(&self, c: Caller, key: &Key) -> Result<Vec<u8>> {
-        let Key::AsOfSearch {
+    pub(in crate::core) fn as_of_search_file(&self, c: Caller, past: &Past) -> Result<Vec<u8>> {
+        let Past::Search {
             time,
             at,
             dir,
             name,
-        } = key
+        } = past
         else {
             return Err(Error::NotFound);
         };

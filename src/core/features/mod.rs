@@ -9,7 +9,7 @@
 //! and `rename` in its own directories too; other changes (write-open of
 //! a directory, mkdir) are refused by the operations' fallbacks (`EPERM`).
 //! A feature with a module of its own implements the trait there (the
-//! inbox, `inbox/files.rs`).
+//! inbox, `inbox/files.rs`; the past, `asof/files.rs`).
 //!
 //! The recipe for a new virtual file: a file here with a unit struct
 //! implementing `Feature`, its `mod` line and its entry in `FEATURES`
@@ -41,6 +41,26 @@ pub(in crate::core) trait Feature: Sync {
     /// The key of `name` in directory `parent`, when this feature puts
     /// something there (`None`: not its name).
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>>;
+
+    /// [`Feature::lookup`] with the attributes, when finding the key read
+    /// them already (the kernel asks for them next).
+    fn lookup_attr(
+        &self,
+        fs: &Fs,
+        c: Caller,
+        parent: &Key,
+        name: &str,
+    ) -> Option<Result<(Key, Option<Attr>)>> {
+        self.lookup(fs, c, parent, name)
+            .map(|r| r.map(|k| (k, None)))
+    }
+
+    /// Are its directories read-only (mkdir, create, unlink, rmdir and
+    /// rename in them `EROFS`, as the past is)? Otherwise each of those
+    /// asks its own method below, or is refused with `EPERM`.
+    fn read_only(&self) -> bool {
+        false
+    }
 
     /// What it adds to the listing of `parent` (the same for every caller
     /// the listing is shown to: the kernel may cache it with the rest).
@@ -124,6 +144,7 @@ static FEATURES: &[&dyn Feature] = &[
     &outbox::Outbox,
     &versions::Versions,
     &crate::core::inbox::InboxFiles,
+    &crate::core::asof::AsOfFiles,
 ];
 
 /// `accounts/{a}/.ctxfs/FILE` of feature `id`: its key when `name` is
@@ -196,16 +217,25 @@ pub(in crate::core) fn owner(key: &VKey) -> Result<&'static dyn Feature> {
 }
 
 impl Fs {
-    /// The key a feature gives `name` in `parent`, if one does.
+    /// The key a feature gives `name` in `parent`, if one does, with its
+    /// attributes when they were at hand.
     pub(in crate::core) fn feature_lookup(
         &self,
         c: Caller,
         parent: &Key,
         name: &str,
-    ) -> Option<Result<Key>> {
+    ) -> Option<Result<(Key, Option<Attr>)>> {
         FEATURES
             .iter()
-            .find_map(|f| f.lookup(self, c, parent, name))
+            .find_map(|f| f.lookup_attr(self, c, parent, name))
+    }
+
+    /// `EROFS` when `dir` is a directory of a read-only feature.
+    pub(in crate::core) fn refuse_in_read_only(&self, dir: &Key) -> Result<()> {
+        match dir {
+            Key::Virtual(v) if owner(v)?.read_only() => Err(Error::ReadOnly),
+            _ => Ok(()),
+        }
     }
 
     /// What the features add to the listing of `parent`.

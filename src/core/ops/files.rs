@@ -120,22 +120,8 @@ impl Fs {
     pub fn open(&self, c: Caller, ino: u64, flags: i32) -> Result<Opened> {
         let key = self.key_of(ino)?;
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let data = |bytes: Vec<u8>| -> Result<Opened> {
-            if write {
-                return Err(Error::NotPermitted("read-only virtual file"));
-            }
-            let fh = self.new_handle(Handle::Data(Arc::from(bytes)));
-            Ok(Opened {
-                fh,
-                direct_io: true,
-                keep_cache: false,
-                no_flush: true,
-            })
-        };
         match &key {
             Key::Scratch(path) => self.scratch_open(c, path, flags),
-            Key::AsOfRestore { .. } => self.as_of_restore_open(c, &key, write),
-            Key::AsOfSearch { .. } => data(self.as_of_search_file(c, &key)?),
             Key::Virtual(v) => crate::core::features::owner(v)?.open(self, c, v, write),
             Key::File {
                 node,
@@ -216,6 +202,7 @@ impl Fs {
             let attr = self.lookup(c, parent, name)?;
             return Ok((attr, opened));
         }
+        self.refuse_in_read_only(&pkey)?;
         if let Key::Virtual(dir) = &pkey {
             return crate::core::features::owner(dir)?.create(self, c, dir, name);
         }
@@ -225,9 +212,6 @@ impl Fs {
                 return Err(Error::Invalid(
                     "accounts/ holds account directories only".into(),
                 ))
-            }
-            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
-                return Err(Error::ReadOnly)
             }
             _ => return Err(Error::NotPermitted("no files can be created here")),
         };
@@ -434,10 +418,6 @@ impl Fs {
                 return Err(crate::core::features::owner(v)?.setattr(self, c, v));
             }
             Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
-            // `echo N > restore` truncates first: nothing to truncate.
-            Key::AsOfRestore { .. } if sa.mode.is_none() && sa.size == Some(0) => {
-                return self.attr_of(c, &key, ino)
-            }
             Key::Virtual(v)
                 if sa.mode.is_none()
                     && sa.size == Some(0)

@@ -135,12 +135,6 @@ impl Fs {
             }
             // Its files are the features' (usage, batch, audit).
             Key::AccountCtxfs(_) => shared = false,
-            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
-                shared = false;
-                for (k, name, kind) in self.as_of_list(c, &key)? {
-                    entries.push(d(k, &name, kind));
-                }
-            }
             Key::Scratch(dir) => {
                 shared = false;
                 for (name, kind) in self.scratch_list(c, dir)? {

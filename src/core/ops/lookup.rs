@@ -102,10 +102,6 @@ impl Fs {
                 self.gate(c, account, false)?;
                 Ok(self.shown.dir(ino, 0o555, self.shown.started, false))
             }
-            Key::AsOfRoot(_)
-            | Key::AsOf { .. }
-            | Key::AsOfRestore { .. }
-            | Key::AsOfSearch { .. } => self.as_of_attr(c, key, ino),
             Key::Virtual(v) => crate::core::features::owner(v)?.attr(self, c, v, ino),
         }
     }
@@ -231,16 +227,13 @@ impl Fs {
         name: &str,
     ) -> Result<(Key, Option<Attr>)> {
         if let Some(k) = self.feature_lookup(c, parent, name) {
-            return Ok((k?, None));
+            return k;
         }
         if let Key::Dir(path) = parent {
             let access = self.gate(c, path, false)?;
             if place::classify_dir(&place::split(path))? == DirPlace::Node {
                 return self.node_child_key(path, name, access);
             }
-        }
-        if let Key::AsOf { .. } | Key::AsOfSearch { .. } = parent {
-            return self.as_of_child(c, parent, name);
         }
         Ok((self.structural_child_key(c, parent, name)?, None))
     }
@@ -273,11 +266,6 @@ impl Fs {
                 Ok(Key::Scratch(arc(&join(path, name))))
             }
             Key::Scratch(dir) => self.scratch_child(c, dir, name),
-            Key::Dir(path) if name == names::AS_OF_DIR && !path.contains('/') => {
-                self.gate(c, path, false)?;
-                Ok(Key::AsOfRoot(path.clone()))
-            }
-            Key::AsOfRoot(account) => self.as_of_root_child(c, account, name),
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))

@@ -49,7 +49,7 @@ impl Fs {
             }
             Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
             // The past is read-only.
-            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. } => {
+            Key::Virtual(v) if crate::core::features::owner(&v)?.read_only() => {
                 return Err(Error::ReadOnly)
             }
             _ => return Err(Error::NotPermitted("virtual directory")),
@@ -121,7 +121,7 @@ impl Fs {
     fn rmdir_at(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         let pkey = self.key_of(parent)?;
         // A feature's directory in the tree answers for itself.
-        if let Some(Ok(Key::Virtual(v))) = self.feature_lookup(c, &pkey, name) {
+        if let Some(Ok((Key::Virtual(v), _))) = self.feature_lookup(c, &pkey, name) {
             if let Some(r) = crate::core::features::owner(&v)?.rmdir(self, c, &v) {
                 return r;
             }
@@ -340,17 +340,12 @@ impl Fs {
 
     fn unlink_at(&self, c: Caller, parent: u64, name: &str) -> Result<()> {
         let pkey = self.key_of(parent)?;
+        self.refuse_in_read_only(&pkey)?;
         if let Key::Virtual(dir) = &pkey {
             return crate::core::features::owner(dir)?.unlink_in(self, c, dir, name);
         }
         if let Key::Scratch(dir) = &pkey {
             return self.scratch_unlink(c, dir, name, false);
-        }
-        if matches!(
-            pkey,
-            Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. }
-        ) {
-            return Err(Error::ReadOnly);
         }
         let Key::Dir(node) = &pkey else {
             return Err(Error::NotPermitted("virtual directory"));
@@ -366,7 +361,7 @@ impl Fs {
         }
         // A feature's name is its to remove (or refuse).
         if let Some(k) = self.feature_lookup(c, &pkey, name) {
-            return match k? {
+            return match k?.0 {
                 Key::Virtual(v) => crate::core::features::owner(&v)?.unlink(self, c, &v),
                 _ => Err(Error::IsDir),
             };
@@ -407,6 +402,8 @@ impl Fs {
         newname: &str,
         noreplace: bool,
     ) -> Result<()> {
+        self.refuse_in_read_only(&self.key_of(parent)?)?;
+        self.refuse_in_read_only(&self.key_of(newparent)?)?;
         if let (Key::Virtual(from), Key::Virtual(to)) =
             (self.key_of(parent)?, self.key_of(newparent)?)
         {
@@ -430,10 +427,6 @@ impl Fs {
             (_, Key::Scratch(dd)) => {
                 self.gate(c, &dd, true)?;
                 return Err(Error::CrossDevice);
-            }
-            (Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. }, _)
-            | (_, Key::AsOfRoot(_) | Key::AsOf { .. } | Key::AsOfSearch { .. }) => {
-                return Err(Error::ReadOnly);
             }
             _ => {}
         }
