@@ -87,7 +87,12 @@ impl Fs {
     fn lock_name(&self, ino: u64) -> Result<String> {
         Ok(
             match lock(&self.kernel.inodes).key(ino).ok_or(Error::NotFound)? {
-                Key::Scratch(p) => format!("scratch:{p}"),
+                k if crate::core::scratch::entry_of(&k).is_some() => {
+                    format!(
+                        "scratch:{}",
+                        crate::core::scratch::entry_of(&k).unwrap_or("")
+                    )
+                }
                 Key::File { node, name, .. } | Key::Draft { node, name } => {
                     format!("node:{node}/{name}")
                 }

@@ -26,8 +26,6 @@ pub enum Key {
         node: Arc<str>,
         name: Arc<str>,
     },
-    /// A project's scratchpad, anything in it, or its activity log.
-    Scratch(Arc<str>),
     /// `accounts/{a}/.ctxfs/`: the account's own files (reached by path).
     AccountCtxfs(Arc<str>),
     /// A name of a feature that owns its virtual files (`core::features`).

@@ -190,7 +190,7 @@ impl Fs {
     }
 
     pub(super) fn scratch_ino(&self, path: &str) -> Option<u64> {
-        lock(&self.kernel.inodes).peek(&Key::Scratch(Arc::from(path)))
+        lock(&self.kernel.inodes).peek(&crate::core::scratch::key(path))
     }
 
     /// Every inode the kernel may cache (after missed remote changes).

@@ -151,7 +151,8 @@ impl Feature for AsOfFiles {
         fs.as_of_list(c, &Past::of(key)?)
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         match Past::of(key)? {
             Past::Restore { at, account, .. } => fs.as_of_restore_open(c, &account, at, write),
             p @ Past::Search { name: Some(_), .. } => {

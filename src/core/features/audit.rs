@@ -30,7 +30,8 @@ impl Feature for Audit {
             .file(ino, 0, 0o440, std::time::SystemTime::now(), false))
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         if write {
             fs.gate(c, &key.dir, true)?;
             return Err(Error::NotPermitted(

@@ -40,7 +40,8 @@ impl Feature for Batch {
             .file(ino, 0, 0o644, std::time::SystemTime::now(), false))
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         let account = &key.dir;
         if write {
             fs.gate_writes_in(c, account)?;

@@ -63,7 +63,8 @@ impl Feature for CommitError {
             .file(ino, text.len() as u64, 0o444, SystemTime::now(), false))
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         fs.read_only(text(fs, c, &key.dir)?, write)
     }
 

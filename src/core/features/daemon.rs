@@ -58,7 +58,8 @@ impl Feature for DaemonFiles {
             .file(ino, 0, 0o444, std::time::SystemTime::now(), false))
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         if write {
             return Err(Error::NotPermitted("read-only virtual file"));
         }

@@ -82,7 +82,8 @@ impl Feature for Generated {
             .file(ino, 0, 0o444, std::time::SystemTime::now(), false))
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         let dir = &*key.dir;
         // Readers meet EROFS on any write, as everywhere in their account.
         if write {

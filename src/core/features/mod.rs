@@ -30,7 +30,7 @@ pub(in crate::core) use versions::file_key as version_file_key;
 pub(in crate::core) use versions::{version_key, version_place};
 
 use super::inodes::{Key, VKey};
-use super::{Attr, Caller, Fs, Kind, Opened};
+use super::{Attr, Caller, Fs, Kind, Opened, SetAttr};
 use crate::error::{Error, Result};
 
 /// A feature's virtual files.
@@ -76,8 +76,9 @@ pub(in crate::core) trait Feature: Sync {
         Err(Error::NotDir)
     }
 
-    /// Open one of its files (`write`: for writing).
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened>;
+    /// Open one of its files with open(2)'s `flags` ([`writes`]: for
+    /// writing).
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened>;
 
     /// Does `key` take writes (a control file: `echo … > FILE` truncates
     /// it first, which is accepted)?
@@ -107,15 +108,51 @@ pub(in crate::core) trait Feature: Sync {
         None
     }
 
-    /// `create` of `name` in one of its directories, `dir`: the new file's
-    /// attributes and its open handle.
-    fn create(&self, _fs: &Fs, _c: Caller, _dir: &VKey, _name: &str) -> Result<(Attr, Opened)> {
+    /// `create` of `name` in one of its directories, `dir`, with open(2)'s
+    /// `mode` and `flags`: the new file's attributes and its open handle.
+    fn create(
+        &self,
+        _fs: &Fs,
+        _c: Caller,
+        _dir: &VKey,
+        _name: &str,
+        _mode: u32,
+        _flags: i32,
+    ) -> Result<(Attr, Opened)> {
         Err(Error::NotPermitted("no files can be created here"))
     }
 
+    /// `mkdir` of `name` in one of its directories, `dir`.
+    fn mkdir(&self, _fs: &Fs, _c: Caller, _dir: &VKey, _name: &str, _mode: u32) -> Result<()> {
+        Err(Error::NotPermitted("virtual directory"))
+    }
+
+    /// `rmdir` of `name` in one of its directories, `dir`.
+    fn rmdir_in(&self, _fs: &Fs, _c: Caller, _dir: &VKey, _name: &str) -> Result<()> {
+        Err(Error::NotPermitted("virtual directory"))
+    }
+
+    /// A `setattr` of one of its names (`None`: the operations' own rule
+    /// for control files and read-only files answers, see `setattr`).
+    fn change_attr(
+        &self,
+        _fs: &Fs,
+        _c: Caller,
+        _key: &VKey,
+        _ino: u64,
+        _sa: &SetAttr,
+    ) -> Option<Result<Attr>> {
+        None
+    }
+
+    /// `access(W_OK)` of one of its names.
+    fn writable(&self, _fs: &Fs, _c: Caller, _key: &VKey) -> Result<()> {
+        Err(Error::AccessDenied)
+    }
+
     /// `rename` of `name` in its directory `from` to `newname` in its
-    /// directory `to` (a move between two features, or between a feature
-    /// and the tree, is refused before).
+    /// directory `to` (`noreplace`: `RENAME_NOREPLACE`).
+    #[allow(clippy::too_many_arguments)]
     fn rename(
         &self,
         _fs: &Fs,
@@ -124,11 +161,29 @@ pub(in crate::core) trait Feature: Sync {
         _name: &str,
         _to: &VKey,
         _newname: &str,
+        _noreplace: bool,
     ) -> Result<()> {
         Err(Error::NotPermitted(
             "only files and directories of accounts can be renamed",
         ))
     }
+
+    /// A `rename` between one of its directories, `dir`, and a directory
+    /// that is not its own: its refusal (`None`: the tree's rules answer).
+    fn rename_across(&self, _fs: &Fs, _c: Caller, _dir: &VKey) -> Option<Error> {
+        None
+    }
+
+    /// A `rename` of one of its names that appears in a directory of the
+    /// tree, `key` (`None`: the tree's rules answer).
+    fn renamed(&self, _fs: &Fs, _c: Caller, _key: &VKey) -> Option<Result<()>> {
+        None
+    }
+}
+
+/// Does open(2) with `flags` write?
+pub(in crate::core) fn writes(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY
 }
 
 /// Every feature, asked in this order.
@@ -145,6 +200,7 @@ static FEATURES: &[&dyn Feature] = &[
     &versions::Versions,
     &crate::core::inbox::InboxFiles,
     &crate::core::asof::AsOfFiles,
+    &crate::core::scratch::ScratchFiles,
 ];
 
 /// `accounts/{a}/.ctxfs/FILE` of feature `id`: its key when `name` is

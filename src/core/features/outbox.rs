@@ -155,7 +155,8 @@ impl Feature for Outbox {
         Ok(out)
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         let bytes = match at(key)? {
             At::Event(seq) => file(fs, c, &key.dir, seq, false)?,
             At::DeadEvent(seq) => file(fs, c, &key.dir, seq, true)?,
@@ -197,6 +198,7 @@ impl Feature for Outbox {
         name: &str,
         to: &VKey,
         newname: &str,
+        _noreplace: bool,
     ) -> Result<()> {
         if (at(from)?, at(to)?) != (At::Dead, At::Pending) {
             return Err(Error::NotPermitted(

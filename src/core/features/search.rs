@@ -58,7 +58,8 @@ impl Feature for SearchFiles {
         Ok(Vec::new())
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         if key.name.is_empty() {
             return Err(Error::IsDir);
         }

@@ -29,7 +29,8 @@ impl Feature for Usage {
             .file(ino, 0, 0o444, std::time::SystemTime::now(), false))
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         let json = fs.usage_json(c, &key.dir)?;
         fs.read_only(json, write)
     }

@@ -35,7 +35,8 @@ impl Feature for Version {
         Ok(fs.shown.file(ino, 0, 0o444, fs.shown.started, true))
     }
 
-    fn open(&self, fs: &Fs, _c: Caller, _key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, _c: Caller, _key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         let v = serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "store": if fs.store().shared() { "postgresql" } else { "redb" },

@@ -317,7 +317,8 @@ impl Feature for Versions {
         Ok(out)
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         let node = &key.dir;
         let at = at(key)?;
         let data = match &at {

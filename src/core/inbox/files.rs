@@ -113,7 +113,8 @@ impl Feature for InboxFiles {
             .collect())
     }
 
-    fn open(&self, fs: &Fs, c: Caller, key: &VKey, write: bool) -> Result<Opened> {
+    fn open(&self, fs: &Fs, c: Caller, key: &VKey, flags: i32) -> Result<Opened> {
+        let write = crate::core::features::writes(flags);
         if is_dir(key) {
             return Err(Error::IsDir);
         }
@@ -148,7 +149,15 @@ impl Feature for InboxFiles {
         Some(removed())
     }
 
-    fn create(&self, fs: &Fs, c: Caller, dir: &VKey, name: &str) -> Result<(Attr, Opened)> {
+    fn create(
+        &self,
+        fs: &Fs,
+        c: Caller,
+        dir: &VKey,
+        name: &str,
+        _mode: u32,
+        _flags: i32,
+    ) -> Result<(Attr, Opened)> {
         if !is_dir(dir) {
             return Err(Error::NotDir);
         }

@@ -121,8 +121,7 @@ impl Fs {
         let key = self.key_of(ino)?;
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         match &key {
-            Key::Scratch(path) => self.scratch_open(c, path, flags),
-            Key::Virtual(v) => crate::core::features::owner(v)?.open(self, c, v, write),
+            Key::Virtual(v) => crate::core::features::owner(v)?.open(self, c, v, flags),
             Key::File {
                 node,
                 name,
@@ -197,14 +196,9 @@ impl Fs {
         flags: i32,
     ) -> Result<(Attr, Opened)> {
         let pkey = self.key_of(parent)?;
-        if let Key::Scratch(dir) = &pkey {
-            let opened = self.scratch_create(c, dir, name, mode, flags)?;
-            let attr = self.lookup(c, parent, name)?;
-            return Ok((attr, opened));
-        }
         self.refuse_in_read_only(&pkey)?;
         if let Key::Virtual(dir) = &pkey {
-            return crate::core::features::owner(dir)?.create(self, c, dir, name);
+            return crate::core::features::owner(dir)?.create(self, c, dir, name, mode, flags);
         }
         let node = match &pkey {
             Key::Dir(p) => p.clone(),
@@ -404,6 +398,11 @@ impl Fs {
 
     pub fn setattr(&self, c: Caller, ino: u64, fh: Option<u64>, sa: SetAttr) -> Result<Attr> {
         let key = self.key_of(ino)?;
+        if let Key::Virtual(v) = &key {
+            if let Some(r) = crate::core::features::owner(v)?.change_attr(self, c, v, ino, &sa) {
+                return r;
+            }
+        }
         let (node, name) = match &key {
             Key::File { node, name, .. } | Key::Draft { node, name } => {
                 (node.clone(), name.clone())
@@ -417,7 +416,6 @@ impl Fs {
             Key::Virtual(v) if !crate::core::features::owner(v)?.takes_writes(v) => {
                 return Err(crate::core::features::owner(v)?.setattr(self, c, v));
             }
-            Key::Scratch(path) => return self.scratch_setattr(c, path, ino, &sa),
             Key::Virtual(v)
                 if sa.mode.is_none()
                     && sa.size == Some(0)
@@ -467,9 +465,10 @@ impl Fs {
                 Key::Dir(p) => {
                     self.gate(c, p, true)?;
                 }
-                Key::File { node, .. } | Key::Draft { node, .. } | Key::Scratch(node) => {
+                Key::File { node, .. } | Key::Draft { node, .. } => {
                     self.gate(c, node, true)?;
                 }
+                Key::Virtual(v) => crate::core::features::owner(v)?.writable(self, c, v)?,
                 _ => return Err(Error::AccessDenied),
             }
         }

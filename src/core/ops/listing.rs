@@ -9,7 +9,6 @@ use crate::core::ops::view_names;
 use crate::core::ops::Key;
 use crate::core::ops::MAX_LISTINGS;
 use crate::core::ops::READDIR_BATCH;
-use crate::core::scratch;
 use crate::core::Caller;
 use crate::core::DirBatch;
 use crate::core::DirEntry;
@@ -125,23 +124,10 @@ impl Fs {
                         }
                         entries.push(d(Key::Dir(arc(&child)), &n, Kind::Dir));
                     }
-                    if scratch::is_project(path) {
-                        let k = Key::Scratch(arc(&join(path, names::SCRATCHPAD)));
-                        entries.push(d(k, names::SCRATCHPAD, Kind::Dir));
-                        let k = Key::Scratch(arc(&join(path, names::ACTIVITY_LOG)));
-                        entries.push(d(k, names::ACTIVITY_LOG, Kind::File));
-                    }
                 }
             }
             // Its files are the features' (usage, batch, audit).
             Key::AccountCtxfs(_) => shared = false,
-            Key::Scratch(dir) => {
-                shared = false;
-                for (name, kind) in self.scratch_list(c, dir)? {
-                    let k = Key::Scratch(arc(&join(dir, &name)));
-                    entries.push(d(k, &name, kind));
-                }
-            }
             Key::Virtual(v) => {
                 shared = false;
                 for (k, name, kind) in crate::core::features::owner(v)?.list(self, c, v)? {

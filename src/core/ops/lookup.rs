@@ -7,7 +7,6 @@ use crate::core::ops::join;
 use crate::core::ops::read_lock;
 use crate::core::ops::Key;
 use crate::core::ops::NodeView;
-use crate::core::scratch;
 use crate::core::Attr;
 use crate::core::Caller;
 use crate::core::DFile;
@@ -97,7 +96,6 @@ impl Fs {
                     .shown
                     .file(ino, f.data.len() as u64, f.mode, f.mtime, false))
             }
-            Key::Scratch(path) => self.scratch_attr(c, path, ino),
             Key::AccountCtxfs(account) => {
                 self.gate(c, account, false)?;
                 Ok(self.shown.dir(ino, 0o555, self.shown.started, false))
@@ -258,14 +256,6 @@ impl Fs {
                 self.gate(c, name, false)?;
                 Ok(Key::Dir(arc(name)))
             }
-            Key::Dir(path)
-                if scratch::is_project(path)
-                    && (name == names::SCRATCHPAD || name == names::ACTIVITY_LOG) =>
-            {
-                self.gate(c, path, false)?;
-                Ok(Key::Scratch(arc(&join(path, name))))
-            }
-            Key::Scratch(dir) => self.scratch_child(c, dir, name),
             Key::Dir(path) if name == names::CTXFS_DIR && !path.contains('/') => {
                 self.gate(c, path, false)?;
                 Ok(Key::AccountCtxfs(path.clone()))

@@ -20,7 +20,6 @@ use crate::locks::lock;
 use crate::schema::counters;
 use crate::schema::event::Change;
 use crate::schema::event::OutboxEvent;
-use crate::schema::names;
 use crate::schema::place;
 use crate::schema::place::DirPlace;
 use crate::schema::place::META;
@@ -48,10 +47,6 @@ impl Fs {
                 join(&p, name)
             }
             Key::Root | Key::CtxfsDir => return Err(Error::NotPermitted("fixed directory")),
-            // The past is read-only.
-            Key::Virtual(v) if crate::core::features::owner(&v)?.read_only() => {
-                return Err(Error::ReadOnly)
-            }
             _ => return Err(Error::NotPermitted("virtual directory")),
         };
         self.gate(c, &path, true)?;
@@ -59,8 +54,10 @@ impl Fs {
     }
 
     pub fn mkdir(&self, c: Caller, parent: u64, name: &str) -> Result<Attr> {
-        if let Key::Scratch(dir) = self.key_of(parent)? {
-            self.scratch_mkdir(c, &dir, name, 0o755)?;
+        let pkey = self.key_of(parent)?;
+        if let Key::Virtual(dir) = &pkey {
+            self.refuse_in_read_only(&pkey)?;
+            crate::core::features::owner(dir)?.mkdir(self, c, dir, name, 0o755)?;
             return self.lookup(c, parent, name);
         }
         if self.key_of(parent)? == Key::Accounts {
@@ -107,14 +104,17 @@ impl Fs {
             Key::Dir(p) => {
                 let path: Arc<str> = Arc::from(join(&p, name));
                 inodes.detach(&Key::Dir(path.clone()));
-                inodes.detach(&Key::Scratch(path));
+                inodes.detach(&scratch::key(&path));
                 inodes.detach(&Key::Draft {
                     node: p,
                     name: Arc::from(name),
                 });
             }
-            Key::Scratch(p) => inodes.detach(&Key::Scratch(Arc::from(join(&p, name)))),
-            _ => {}
+            ref k => {
+                if let Some(dir) = scratch::entry_of(k) {
+                    inodes.detach(&scratch::key(&join(dir, name)));
+                }
+            }
         }
     }
 
@@ -126,22 +126,9 @@ impl Fs {
                 return r;
             }
         }
-        match pkey {
-            Key::Scratch(dir) => return self.scratch_unlink(c, &dir, name, true),
-            // Like structural directories, an empty scratchpad is
-            // "removed" and shows again, so `rm -r` of a project works.
-            Key::Dir(p) if scratch::is_project(&p) && name == names::SCRATCHPAD => {
-                self.gate(c, &p, true)?;
-                if !self
-                    .store
-                    .list_scratch(&join(&p, names::SCRATCHPAD))?
-                    .is_empty()
-                {
-                    return Err(Error::NotEmpty);
-                }
-                return Ok(());
-            }
-            _ => {}
+        if let Key::Virtual(dir) = &pkey {
+            self.refuse_in_read_only(&pkey)?;
+            return crate::core::features::owner(dir)?.rmdir_in(self, c, dir, name);
         }
         let path = match self.dir_child(c, parent, name) {
             Err(Error::Invalid(_)) if name == place::OUTBOX => {
@@ -344,21 +331,10 @@ impl Fs {
         if let Key::Virtual(dir) = &pkey {
             return crate::core::features::owner(dir)?.unlink_in(self, c, dir, name);
         }
-        if let Key::Scratch(dir) = &pkey {
-            return self.scratch_unlink(c, dir, name, false);
-        }
         let Key::Dir(node) = &pkey else {
             return Err(Error::NotPermitted("virtual directory"));
         };
         self.gate(c, node, true)?;
-        if scratch::is_project(node) && name == names::ACTIVITY_LOG {
-            // The administrator's way out of a log that only grows: uid 0
-            // removes it (then `rm -r` of the project goes through).
-            if c.uid == 0 {
-                return self.scratch_drop_log(node);
-            }
-            return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
-        }
         // A feature's name is its to remove (or refuse).
         if let Some(k) = self.feature_lookup(c, &pkey, name) {
             return match k?.0 {
@@ -404,31 +380,27 @@ impl Fs {
     ) -> Result<()> {
         self.refuse_in_read_only(&self.key_of(parent)?)?;
         self.refuse_in_read_only(&self.key_of(newparent)?)?;
-        if let (Key::Virtual(from), Key::Virtual(to)) =
-            (self.key_of(parent)?, self.key_of(newparent)?)
-        {
-            if from.feature == to.feature {
-                let f = crate::core::features::owner(&from)?;
-                return f.rename(self, c, &from, name, &to, newname);
+        let (pk, nk) = (self.key_of(parent)?, self.key_of(newparent)?);
+        // A feature's name in a directory of the tree answers for itself.
+        if let Key::Dir(_) = &pk {
+            if let Some(Ok((Key::Virtual(v), _))) = self.feature_lookup(c, &pk, name) {
+                if let Some(r) = crate::core::features::owner(&v)?.renamed(self, c, &v) {
+                    return r;
+                }
             }
         }
-        match (self.key_of(parent)?, self.key_of(newparent)?) {
-            (Key::Dir(sp), _) if scratch::is_project(&sp) && name == names::ACTIVITY_LOG => {
-                self.gate(c, &sp, true)?;
-                return Err(Error::NotPermitted("activity_log.jsonl is append-only"));
+        if let (Key::Virtual(from), Key::Virtual(to)) = (&pk, &nk) {
+            if from.feature == to.feature {
+                let f = crate::core::features::owner(from)?;
+                return f.rename(self, c, from, name, to, newname, noreplace);
             }
-            (Key::Scratch(sd), Key::Scratch(dd)) => {
-                return self.scratch_rename(c, &sd, name, &dd, newname, noreplace)
+        }
+        for dir in [&pk, &nk] {
+            if let Key::Virtual(v) = dir {
+                if let Some(e) = crate::core::features::owner(v)?.rename_across(self, c, v) {
+                    return Err(e);
+                }
             }
-            (Key::Scratch(sd), _) => {
-                self.gate(c, &sd, true)?;
-                return Err(Error::CrossDevice);
-            }
-            (_, Key::Scratch(dd)) => {
-                self.gate(c, &dd, true)?;
-                return Err(Error::CrossDevice);
-            }
-            _ => {}
         }
         let (Key::Dir(sp), Key::Dir(dp)) = (self.key_of(parent)?, self.key_of(newparent)?) else {
             return Err(Error::NotPermitted(

@@ -9,6 +9,10 @@
 //! served by the kernel, which keeps the locks of a FUSE file system that
 //! does not take them itself, across all processes of this machine.
 
+mod files;
+
+pub(in crate::core) use files::{entry_of, key, ScratchFiles};
+
 use super::draft::DFile;
 use super::flock::Flocks;
 use super::inodes::Key;
@@ -202,7 +206,7 @@ impl Fs {
     pub(super) fn scratch_child(&self, c: Caller, dir: &str, name: &str) -> Result<Key> {
         self.project_there(c, dir, false)?;
         check_name(name).map_err(|_| Error::NotFound)?;
-        Ok(Key::Scratch(format!("{dir}/{name}").into()))
+        Ok(key(&format!("{dir}/{name}")))
     }
 
     /// Entries of a shared-area directory.
