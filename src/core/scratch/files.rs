@@ -43,7 +43,7 @@ impl Feature for ScratchFiles {
 
     fn lookup(&self, fs: &Fs, c: Caller, parent: &Key, name: &str) -> Option<Result<Key>> {
         match parent {
-            Key::Dir(path) if is_project(path) && (name == SCRATCHPAD || name == ACTIVITY_LOG) => {
+            Key::Dir(path) if (name == SCRATCHPAD || name == ACTIVITY_LOG) && is_project(path) => {
                 Some(
                     fs.gate(c, path, false)
                         .map(|_| key(&format!("{path}/{name}"))),
