@@ -859,6 +859,41 @@ fn a_memory_ranked_first_brings_its_message_up_to_its_place() {
     assert_eq!(names, ["tea", "c1.json#0"], "{one:?}");
 }
 
+/// A search that names one speaker of a conversation ranks that speaker's
+/// own messages higher (a message's label names its speaker): asked about
+/// Sam, Sam's words come first; asked about Priya (whose name reads as
+/// "the user" in her own directory), hers do.
+#[test]
+fn the_speaker_a_search_names_ranks_first() {
+    let none = r#"{"memories":[]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let conv = r#"[{"role":"user","name":"Priya","content":"I adopted a dog from the shelter.","ts":"2026-03-04T10:00:00Z"},
+      {"role":"assistant","name":"Sam","content":"I adopted a dog from the shelter too!","ts":"2026-03-04T10:01:00Z"}]"#;
+    let s = ingest(&m, "c1", conv, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let first = |q: &str| -> String {
+        let out = search(&m, WRITER, "users/priya", q);
+        out.lines()
+            .next()
+            .unwrap_or("")
+            .split('\t')
+            .nth(4)
+            .unwrap_or("")
+            .to_string()
+    };
+    let sam = first("Where did Sam adopt a dog?");
+    assert!(
+        sam.starts_with("#1 Sam (assistant) 2026-03-04T10:01:00Z: I adopted"),
+        "{sam}"
+    );
+    let priya = first("Where did Priya adopt a dog?");
+    assert!(
+        priya.starts_with("#0 Priya (user) 2026-03-04T10:00:00Z: I adopted"),
+        "{priya}"
+    );
+}
+
 /// A conversation removed and written again under its name while the
 /// indexer is behind: no search shows a message of the removed one, even
 /// before its delete events are indexed (a message hit is checked against

@@ -171,6 +171,7 @@ pub fn message_changes(
                     Some(r) => r.redact_text(&text).0,
                     None => text,
                 },
+                name: m.name.clone(),
                 stored_ns: Some(stored_ns),
             };
             (i, change)
@@ -414,9 +415,29 @@ mod tests {
             ("my key [REDACTED]", Some("2026-03-04"))
         );
         assert_eq!(
-            crate::schema::event::message_label(0, "user", Some("2026-03-04"), "a\n  b"),
+            crate::schema::event::message_label(0, "user", None, Some("2026-03-04"), "a\n  b"),
             "#0 user 2026-03-04: a b"
         );
+        let named = crate::schema::event::message_label(
+            3,
+            "assistant",
+            Some("Ann (Lee)\n"),
+            Some("2026-03-04"),
+            "hi (there): x",
+        );
+        assert_eq!(named, "#3 Ann Lee (assistant) 2026-03-04: hi (there): x");
+        assert_eq!(crate::schema::event::label_speaker(&named), Some("Ann Lee"));
+        for unnamed in [
+            "#0 user 2026-03-04: a (b) c",
+            "#7 assistant: word (x)",
+            "plain",
+        ] {
+            assert_eq!(
+                crate::schema::event::label_speaker(unnamed),
+                None,
+                "{unnamed}"
+            );
+        }
         let off = parse(
             "c.json",
             br#"{"searchable": false, "messages": [{"role":"user","content":"x"}]}"#,
@@ -424,7 +445,8 @@ mod tests {
         .unwrap();
         assert!(off.unsearchable && !c.unsearchable);
         assert!(parse("c.json", br#"{"searchable": 0, "messages": []}"#).is_err());
-        let long = crate::schema::event::message_label(7, "assistant", None, &"word ".repeat(100));
+        let long =
+            crate::schema::event::message_label(7, "assistant", None, None, &"word ".repeat(100));
         assert!(long.starts_with("#7 assistant: word"));
         assert_eq!(long.chars().count(), 160);
         assert!(long.ends_with('…'));

@@ -144,9 +144,10 @@ impl Index {
         // user" (`text::owner_neutral`): searched, judged and varied so.
         let neutral =
             super::text::owner_neutral(scope, &q.text).map(|text| Query { text, ..q.clone() });
+        let asked = q.text.as_str();
         let q = neutral.as_ref().unwrap_or(q);
         let t = std::time::Instant::now();
-        let first = self.search(scope, q)?;
+        let first = self.search_as(scope, q, asked)?;
         let first_search_us = t.elapsed().as_micros() as u64;
         let mut judged = self.judge(scope, first, &q.text, semantic, is_live)?;
         let mut tried = vec![Tried {
@@ -174,8 +175,13 @@ impl Index {
                     text: text.clone(),
                     ..q.clone()
                 };
-                let again =
-                    self.judge(scope, self.search(scope, &q2)?, &text, semantic, is_live)?;
+                let again = self.judge(
+                    scope,
+                    self.search_as(scope, &q2, asked)?,
+                    &text,
+                    semantic,
+                    is_live,
+                )?;
                 tried.push(Tried {
                     query: text.clone(),
                     results: again.len(),

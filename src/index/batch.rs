@@ -89,11 +89,18 @@ pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
             role,
             ts,
             text,
+            name,
             stored_ns,
         } => Work::Upsert {
             path: path.clone(),
             texts: vec![(2, text.clone())],
-            label: Some(event::message_label(*message, role, ts.as_deref(), text)),
+            label: Some(event::message_label(
+                *message,
+                role,
+                name.as_deref(),
+                ts.as_deref(),
+                text,
+            )),
             source: *stored_ns,
         },
         event::Change::UpsertRelation { edges } => Work::Relations {

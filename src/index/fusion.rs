@@ -100,6 +100,67 @@ pub(super) fn weighted(score: f32, message: bool, superseded: bool) -> f32 {
     s
 }
 
+/// How much more a message weighs when the query names the one who said
+/// it (and no other speaker among the candidates): on real two-person
+/// chats the evidence of a question about one of them is that person's
+/// own words five times in six (BENCHMARKS, "Memory from real
+/// conversations").
+pub(super) const NAMED_SPEAKER_WEIGHT: f32 = 1.5;
+
+/// The one speaker among `speakers` whom `query` names: every word of the
+/// name is a word of the query, in any case. `None` when it names none of
+/// them, or several.
+pub(super) fn named_speaker<'a>(
+    query: &str,
+    speakers: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let words = |t: &str| -> Vec<String> {
+        t.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let asked = words(query);
+    let mut named: Option<&str> = None;
+    for s in speakers {
+        let name = words(s);
+        if name.is_empty() || !name.iter().all(|w| asked.contains(w)) || named == Some(s) {
+            continue;
+        }
+        if named.is_some() {
+            return None;
+        }
+        named = Some(s);
+    }
+    named
+}
+
+/// Messages said by the one speaker `query` names weigh
+/// [`NAMED_SPEAKER_WEIGHT`] more; the ranking is sorted again.
+pub(super) fn toward_named_speaker(hits: &mut [Hit], query: &str) {
+    let speaker = |h: &Hit| -> Option<String> {
+        (h.level == MESSAGE_LEVEL)
+            .then(|| crate::schema::event::label_speaker(&h.abstract_))
+            .flatten()
+            .map(str::to_string)
+    };
+    let speakers: Vec<String> = hits.iter().filter_map(speaker).collect();
+    let Some(who) = named_speaker(query, speakers.iter().map(String::as_str)).map(str::to_string)
+    else {
+        return;
+    };
+    let mut moved = false;
+    for h in hits.iter_mut() {
+        if speaker(h).as_deref() == Some(who.as_str()) {
+            h.score *= NAMED_SPEAKER_WEIGHT;
+            moved = true;
+        }
+    }
+    if moved {
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
+    }
+}
+
 /// Is a message hit from the conversation stored under its name now
 /// (`stored_now`: when that one was stored; `indexed_from`: when the one
 /// the message was indexed from was)? Not when none is stored (the index
@@ -213,6 +274,65 @@ pub(super) fn draw(out: Vec<Hit>, mut drawn: Vec<(Hit, HashSet<String>)>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_speaker_a_query_names_as_a_table() {
+        // (query, speakers among the candidates) -> the one it names
+        let rows: &[(&str, &[&str], Option<&str>)] = &[
+            ("What did Ann adopt?", &["Ann", "Bob"], Some("Ann")),
+            ("what is ann's dog called", &["Ann", "Bob"], Some("Ann")),
+            ("Did Ann and Bob meet?", &["Ann", "Bob"], None),
+            ("Who adopted a dog?", &["Ann", "Bob"], None),
+            ("What did Annette adopt?", &["Ann"], None),
+            (
+                "What did Ann Lee say?",
+                &["Ann Lee", "Bob"],
+                Some("Ann Lee"),
+            ),
+            ("What did Ann say?", &["Ann Lee"], None),
+            ("What did Ann say?", &["Ann", "Ann"], Some("Ann")),
+        ];
+        for (query, speakers, named) in rows {
+            assert_eq!(
+                named_speaker(query, speakers.iter().copied()),
+                *named,
+                "{query} {speakers:?}"
+            );
+        }
+        let hit = |path: &str, score: f32, label: &str, level: u8| {
+            let mut h = Hit::blank(path);
+            h.score = score;
+            h.abstract_ = label.to_string();
+            h.level = level;
+            h
+        };
+        let mut hits = vec![
+            hit(
+                "a/users/u/inbox/c.json#1",
+                0.6,
+                "#1 Bob (assistant) t: dogs",
+                MESSAGE_LEVEL,
+            ),
+            hit("a/users/u/memories/m", 0.55, "Ann adopted a dog", 2),
+            hit(
+                "a/users/u/inbox/c.json#0",
+                0.5,
+                "#0 Ann (user) t: my dog",
+                MESSAGE_LEVEL,
+            ),
+        ];
+        toward_named_speaker(&mut hits, "What dog did Ann adopt?");
+        let order: Vec<&str> = hits.iter().map(|h| h.abstract_.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "#0 Ann (user) t: my dog",
+                "#1 Bob (assistant) t: dogs",
+                "Ann adopted a dog"
+            ]
+        );
+        assert_eq!(hits[0].score, 0.5 * NAMED_SPEAKER_WEIGHT);
+    }
 
     #[test]
     fn one_result_per_source_as_a_table() {

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::index::fusion::message_live;
 use crate::index::fusion::weighted;
 use crate::index::fusion::Channels;
-use crate::index::fusion::{draw, pick_sources, Source};
+use crate::index::fusion::{draw, pick_sources, toward_named_speaker, Source};
 use crate::index::AccountIndex;
 use crate::index::Graph;
 use crate::index::State;
@@ -106,7 +106,7 @@ impl Index {
     /// hits weighted by its closeness to the query against the best
     /// directory's. Hybrid over the whole scope when there is no directory
     /// to rank (a node's scope) or the vectors are not there.
-    fn search_tree(&self, scope: &str, q: &Query) -> Result<Vec<Hit>> {
+    fn search_tree(&self, scope: &str, q: &Query, asked: &str) -> Result<Vec<Hit>> {
         let flat = Query {
             mode: Mode::Hybrid,
             ..q.clone()
@@ -114,10 +114,10 @@ impl Index {
         let account = place::account_of(scope);
         let ai = self.account_for(account, q.tenant)?;
         if !ai.ready.load(Ordering::Acquire) {
-            return self.search_in(scope, &flat, false);
+            return self.search_in(scope, &flat, asked, false);
         }
         let Ok(qv) = self.query_vec(&q.text) else {
-            return self.search_in(scope, &flat, false);
+            return self.search_in(scope, &flat, asked, false);
         };
         let sums = ai.summaries();
         let mut dirs: Vec<(f32, &Arc<str>)> = sums
@@ -126,13 +126,13 @@ impl Index {
             .map(|(d, v)| (ann::dot(&qv, v), d))
             .collect();
         if dirs.len() <= 1 {
-            return self.search_in(scope, &flat, false);
+            return self.search_in(scope, &flat, asked, false);
         }
         dirs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
         let best = dirs[0].0.max(f32::EPSILON);
         let mut out = Vec::new();
         for (sim, d) in dirs.into_iter().take(TREE_DIRS) {
-            for mut h in self.search_in(d, &flat, true)? {
+            for mut h in self.search_in(d, &flat, asked, true)? {
                 h.score *= (sim / best).max(0.0);
                 // Ranked by score across directories: no grouping here.
                 h.with = None;
@@ -146,20 +146,29 @@ impl Index {
 
     /// The best ACTIVE nodes under `scope` (a path under `accounts/`).
     pub fn search(&self, scope: &str, q: &Query) -> Result<Vec<Hit>> {
+        self.search_as(scope, q, &q.text)
+    }
+
+    /// [`Index::search`] of `q`, asked as `asked` (the words whose speaker
+    /// a message search favours, before the user's own name was made
+    /// neutral).
+    pub(super) fn search_as(&self, scope: &str, q: &Query, asked: &str) -> Result<Vec<Hit>> {
         self.stats.searches.fetch_add(1, Ordering::Relaxed);
-        let neutral = text::owner_neutral(scope, &q.text).map(|text| Query { text, ..q.clone() });
+        let neutral = text::owner_neutral(scope, asked).map(|text| Query { text, ..q.clone() });
         let q = neutral.as_ref().unwrap_or(q);
         if q.mode == Mode::Tree {
-            return self.search_tree(scope, q);
+            return self.search_tree(scope, q, asked);
         }
-        self.search_in(scope, q, false)
+        self.search_in(scope, q, asked, false)
     }
 
     /// The best ACTIVE nodes under `scope`, or with `direct` only those
     /// whose directory is `scope` (its children, and a conversation's
     /// messages when `scope` is its inbox): the query's vector, the two
-    /// channels, their fusion, one result per source, relations.
-    fn search_in(&self, scope: &str, q: &Query, direct: bool) -> Result<Vec<Hit>> {
+    /// channels, their fusion, one result per source, relations. `asked`
+    /// is the query as asked, before the user's own name was made neutral
+    /// (it says whose words a message search favours).
+    fn search_in(&self, scope: &str, q: &Query, asked: &str, direct: bool) -> Result<Vec<Hit>> {
         let account = place::account_of(scope);
         let k = q.k.clamp(1, MAX_K);
         let ai = self.account_for(account, q.tenant)?;
@@ -186,7 +195,8 @@ impl Index {
         } else {
             lexical_channel(&st, &text::terms(&q.text), cand, &inside)
         };
-        let hits = self.fused(&st, q.mode, &vec_hits, &lex_hits);
+        let mut hits = self.fused(&st, q.mode, &vec_hits, &lex_hits);
+        toward_named_speaker(&mut hits, asked);
         let out = self.one_per_source(&st, account, hits, k)?;
         if q.expand {
             return self.with_relations(&st, out, scope, whole);

@@ -64,6 +64,9 @@ pub enum Change {
         ts: Option<String>,
         /// The message's text, after the account's redaction.
         text: String,
+        /// Who spoke (the message's `name`), when it says.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
         /// When the conversation was stored (ns since the epoch): which
         /// conversation of its name the message was indexed from. A search
         /// shows the message only while that conversation is the one stored
@@ -187,14 +190,46 @@ pub fn message_path(conv: &str, i: usize) -> String {
 }
 
 /// How a message shows in search results (its abstract there): number,
-/// role and time, then the start of its text, on one line.
-pub fn message_label(i: u32, role: &str, ts: Option<&str>, text: &str) -> String {
+/// the speaker's name with the role in parentheses (the role alone when
+/// the message has no name), and time, then the start of its text, on one
+/// line.
+pub fn message_label(
+    i: u32,
+    role: &str,
+    name: Option<&str>,
+    ts: Option<&str>,
+    text: &str,
+) -> String {
+    let who = match name.map(speaker_name).filter(|n| !n.is_empty()) {
+        Some(n) => format!("{n} ({role})"),
+        None => role.to_string(),
+    };
     let head = match ts {
-        Some(t) => format!("#{i} {role} {t}: "),
-        None => format!("#{i} {role}: "),
+        Some(t) => format!("#{i} {who} {t}: "),
+        None => format!("#{i} {who}: "),
     };
     let room = 160usize.saturating_sub(head.chars().count()).max(40);
     head + &super::clip(text, room)
+}
+
+/// A speaker's name as a label shows it: one line, no parentheses.
+fn speaker_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .filter(|c| !matches!(c, '(' | ')'))
+        .collect::<String>()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The speaker's name a message's label shows, if any.
+pub fn label_speaker(label: &str) -> Option<&str> {
+    let rest = label.strip_prefix('#')?;
+    let (_, rest) = rest.split_once(' ')?;
+    let head = rest.split_once(": ").map_or(rest, |(h, _)| h);
+    let (name, _) = head.split_once(" (")?;
+    Some(name)
 }
 
 /// A message's index path → (conversation path, message number).
