@@ -144,6 +144,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the data dir (its path is printed)")
     ap.add_argument("--reuse", help="a directory kept by --keep: search and answer again without extracting")
     ap.add_argument("--resume", help="a directory kept by --keep: feed the sessions not yet fed, with its binary")
+    ap.add_argument("--reindex", action="store_true",
+                    help="with --reuse: rebuild the kept data's index with --bin first (a newer build's labels)")
     ap.add_argument("--sample", type=int, default=None,
                     help="answer a fixed random sample of N questions per category (recall: all)")
     args = ap.parse_args()
@@ -193,6 +195,12 @@ def main():
     if args.reuse:
         tmp = args.reuse
         mnt = os.path.join(tmp, "mnt")
+        if args.reindex and not args.resume:
+            # Search reads what the index holds (a message's label and its
+            # speaker among it): index the kept data again with this binary.
+            subprocess.run([args.bin, "reindex", "--data", os.path.join(tmp, "data"), "--config",
+                            os.path.join(tmp, "config.toml"), "--model-dir", os.path.abspath(args.model_dir)],
+                           check=True)
         subprocess.run([args.bin, "mount", mnt, "--data", os.path.join(tmp, "data"), "--config",
                         os.path.join(tmp, "config.toml"), "--model-dir", os.path.abspath(args.model_dir)],
                        check=True)
