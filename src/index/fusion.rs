@@ -123,8 +123,11 @@ pub(super) fn named_speaker<'a>(
     let asked = words(query);
     let mut named: Option<&str> = None;
     for s in speakers {
+        if named == Some(s) {
+            continue;
+        }
         let name = words(s);
-        if name.is_empty() || !name.iter().all(|w| asked.contains(w)) || named == Some(s) {
+        if name.is_empty() || !name.iter().all(|w| asked.contains(w)) {
             continue;
         }
         if named.is_some() {
@@ -138,27 +141,21 @@ pub(super) fn named_speaker<'a>(
 /// Messages said by the one speaker `query` names weigh
 /// [`NAMED_SPEAKER_WEIGHT`] more; the ranking is sorted again.
 pub(super) fn toward_named_speaker(hits: &mut [Hit], query: &str) {
-    let speaker = |h: &Hit| -> Option<String> {
+    fn speaker(h: &Hit) -> Option<&str> {
         (h.level == MESSAGE_LEVEL)
             .then(|| crate::schema::event::label_speaker(&h.abstract_))
             .flatten()
-            .map(str::to_string)
-    };
-    let speakers: Vec<String> = hits.iter().filter_map(speaker).collect();
-    let Some(who) = named_speaker(query, speakers.iter().map(String::as_str)).map(str::to_string)
-    else {
+    }
+    let Some(who) = named_speaker(query, hits.iter().filter_map(speaker)) else {
         return;
     };
-    let mut moved = false;
-    for h in hits.iter_mut() {
-        if speaker(h).as_deref() == Some(who.as_str()) {
-            h.score *= NAMED_SPEAKER_WEIGHT;
-            moved = true;
-        }
+    let theirs: Vec<usize> = (0..hits.len())
+        .filter(|&i| speaker(&hits[i]) == Some(who))
+        .collect();
+    for i in theirs {
+        hits[i].score *= NAMED_SPEAKER_WEIGHT;
     }
-    if moved {
-        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
-    }
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.path.cmp(&b.path)));
 }
 
 /// Is a message hit from the conversation stored under its name now

@@ -154,7 +154,7 @@ impl Index {
     /// neutral).
     pub(super) fn search_as(&self, scope: &str, q: &Query, asked: &str) -> Result<Vec<Hit>> {
         self.stats.searches.fetch_add(1, Ordering::Relaxed);
-        let neutral = text::owner_neutral(scope, asked).map(|text| Query { text, ..q.clone() });
+        let neutral = text::owner_neutral(scope, &q.text).map(|text| Query { text, ..q.clone() });
         let q = neutral.as_ref().unwrap_or(q);
         if q.mode == Mode::Tree {
             return self.search_tree(scope, q, asked);

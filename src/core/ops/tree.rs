@@ -60,7 +60,7 @@ impl Fs {
             crate::core::features::owner(dir)?.mkdir(self, c, dir, name, 0o755)?;
             return self.lookup(c, parent, name);
         }
-        if self.key_of(parent)? == Key::Accounts {
+        if pkey == Key::Accounts {
             place::check_name(name)?;
         }
         let path = self.dir_child(c, parent, name)?;
@@ -378,9 +378,9 @@ impl Fs {
         newname: &str,
         noreplace: bool,
     ) -> Result<()> {
-        self.refuse_in_read_only(&self.key_of(parent)?)?;
-        self.refuse_in_read_only(&self.key_of(newparent)?)?;
         let (pk, nk) = (self.key_of(parent)?, self.key_of(newparent)?);
+        self.refuse_in_read_only(&pk)?;
+        self.refuse_in_read_only(&nk)?;
         // A feature's name in a directory of the tree answers for itself.
         if let Key::Dir(_) = &pk {
             if let Some(Ok((Key::Virtual(v), _))) = self.feature_lookup(c, &pk, name) {
@@ -402,7 +402,7 @@ impl Fs {
                 }
             }
         }
-        let (Key::Dir(sp), Key::Dir(dp)) = (self.key_of(parent)?, self.key_of(newparent)?) else {
+        let (Key::Dir(sp), Key::Dir(dp)) = (pk, nk) else {
             return Err(Error::NotPermitted(
                 "only files and directories of accounts can be renamed",
             ));
