@@ -894,6 +894,48 @@ fn the_speaker_a_search_names_ranks_first() {
     );
 }
 
+/// A reply is found by the question it answers: a message is embedded as
+/// itself and also after the end of the message before it (and sentence
+/// by sentence when it says several things). With the hashing embedder a
+/// vector matches words, so the reply, which shares no word with the
+/// search, scores only through the question before it.
+#[test]
+fn a_reply_is_found_by_the_question_it_answers() {
+    let none = r#"{"memories":[]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let conv = r#"[{"role":"user","name":"Priya","content":"Which city did your sister move to last spring?"},
+      {"role":"assistant","name":"Sam","content":"Lisbon, near the river."},
+      {"role":"user","name":"Priya","content":"The weather was rainy all week here."},
+      {"role":"assistant","name":"Sam","content":"I finished reading a novel about sailors."},
+      {"role":"user","name":"Priya","content":"My bike needs a new tire."}]"#;
+    let s = ingest(&m, "c1", conv, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let out = search(
+        &m,
+        WRITER,
+        "users/priya",
+        "city sister moved?mode=vector&k=5",
+    );
+    let rows: Vec<(f32, &str)> = out
+        .lines()
+        .map(|l| {
+            let c: Vec<&str> = l.split('\t').collect();
+            (c[1].parse().unwrap(), c[2])
+        })
+        .collect();
+    let reply = rows.iter().position(|(_, p)| p.ends_with("c1.json#1"));
+    assert!(matches!(reply, Some(0 | 1)), "{out}");
+    let (score, _) = rows[reply.unwrap()];
+    assert!(score > 0.3, "the reply scores through its question: {out}");
+    // The messages that share no word with the search stay far below it.
+    for (s, p) in &rows {
+        if !(p.ends_with("#0") || p.ends_with("#1")) {
+            assert!(*s < score / 2.0, "{out}");
+        }
+    }
+}
+
 /// A conversation removed and written again under its name while the
 /// indexer is behind: no search shows a message of the removed one, even
 /// before its delete events are indexed (a message hit is checked against

@@ -149,34 +149,44 @@ pub fn message_changes(
     if conv.unsearchable {
         return Vec::new();
     }
-    conv.messages
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| !m.content.trim().is_empty())
-        .map(|(i, m)| {
-            let ts = match &m.ts {
-                Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_string()),
-                Some(Value::Number(n)) => Some(n.to_string()),
-                _ => None,
-            };
-            let text = match m.ts.as_ref().and_then(when::day_of) {
-                Some(day) => when::annotate(&m.content, day),
-                None => m.content.clone(),
-            };
-            let change = crate::schema::event::Change::UpsertMessage {
-                message: i as u32,
-                role: m.role.clone(),
-                ts,
-                text: match redactor {
-                    Some(r) => r.redact_text(&text).0,
-                    None => text,
-                },
-                name: m.name.clone(),
-                stored_ns: Some(stored_ns),
-            };
-            (i, change)
-        })
-        .collect()
+    let mut before: Option<String> = None;
+    let mut out = Vec::new();
+    for (i, m) in conv.messages.iter().enumerate() {
+        if m.content.trim().is_empty() {
+            continue;
+        }
+        let ts = match &m.ts {
+            Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_string()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let text = match m.ts.as_ref().and_then(when::day_of) {
+            Some(day) => when::annotate(&m.content, day),
+            None => m.content.clone(),
+        };
+        let text = match redactor {
+            Some(r) => r.redact_text(&text).0,
+            None => text,
+        };
+        let change = crate::schema::event::Change::UpsertMessage {
+            message: i as u32,
+            role: m.role.clone(),
+            ts,
+            text: text.clone(),
+            name: m.name.clone(),
+            stored_ns: Some(stored_ns),
+            before: before.take(),
+        };
+        let tail = crate::schema::event::said_before(&text);
+        before = Some(
+            match m.name.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+                Some(n) => format!("{n}: {tail}"),
+                None => tail.to_string(),
+            },
+        );
+        out.push((i, change));
+    }
+    out
 }
 
 /// Parse a conversation file: `NAME.json` holds `{"messages": [...],

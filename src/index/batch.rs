@@ -6,7 +6,7 @@
 use crate::error::Result;
 use crate::index::{
     ann, bytes_vec, embed, lex, record_texts, records, rlock, text, vec_bytes, AccountIndex,
-    Change, Edge, Index, IxDoc, IxRec, LabeledVec, BATCH, EMBED_BATCH,
+    Change, Edge, Index, IxDoc, IxRec, LabeledVec, BATCH, EMBED_BATCH, MESSAGE_LEVEL,
 };
 use crate::locks::lock;
 use crate::schema::event::{self, EventStatus, OutboxEvent};
@@ -91,9 +91,16 @@ pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
             text,
             name,
             stored_ns,
+            before,
         } => Work::Upsert {
             path: path.clone(),
-            texts: vec![(2, text.clone())],
+            texts: std::iter::once((2, text.clone()))
+                .chain(
+                    text::message_views(text, before.as_deref(), name.as_deref())
+                        .into_iter()
+                        .map(|v| (MESSAGE_LEVEL, v)),
+                )
+                .collect(),
             label: Some(event::message_label(
                 *message,
                 role,
@@ -642,7 +649,8 @@ impl Index {
                     ..Default::default()
                 };
                 let mut all = String::new();
-                for (level, t) in texts {
+                // A message's views are embedded, not counted as words.
+                for (level, t) in texts.iter().filter(|(l, _)| *l != MESSAGE_LEVEL) {
                     all.push_str(t);
                     all.push('\n');
                     if *level == 0 {

@@ -21,10 +21,13 @@ use crate::index::text;
 
 use crate::index::wlock;
 
+use crate::index::MESSAGE_LEVEL;
+
 use crate::store::Op;
 
-/// (level, first line, text) of every record an upsert makes: L0, L1, and
-/// the chunks of L2. An overview the daemon derived from a content of one
+/// (level, first line, text) of every record an upsert makes: L0, L1, the
+/// chunks of L2, and a message's views (`MESSAGE_LEVEL`,
+/// `text::message_views`). An overview the daemon derived from a content of one
 /// chunk is made of that chunk's own lines: it gets no record of its own,
 /// as its vector would only repeat the chunk's (and cost as much to embed).
 pub(super) fn records(texts: &[(u8, String)]) -> Vec<(u8, u32, String)> {
@@ -36,6 +39,8 @@ pub(super) fn records(texts: &[(u8, String)]) -> Vec<(u8, u32, String)> {
             for c in &chunks {
                 out.push((2, c.line, c.text.clone()));
             }
+        } else if *level == MESSAGE_LEVEL {
+            out.push((MESSAGE_LEVEL, 0, t.clone()));
         } else if !t.trim().is_empty() {
             let t = t.trim();
             if *level == 1

@@ -73,6 +73,12 @@ pub enum Change {
         /// (a name deleted and written again names another).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stored_ns: Option<u64>,
+        /// The end of the message said before it (after redaction), when
+        /// there is one: embedded with this message's text as one more of
+        /// its vectors, so that a reply is found by the question it answers
+        /// (`index::text::message_views`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        before: Option<String>,
     },
 }
 
@@ -212,6 +218,27 @@ pub fn message_label(
     head + &super::clip(text, room)
 }
 
+/// Most of a message kept as the `before` of the message after it.
+pub const SAID_BEFORE_BYTES: usize = 300;
+
+/// The end of a message that the next one is indexed with: its last
+/// `SAID_BEFORE_BYTES` at most, from a word's start (a question closes a
+/// message more often than it opens one).
+pub fn said_before(text: &str) -> &str {
+    let t = text.trim();
+    if t.len() <= SAID_BEFORE_BYTES {
+        return t;
+    }
+    let mut cut = t.len() - SAID_BEFORE_BYTES;
+    while !t.is_char_boundary(cut) {
+        cut += 1;
+    }
+    match t[cut..].find(char::is_whitespace) {
+        Some(sp) if sp + 1 < t.len() - cut => t[cut + sp..].trim_start(),
+        _ => &t[cut..],
+    }
+}
+
 /// A speaker's name as a label shows it: one line, no parentheses.
 fn speaker_name(name: &str) -> String {
     name.chars()
@@ -254,6 +281,25 @@ mod tests {
     use super::*;
 
     const N: &str = "acme/users/alice/memories/events/e1";
+
+    #[test]
+    fn what_was_said_before_is_the_end_of_a_message_from_a_word() {
+        assert_eq!(said_before("  Where do you live?  "), "Where do you live?");
+        let long = format!(
+            "{}So, where do you live now?",
+            "très long récit ".repeat(40)
+        );
+        let end = said_before(&long);
+        assert!(end.len() <= SAID_BEFORE_BYTES, "{}", end.len());
+        assert!(end.ends_with("where do you live now?"), "{end}");
+        assert!(long.contains(&format!(" {end}")), "starts at a word: {end}");
+        let word = "x".repeat(400);
+        assert_eq!(
+            said_before(&word).len(),
+            SAID_BEFORE_BYTES,
+            "no space: cut anyway"
+        );
+    }
 
     #[test]
     fn round_trips_in_the_stored_shape() {

@@ -1,7 +1,8 @@
 //! Words as both search channels and the faithfulness check count them:
-//! lowercase tokens, English stopwords, Snowball stems. Pure: shared by
-//! `index` (BM25, the hashing embedder) and `extract` (a memory's words
-//! against its sources).
+//! lowercase tokens, English stopwords, Snowball stems, and sentences.
+//! Pure: shared by `index` (BM25, the hashing embedder, a message's
+//! sentences embedded apart) and `extract` (a memory's words against its
+//! sources).
 
 use rust_stemmers::{Algorithm, Stemmer};
 use std::sync::OnceLock;
@@ -79,4 +80,68 @@ pub fn terms(text: &str) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// The sentences of `text`: cut after `.`, `!` or `?` followed by a space
+/// or the end, and at line ends; blank ones and `# title` lines left out.
+pub fn sentences(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut start = 0;
+        let b = line.as_bytes();
+        for i in 0..b.len() {
+            let end = matches!(b[i], b'.' | b'!' | b'?')
+                && (i + 1 == b.len() || b[i + 1] == b' ')
+                // "e.g." and "3.5" stay whole: a cut needs a word (or a
+                // closing bracket or quote) before it.
+                && i > 0
+                && (b[i - 1].is_ascii_alphanumeric() || matches!(b[i - 1], b']' | b')' | b'"'))
+                && !(i >= 2 && b[i - 2] == b'.');
+            if end {
+                let s = line[start..=i].trim();
+                if !s.is_empty() {
+                    out.push(s.to_string());
+                }
+                start = i + 1;
+            }
+        }
+        let s = line[start..].trim();
+        if !s.is_empty() {
+            out.push(s.to_string());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentences_are_cut_after_their_end() {
+        assert_eq!(
+            sentences(
+                "# Profile\n\nThe user is Ann. She likes tea, e.g. sencha 2.5 times a day!\nNo end"
+            ),
+            vec![
+                "The user is Ann.",
+                "She likes tea, e.g. sencha 2.5 times a day!",
+                "No end"
+            ]
+        );
+        // A resolved date or a quote closes a sentence too.
+        assert_eq!(
+            sentences("He turns 3 next week [week of 2026-03-23]. See you! She said \"hi\". Bye"),
+            vec![
+                "He turns 3 next week [week of 2026-03-23].",
+                "See you!",
+                "She said \"hi\".",
+                "Bye"
+            ]
+        );
+    }
 }
