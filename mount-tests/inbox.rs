@@ -810,13 +810,15 @@ fn every_message_is_searchable_beside_the_memories() {
     assert!(!after.contains("inbox"), "{after}");
 }
 
-/// A memory that ranks above all of its messages keeps its place, its
-/// best message brought up below it, the pair counting as one of the `k`
-/// (before, it was shown only above a message that made the top `k` on
-/// its own, so a memory ranked first could disappear behind a message
-/// ranked further down).
+/// A memory is shown with its message, never in place of one: the
+/// messages keep the places a search of the messages alone gives them, and
+/// a memory comes right above the first of its messages placed, or not at
+/// all (memories that rank above their messages used to push other
+/// messages out: on real conversations the memories + messages row then
+/// found less than the messages alone). A memory whose conversation is
+/// removed is a result of its own again.
 #[test]
-fn a_memory_ranked_first_brings_its_message_up_to_its_place() {
+fn a_memory_is_shown_with_its_message_never_in_place_of_one() {
     let memory = r#"{"memories":[{"kind":"preference","topic":"tea","text":"The user drinks green tea with honey in the morning.","messages":[0]}]}"#;
     let (_server, m) = canned_mount(serde_json::json!([{ "content": memory }]), |c| c);
     let conv = r#"[{"role":"user","content":"I drink green tea with honey in the morning, before the long walk to the office through the park and past the station.","ts":"2026-03-04T10:00:00Z"},
@@ -844,19 +846,22 @@ fn a_memory_ranked_first_brings_its_message_up_to_its_place() {
             .collect()
     };
     // The raw order: the memory first, the short message second, the
-    // memory's own (long) message third; a message brought up keeps its
-    // score, so its place and its score disagree. Two places, three lines.
-    let three = paths("green tea honey?k=2");
-    let names: Vec<&str> = three.iter().map(|(p, _)| p.as_str()).collect();
-    assert_eq!(names, ["tea", "c1.json#0", "c1.json#1"], "{three:?}");
-    assert!(
-        three[2].1 > three[1].1,
-        "#1 ranks above #0 on its own: {three:?}"
-    );
-    // With one place, the memory and its message take it.
+    // memory's own (long) message third. One place: the best message takes
+    // it, and the memory, whose message is not placed, is not shown.
     let one = paths("green tea honey?k=1");
     let names: Vec<&str> = one.iter().map(|(p, _)| p.as_str()).collect();
-    assert_eq!(names, ["tea", "c1.json#0"], "{one:?}");
+    assert_eq!(names, ["c1.json#1"], "{one:?}");
+    // Two places: both messages, the memory drawn above its own.
+    let two = paths("green tea honey?k=2");
+    let names: Vec<&str> = two.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(names, ["c1.json#1", "tea", "c1.json#0"], "{two:?}");
+    assert!(two[1].1 > two[0].1, "the memory ranks first: {two:?}");
+    // The conversation removed: the memory is its own source again.
+    m.ok(WRITER, &format!("rm \"$M/{INBOX}/c1.json\""));
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let alone = paths("green tea honey?k=1");
+    let names: Vec<&str> = alone.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(names, ["tea"], "{alone:?}");
 }
 
 /// A search that names one speaker of a conversation ranks that speaker's

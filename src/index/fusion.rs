@@ -191,52 +191,28 @@ pub(super) type Picked = (Vec<usize>, Vec<(usize, HashSet<String>)>);
 /// One result per source, as places in a ranking of `paths`: the sources
 /// placed (messages and results of their own, at most `k`), in order, and
 /// the memories to draw above one of their messages ([`draw`]). A memory
-/// with one of its messages placed already is drawn above it; one none of
-/// whose messages is placed yet brings its best-ranked message below it
-/// up to its own place (the pair takes that one place), or, with none
-/// below that is still there, takes its place alone. `source` is asked
-/// once per place, in order, and only as far as needed.
+/// extracted from messages still stored takes no place: the messages are
+/// placed by their own ranking, as a search of the messages alone would
+/// place them, and the memory is shown above the first of its messages
+/// placed, or not at all. So memories add to what the messages find and
+/// never push one out. `source` is asked once per place, in order, and
+/// only as far as needed.
 pub(super) fn pick_sources<E>(
     paths: &[&str],
     k: usize,
     mut source: impl FnMut(usize) -> std::result::Result<Source, E>,
 ) -> std::result::Result<Picked, E> {
-    let mut taken = vec![false; paths.len()];
     let mut placed: Vec<usize> = Vec::new();
     let mut drawn: Vec<(usize, HashSet<String>)> = Vec::new();
     for i in 0..paths.len() {
         if placed.len() >= k {
             break;
         }
-        if std::mem::replace(&mut taken[i], true) {
-            continue;
+        match source(i)? {
+            Source::Gone => {}
+            Source::Message | Source::Own => placed.push(i),
+            Source::Memory(cited) => drawn.push((i, cited)),
         }
-        let cited = match source(i)? {
-            Source::Gone => continue,
-            Source::Message | Source::Own => {
-                placed.push(i);
-                continue;
-            }
-            Source::Memory(cited) => cited,
-        };
-        if !placed.iter().any(|&o| cited.contains(paths[o])) {
-            let below = (i + 1..paths.len()).find(|&j| !taken[j] && cited.contains(paths[j]));
-            let up = match below {
-                Some(j) => {
-                    taken[j] = true;
-                    matches!(source(j)?, Source::Message).then_some(j)
-                }
-                None => None,
-            };
-            match up {
-                Some(j) => placed.push(j),
-                None => {
-                    placed.push(i);
-                    continue;
-                }
-            }
-        }
-        drawn.push((i, cited));
     }
     Ok((placed, drawn))
 }
@@ -362,26 +338,32 @@ mod tests {
         let rows: &[Row] = &[
             // Its message placed before it: drawn above it.
             (&["m1", "mem>m1", "m2"], 2, &["m1", "m2"], &["mem>m1"]),
-            // Ranked above all its messages: the best-ranked comes up.
-            (&["mem>m3", "m1", "m2", "m3"], 1, &["m3"], &["mem>m3"]),
+            // Ranked above all its messages: the messages keep their own
+            // places, the memory waits for one of its own (`draw` shows it
+            // above m3 if m3 is placed, else not at all).
+            (&["mem>m3", "m1", "m2", "m3"], 1, &["m1"], &["mem>m3"]),
             (
                 &["mem>m3,m2", "m1", "m2", "m3"],
                 2,
-                &["m2", "m1"],
+                &["m1", "m2"],
                 &["mem>m3,m2"],
             ),
-            // None of its messages ranks, or the one that does is gone:
-            // its own place.
-            (&["mem>m9", "m1"], 1, &["mem>m9"], &[]),
-            (&["mem>m9", "m1", "-m9"], 2, &["mem>m9", "m1"], &[]),
-            // Nodes of their own and results gone.
-            (&["own", "-m1", "m2", "m3"], 2, &["own", "m2"], &[]),
-            // A message brought up is not placed twice.
             (
                 &["mem>m2", "m1", "m2", "m3"],
                 3,
-                &["m2", "m1", "m3"],
+                &["m1", "m2", "m3"],
                 &["mem>m2"],
+            ),
+            // A memory whose conversation is gone is its own source.
+            (&["own", "m1"], 1, &["own"], &[]),
+            // Nodes of their own and results gone.
+            (&["own", "-m1", "m2", "m3"], 2, &["own", "m2"], &[]),
+            // Memories are not counted: the k messages are still placed.
+            (
+                &["mem>m1", "mem>m2", "m1", "m2"],
+                2,
+                &["m1", "m2"],
+                &["mem>m1", "mem>m2"],
             ),
         ];
         for (ranking, k, placed, drawn) in rows {

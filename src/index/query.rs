@@ -302,14 +302,12 @@ impl Index {
     /// The top `k` sources of a ranking: only what is ACTIVE now, and
     /// messages of conversations still stored (the index may lag a delete
     /// by a moment). One result per source: where messages are among the
-    /// results, a memory extracted from messages of this scope takes no
-    /// place of its own; it is shown right above the best-ranked of its
-    /// messages. When that message ranks below the memory, it comes up to
-    /// the memory's place (the pair takes one place, the memory's); a
-    /// memory none of whose messages the ranking holds takes its own place.
-    /// So a memory never pushes the message it came from out, and a memory
-    /// that ranks first is not lost behind a message ranked 15th
-    /// (BENCHMARKS, "Memory from real conversations").
+    /// results, a memory extracted from messages of this scope still stored
+    /// takes no place of its own; it is shown right above the best-ranked
+    /// of its messages placed, or not at all. So the messages placed are
+    /// the ones a search of the messages alone places, and memories add to
+    /// them (BENCHMARKS, "Memory from real conversations"). A memory whose
+    /// conversations are all gone is a source of its own.
     fn one_per_source(
         &self,
         st: &State,
@@ -342,10 +340,20 @@ impl Index {
             } else {
                 HashSet::new()
             };
-            Ok(if cited.is_empty() {
-                Source::Own
-            } else {
+            let mut live = false;
+            for p in &cited {
+                let node = crate::schema::place::store_path(p);
+                if let Some((conv, _)) = event::message_of(node) {
+                    if self.message_live_now(st, &mut stored, conv, node)? {
+                        live = true;
+                        break;
+                    }
+                }
+            }
+            Ok(if live {
                 Source::Memory(cited)
+            } else {
+                Source::Own
             })
         })?;
         let mut slots: Vec<Option<Hit>> = hits.into_iter().map(Some).collect();

@@ -91,11 +91,15 @@ fn push_chunk(out: &mut Vec<Chunk>, cur: &mut String, line: u32) {
 
 /// Most views a message is embedded as besides its own text.
 pub const MAX_MESSAGE_VIEWS: usize = 16;
+/// Fewest words of a sentence embedded on its own, and of a message
+/// embedded after the one before it.
+pub const MIN_VIEW_WORDS: usize = 3;
 
 /// The other texts a conversation's message is embedded as, each one more
 /// vector of the message (its words are counted from its own text alone):
 /// the message after the end of the one said before it (`before`, with
-/// its speaker), so that a reply is found by the question it answers; the
+/// its speaker), so that a reply is found by the question it answers (a
+/// reply of three words or more: "Lisbon, near the river."); the
 /// message with its speaker's name (`Name: text`), so that a search that
 /// names them finds their words; and, when it says more than one thing,
 /// each of its sentences of three words or more, so that one fact among
@@ -111,7 +115,13 @@ pub fn message_views(text: &str, before: Option<&str>, name: Option<&str>) -> Ve
         Some(n) => format!("{n}: {text}"),
         None => text.to_string(),
     };
-    if let Some(b) = before.map(str::trim).filter(|b| !b.is_empty()) {
+    // A reaction ("Noted.", "Haha yes") answers nothing: it would only
+    // be found by the words of the message before it.
+    let says_something = text.split_whitespace().count() >= MIN_VIEW_WORDS;
+    if let Some(b) = before
+        .map(str::trim)
+        .filter(|b| !b.is_empty() && says_something)
+    {
         out.push(format!("{b}\n{named}"));
     }
     if named != text {
@@ -120,7 +130,7 @@ pub fn message_views(text: &str, before: Option<&str>, name: Option<&str>) -> Ve
     let sentences = crate::schema::words::sentences(text);
     if sentences.len() > 1 {
         for s in sentences {
-            if s.split_whitespace().count() >= 3 && !out.contains(&s) {
+            if s.split_whitespace().count() >= MIN_VIEW_WORDS && !out.contains(&s) {
                 out.push(s);
             }
         }
@@ -246,6 +256,11 @@ mod tests {
         // One sentence, no name: its own text is its only view.
         assert!(message_views("We went hiking at the lake.", None, None).is_empty());
         assert!(message_views("  ", Some(" "), Some("")).is_empty());
+        // A reaction is not found by what it reacts to.
+        assert_eq!(
+            message_views("Noted, thanks.", Some("Ann: Tea at five?"), Some("Bo")),
+            vec!["Bo: Noted, thanks."]
+        );
         let many = "We saw a heron today. ".repeat(40);
         assert_eq!(
             message_views(&many, None, None).len(),
