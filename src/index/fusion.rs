@@ -191,11 +191,11 @@ pub(super) type Picked = (Vec<usize>, Vec<(usize, HashSet<String>)>);
 /// One result per source, as places in a ranking of `paths`: the sources
 /// placed (messages and results of their own, at most `k`), in order, and
 /// the memories to draw above one of their messages ([`draw`]). A memory
-/// extracted from messages still stored takes no place: the messages are
-/// placed by their own ranking, as a search of the messages alone would
-/// place them, and the memory is shown above the first of its messages
-/// placed, or not at all. So memories add to what the messages find and
-/// never push one out. `source` is asked once per place, in order, and
+/// extracted from messages still stored takes no place: the messages of
+/// the ranking are placed in their own order, and the memory is shown
+/// above the first of its messages placed, or not at all. So memories add
+/// to what the messages find and never push one out (where memories crowd
+/// the ranking, fewer than `k` sources may be placed). `source` is asked once per place, in order, and
 /// only as far as needed.
 pub(super) fn pick_sources<E>(
     paths: &[&str],

@@ -305,7 +305,7 @@ impl Index {
     /// results, a memory extracted from messages of this scope still stored
     /// takes no place of its own; it is shown right above the best-ranked
     /// of its messages placed, or not at all. So the messages placed are
-    /// the ones a search of the messages alone places, and memories add to
+    /// the candidates' messages in their own order, and memories add to
     /// them (BENCHMARKS, "Memory from real conversations"). A memory whose
     /// conversations are all gone is a source of its own.
     fn one_per_source(
