@@ -177,13 +177,10 @@ pub fn message_changes(
             stored_ns: Some(stored_ns),
             before: before.take(),
         };
-        let tail = crate::schema::event::said_before(&text);
-        before = Some(
-            match m.name.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
-                Some(n) => format!("{n}: {tail}"),
-                None => tail.to_string(),
-            },
-        );
+        before = Some(crate::schema::event::said_by(
+            m.name.as_deref(),
+            crate::schema::event::said_before(&text),
+        ));
         out.push((i, change));
     }
     out

@@ -195,8 +195,8 @@ pub(super) type Picked = (Vec<usize>, Vec<(usize, HashSet<String>)>);
 /// the ranking are placed in their own order, and the memory is shown
 /// above the first of its messages placed, or not at all. So memories add
 /// to what the messages find and never push one out (where memories crowd
-/// the ranking, fewer than `k` sources may be placed). `source` is asked once per place, in order, and
-/// only as far as needed.
+/// the ranking, fewer than `k` sources may be placed). `source` is asked
+/// once per place, in order, and only as far as needed.
 pub(super) fn pick_sources<E>(
     paths: &[&str],
     k: usize,

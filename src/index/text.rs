@@ -111,10 +111,7 @@ pub const MIN_VIEW_WORDS: usize = 3;
 pub fn message_views(text: &str, before: Option<&str>, name: Option<&str>) -> Vec<String> {
     let text = text.trim();
     let mut out: Vec<String> = Vec::new();
-    let named = match name.map(str::trim).filter(|n| !n.is_empty()) {
-        Some(n) => format!("{n}: {text}"),
-        None => text.to_string(),
-    };
+    let named = crate::schema::event::said_by(name, text);
     // A reaction ("Noted.", "Haha yes") answers nothing: it would only
     // be found by the words of the message before it.
     let says_something = text.split_whitespace().count() >= MIN_VIEW_WORDS;

@@ -218,6 +218,15 @@ pub fn message_label(
     head + &super::clip(text, room)
 }
 
+/// A message as its speaker said it, `Name: text` (the text alone when
+/// it names no one): how the index embeds a message with its speaker.
+pub fn said_by(name: Option<&str>, text: &str) -> String {
+    match name.map(str::trim).filter(|n| !n.is_empty()) {
+        Some(n) => format!("{n}: {text}"),
+        None => text.to_string(),
+    }
+}
+
 /// Most of a message kept as the `before` of the message after it.
 pub const SAID_BEFORE_BYTES: usize = 300;
 
