@@ -903,7 +903,8 @@ fn the_speaker_a_search_names_ranks_first() {
 /// itself and also after the end of the message before it (and sentence
 /// by sentence when it says several things). With the hashing embedder a
 /// vector matches words, so the reply, which shares no word with the
-/// search, scores only through the question before it.
+/// search, scores only through the question before it. With
+/// `[index] message_views = false` a message has one vector, its text.
 #[test]
 fn a_reply_is_found_by_the_question_it_answers() {
     let none = r#"{"memories":[]}"#;
@@ -916,6 +917,9 @@ fn a_reply_is_found_by_the_question_it_answers() {
     let s = ingest(&m, "c1", conv, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");
     m.ok(WRITER, "cat $M/.ctxfs/sync");
+    // Five messages, each with its views beside its own text.
+    let vectors = |m: &Mount| m.json(0, "cat $M/.ctxfs/status")["indexer"]["vectors"].clone();
+    assert!(vectors(&m).as_u64().unwrap() > 5, "{}", vectors(&m));
     let out = search(
         &m,
         WRITER,
@@ -939,6 +943,17 @@ fn a_reply_is_found_by_the_question_it_answers() {
             assert!(*s < score / 2.0, "{out}");
         }
     }
+
+    // `[index] message_views = false`: one vector a message, its own text.
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| {
+        c.replace("\n[llm]", "\n[index]\nmessage_views = false\n\n[llm]")
+    });
+    let s = ingest(&m, "c1", conv, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let st = m.json(0, "cat $M/.ctxfs/status");
+    assert_eq!(st["indexer"]["vectors"], 5, "{st:#}");
+    assert_eq!(st["indexer"]["message_views"], false, "{st:#}");
 }
 
 /// A conversation removed and written again under its name while the

@@ -146,6 +146,10 @@ pub struct IndexSection {
     pub hnsw_ef_search: Option<usize>,
     /// Weight of the vector channel in hybrid ranking (BM25's is 1), 0..=10.
     pub vector_weight: Option<f32>,
+    /// `false`: a conversation's message gets one vector, its own text,
+    /// instead of its views too (`index::text::message_views`): about a
+    /// fifth of the vectors, and of the recall the views add.
+    pub message_views: Option<bool>,
     /// Memory the loaded account indexes may hold, in MiB (an estimate from
     /// their documents and vectors); the least recently used leave past it.
     pub max_loaded_mb: Option<u64>,
@@ -241,6 +245,11 @@ impl Settings {
                 r.section.enabled, r.section.keys, r.off
             ),
         );
+        // One daemon indexes for all: the index is the store's. Named only
+        // when off, so daemons of builds before the switch still agree.
+        if self.index.message_views == Some(false) {
+            m.insert("index message_views".into(), "false".into());
+        }
         m
     }
 
@@ -611,6 +620,18 @@ mod tests {
         // The [index] table is parsed here and checked by the index.
         assert!(Settings::parse("[index]\nhnsw_m = 300\n").is_ok());
         assert!(Settings::parse("[index]\nhnsw = 3\n").is_err());
+    }
+
+    /// `[index] message_views = false` is one of the settings every daemon
+    /// of a shared store must agree on (on, the default, it is not named,
+    /// as before the switch).
+    #[test]
+    fn message_views_off_is_shared() {
+        let on = Settings::parse("[[account]]\nid = \"a\"\n").unwrap();
+        assert!(!on.shared_sections().contains_key("index message_views"));
+        let off = Settings::parse("[index]\nmessage_views = false\n").unwrap();
+        assert_eq!(off.shared_sections()["index message_views"], "false");
+        assert!(Settings::parse("[index]\nmessage_views = \"no\"\n").is_err());
     }
 
     #[test]

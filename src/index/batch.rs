@@ -54,11 +54,12 @@ pub(super) struct Pending {
     pub(super) work: Work,
 }
 
-pub(super) fn parse_event(ev: &StoredEvent) -> Option<Pending> {
+/// `views`: a message is embedded in its views too (`[index] message_views`).
+pub(super) fn parse_event(ev: &StoredEvent, views: bool) -> Option<Pending> {
     let event = OutboxEvent::decode(&ev.json).ok()?;
     let path = event.node()?.to_string();
     let account = place::account_of(&path).to_string();
-    let work = work_of(&path, &event.change)?;
+    let work = work_of(&path, &event.change, views)?;
     // The store files an event under the node's path after the change (a
     // move's under its destination).
     let path = match &work {
@@ -74,8 +75,9 @@ pub(super) fn parse_event(ev: &StoredEvent) -> Option<Pending> {
     })
 }
 
-/// The indexing work of a change to the document at `path`.
-pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
+/// The indexing work of a change to the document at `path`; `views`: a
+/// message's views are embedded beside its text.
+pub(super) fn work_of(path: &str, change: &event::Change, views: bool) -> Option<Work> {
     let path = path.to_string();
     Some(match change {
         event::Change::UpsertContext { records } => Work::Upsert {
@@ -96,9 +98,13 @@ pub(super) fn work_of(path: &str, change: &event::Change) -> Option<Work> {
             path: path.clone(),
             texts: std::iter::once((2, text.clone()))
                 .chain(
-                    text::message_views(text, before.as_deref(), name.as_deref())
-                        .into_iter()
-                        .map(|v| (MESSAGE_LEVEL, v)),
+                    if views {
+                        text::message_views(text, before.as_deref(), name.as_deref())
+                    } else {
+                        Vec::new()
+                    }
+                    .into_iter()
+                    .map(|v| (MESSAGE_LEVEL, v)),
                 )
                 .collect(),
             label: Some(event::message_label(
@@ -172,7 +178,7 @@ impl Index {
         let mut out = Vec::new();
         let mut next: Option<Instant> = None;
         for ev in head {
-            let Some(p) = parse_event(ev) else {
+            let Some(p) = parse_event(ev, self.cfg.message_views) else {
                 // Not something the indexer understands: dead-letter it.
                 out.push(Pending {
                     ev: ev.clone(),

@@ -43,6 +43,9 @@ pub struct IndexConfig {
     /// Write graph dumps to `DATA/index/` (off on an encrypted store: a dump
     /// holds the vectors in the clear; graphs are rebuilt at load instead).
     pub dumps: bool,
+    /// Embed a conversation's message in its views too (the message before
+    /// it, its speaker's name, its sentences), not only its own text.
+    pub message_views: bool,
 }
 
 impl Default for IndexConfig {
@@ -60,6 +63,7 @@ impl Default for IndexConfig {
             unindexed: Vec::new(),
             max_loaded_bytes: super::MAX_LOADED_MB << 20,
             dumps: true,
+            message_views: true,
         }
     }
 }
@@ -144,6 +148,7 @@ impl IndexConfig {
                 .map(|mb| (mb as usize).saturating_mul(1 << 20))
                 .unwrap_or(d.max_loaded_bytes),
             dumps: d.dumps,
+            message_views: sec.message_views.unwrap_or(d.message_views),
         }
     }
 }
@@ -227,6 +232,13 @@ mod tests {
 
     fn section(toml_text: &str) -> IndexSection {
         crate::config::Settings::parse(toml_text).unwrap().index
+    }
+
+    #[test]
+    fn message_views_are_on_unless_set_off() {
+        assert!(IndexConfig::from_section(&section("")).message_views);
+        let off = section("[index]\nmessage_views = false\n");
+        assert!(!IndexConfig::from_section(&off).message_views);
     }
 
     #[test]

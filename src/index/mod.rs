@@ -564,6 +564,7 @@ impl Index {
             "recent_lag_ms": {"p50": pct(0.5), "p95": pct(0.95), "samples": lags.len()},
             "indexed_nodes": docs,
             "vectors": vectors,
+            "message_views": self.cfg.message_views,
             "accounts_loading_vectors": loading,
             "tombstones": tomb,
         });

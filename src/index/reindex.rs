@@ -251,7 +251,7 @@ impl Index {
                         .message_changes(conv)?
                         .into_iter()
                         .find(|(m, _)| *m == i as usize);
-                    match found.and_then(|(_, c)| work_of(path, &c)) {
+                    match found.and_then(|(_, c)| work_of(path, &c, self.cfg.message_views)) {
                         Some(w) => batch.push(direct(w)),
                         None => batch.push(direct(Work::Remove { path: path.clone() })),
                     }
