@@ -864,6 +864,58 @@ fn a_memory_is_shown_with_its_message_never_in_place_of_one() {
     assert_eq!(names, ["tea"], "{alone:?}");
 }
 
+/// A message found is given whole in the search's JSON (`text`), as the
+/// index read it: a relative time followed by the day it means, past the
+/// 160 characters of its label, and a secret the account redacts
+/// redacted.
+#[test]
+fn a_message_found_is_given_whole_with_its_days() {
+    let none = r#"{"memories":[]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let long = "We talked about the garden, the fence, the neighbours' new puppy and the rain that never stopped for the whole of the morning, and then";
+    let conv = serde_json::json!([
+        {"role": "user", "name": "Priya", "ts": "2026-03-04T10:00:00Z",
+         "content": format!("{long} yesterday I finally planted the tomatoes.")},
+        {"role": "assistant", "name": "Sam", "ts": "2026-03-04T10:01:00Z",
+         "content": "Nice! My api_key: sk-abcdefghijklmnopqrstuvwx by the way."}
+    ]);
+    let s = ingest(&m, "c1", &conv.to_string(), Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let json = m.json(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/.search/planted tomatoes?format=json\"",
+    );
+    let results = json["results"].as_array().unwrap();
+    let first = results
+        .iter()
+        .find(|r| r["message"] == 0)
+        .unwrap_or_else(|| panic!("{json:#}"));
+    let text = first["text"].as_str().unwrap();
+    assert!(
+        text.ends_with("yesterday [2026-03-03] I finally planted the tomatoes."),
+        "{text}"
+    );
+    assert!(text.starts_with("We talked about the garden"), "{text}");
+    assert!(
+        first["snippet"].as_str().unwrap().len() < text.len(),
+        "{json:#}"
+    );
+    // The other message, asked for by its words: its secret redacted.
+    let json = m.json(
+        WRITER,
+        "cat \"$M/accounts/acme/users/priya/.search/Nice key by the way?format=json\"",
+    );
+    let second = json["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["message"] == 1)
+        .unwrap_or_else(|| panic!("{json:#}"));
+    let text = second["text"].as_str().unwrap();
+    assert!(!text.contains("sk-abcdefghijklmnopqrstuvwx"), "{text}");
+}
+
 /// A search that names one speaker of a conversation ranks that speaker's
 /// own messages higher (a message's label names its speaker): asked about
 /// Sam, Sam's words come first; asked about Priya (whose name reads as

@@ -327,13 +327,14 @@ def main():
                         hits = messages_alone(mnt, root, q["question"])
                     else:
                         hits = search_lines(mnt, root, q["question"])
-                    for p, spec in hits:
+                    for p, spec, whole in hits:
                         m = MSG.search(p)
                         if m:
-                            # The message whole, as `cat` of the path before
-                            # `#` gives it (the result line's abstract is cut
-                            # at 160 characters).
-                            texts.append(message_line(mnt, p, me, other))
+                            # The message whole, as the search's JSON gives
+                            # it (relative times with their day), else as
+                            # `cat` of the path before `#` gives it (the
+                            # result line's abstract is cut at 160 characters).
+                            texts.append(message_line(mnt, p, me, other, whole))
                             ids.add((int(m[1]), int(m[2])))
                         else:
                             text, from_ids = memory_read(mnt, p, spec, by_session)
@@ -441,14 +442,15 @@ def main():
 CONVERSATIONS = {}
 
 
-def message_line(mnt, path, me, other):
-    """`[date] Speaker: text` of the message at search path `…/NAME.json#N`."""
+def message_line(mnt, path, me, other, whole=None):
+    """`[date] Speaker: text` of the message at search path `…/NAME.json#N`
+    (`whole`: its text as the search gave it, else as stored)."""
     conv, n = path.rsplit("#", 1)
     if conv not in CONVERSATIONS:
         with open(os.path.join(mnt, conv)) as f:
             CONVERSATIONS[conv] = json.load(f)["messages"]
     m = CONVERSATIONS[conv][int(n)]
-    return f"[{m['ts'][:10]}] {me if m['role'] == 'user' else other}: {m['content']}"
+    return f"[{m['ts'][:10]}] {me if m['role'] == 'user' else other}: {whole or m['content']}"
 
 
 # A memory of at most this many lines is read whole; a longer one by the
@@ -456,22 +458,25 @@ def message_line(mnt, path, me, other):
 READ_WHOLE = 12
 
 
+def search_json(mnt, scope, q, k):
+    """The results of `scope`'s search in its JSON form."""
+    with open(os.path.join(mnt, scope, ".search", query_name(q, f"k={k}&format=json"))) as f:
+        return json.load(f)["results"]
+
+
 def messages_alone(mnt, scope, q, k=10):
-    """[(path, "-")] of the top `k` messages of `scope`'s search: the stored
-    conversations alone. A message keeps its own score where a memory
+    """[(path, "-", text)] of the top `k` messages of `scope`'s search: the
+    stored conversations alone. A message keeps its own score where a memory
     brings it up (one result per source), so their own order is by score."""
-    with open(os.path.join(mnt, scope, ".search", query_name(q, f"k={MESSAGES_K}"))) as f:
-        rows = [line.split("\t") for line in f.read().splitlines() if line.strip()]
-    msgs = [(float(r[1]), r[2]) for r in rows if MSG.search(r[2])]
-    msgs.sort(key=lambda x: -x[0])
-    return [(p, "-") for _, p in msgs[:k]]
+    msgs = [r for r in search_json(mnt, scope, q, MESSAGES_K) if MSG.search(r["path"])]
+    msgs.sort(key=lambda r: -r["score"])
+    return [(r["path"], "-", r.get("text")) for r in msgs[:k]]
 
 
 def search_lines(mnt, scope, q, k=10):
-    """[(path, LINES)] of `scope`'s search file."""
-    with open(os.path.join(mnt, scope, ".search", query_name(q, f"k={k}"))) as f:
-        rows = [line.split("\t") for line in f.read().splitlines() if line.strip()]
-    return [(r[2], r[6] if len(r) > 6 else "-") for r in rows]
+    """[(path, LINES, message text or None)] of `scope`'s search."""
+    return [(r["path"], ",".join(str(n) for n in r["lines"]) or "-", r.get("text"))
+            for r in search_json(mnt, scope, q, k)]
 
 
 def line_numbers(spec):

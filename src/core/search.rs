@@ -352,6 +352,7 @@ impl Fs {
             packed,
         } = r;
         if qn.json {
+            let mut texts = MessageTexts::default();
             let mode = match qn.mode {
                 Mode::Hybrid => "hybrid",
                 Mode::Vector => "vector",
@@ -372,6 +373,7 @@ impl Fs {
                 "took_us": {"total": total_us, "first_search": search_us,
                             "query_embedding": ix.stats.last_embed_us.load(Ordering::Relaxed)},
                 "results": judged.iter().enumerate().map(|(i, j)| {
+                    let message = crate::schema::event::message_of(&j.hit.path);
                     let mut o = serde_json::to_value(&j.hit).unwrap_or(Value::Null);
                     o["rank"] = (i + 1).into();
                     o["confidence"] = j.tier.as_str().into();
@@ -379,9 +381,12 @@ impl Fs {
                     o["hits"] = j.hits.into();
                     o["coverage"] = json!((j.coverage * 100.0).round() / 100.0);
                     o["snippet"] = j.snippet.clone().into();
-                    if let Some((conv, m)) = crate::schema::event::message_of(&j.hit.path) {
+                    if let Some((conv, m)) = message {
                         o["conversation"] = conv.into();
                         o["message"] = m.into();
+                        if let Some(t) = texts.text(self, conv, m as usize) {
+                            o["text"] = t.into();
+                        }
                     }
                     o
                 }).collect::<Vec<_>>(),
@@ -608,5 +613,45 @@ mod tests {
         assert_eq!((q.mode, q.expand), (Mode::Lexical, true));
         assert_eq!(line_ranges(&[3, 5, 6, 7, 12]), "3,5-7,12");
         assert_eq!(line_ranges(&[]), "-");
+    }
+}
+
+/// The messages of one rendering's results whole, as the index read them
+/// (`extract::message_changes`: relative times followed by the day they
+/// mean, redacted as the account's search is), each conversation parsed
+/// once.
+#[derive(Default)]
+struct MessageTexts {
+    by_conv: std::collections::HashMap<String, Vec<(usize, String)>>,
+}
+
+impl MessageTexts {
+    /// Message `m` of conversation `conv` (a path under the mount);
+    /// `None` when the conversation cannot be read now.
+    fn text(&mut self, fs: &Fs, conv: &str, m: usize) -> Option<String> {
+        if !self.by_conv.contains_key(conv) {
+            let texts = Self::read(fs, conv).unwrap_or_default();
+            self.by_conv.insert(conv.to_string(), texts);
+        }
+        let texts = &self.by_conv[conv];
+        texts.iter().find(|(i, _)| *i == m).map(|(_, t)| t.clone())
+    }
+
+    fn read(fs: &Fs, conv: &str) -> Option<Vec<(usize, String)>> {
+        use crate::schema::event::Change;
+        let node = place::store_path(conv);
+        let rec = crate::store::ScratchRec::decode(&fs.store.get_scratch(node).ok()??).ok()?;
+        let name = node.rsplit('/').next()?;
+        let c = crate::extract::parse(name, &rec.data).ok()?;
+        let r = fs.services.redaction().for_account(place::account_of(node));
+        Some(
+            crate::extract::message_changes(&c, r.as_ref(), rec.time_ns())
+                .into_iter()
+                .filter_map(|(i, ch)| match ch {
+                    Change::UpsertMessage { text, .. } => Some((i, text)),
+                    _ => None,
+                })
+                .collect(),
+        )
     }
 }
