@@ -617,41 +617,33 @@ mod tests {
 }
 
 /// The messages of one rendering's results whole, as the index read them
-/// (`extract::message_changes`: relative times followed by the day they
-/// mean, redacted as the account's search is), each conversation parsed
-/// once.
+/// (`extract::message_text`: relative times followed by the day they mean,
+/// redacted as the account's search is), each conversation parsed once.
 #[derive(Default)]
 struct MessageTexts {
-    by_conv: std::collections::HashMap<String, Vec<(usize, String)>>,
+    by_conv: std::collections::HashMap<String, Option<crate::extract::Conversation>>,
 }
 
 impl MessageTexts {
     /// Message `m` of conversation `conv` (a path under the mount);
     /// `None` when the conversation cannot be read now.
     fn text(&mut self, fs: &Fs, conv: &str, m: usize) -> Option<String> {
-        if !self.by_conv.contains_key(conv) {
-            let texts = Self::read(fs, conv).unwrap_or_default();
-            self.by_conv.insert(conv.to_string(), texts);
+        let node = place::store_path(conv);
+        let c = self
+            .by_conv
+            .entry(conv.to_string())
+            .or_insert_with(|| Self::read(fs, node))
+            .as_ref()?;
+        if c.unsearchable {
+            return None;
         }
-        let texts = &self.by_conv[conv];
-        texts.iter().find(|(i, _)| *i == m).map(|(_, t)| t.clone())
+        let msg = c.messages.get(m)?;
+        let r = fs.services.redaction().for_account(place::account_of(node));
+        Some(crate::extract::message_text(msg, r.as_ref()))
     }
 
-    fn read(fs: &Fs, conv: &str) -> Option<Vec<(usize, String)>> {
-        use crate::schema::event::Change;
-        let node = place::store_path(conv);
+    fn read(fs: &Fs, node: &str) -> Option<crate::extract::Conversation> {
         let rec = crate::store::ScratchRec::decode(&fs.store.get_scratch(node).ok()??).ok()?;
-        let name = node.rsplit('/').next()?;
-        let c = crate::extract::parse(name, &rec.data).ok()?;
-        let r = fs.services.redaction().for_account(place::account_of(node));
-        Some(
-            crate::extract::message_changes(&c, r.as_ref(), rec.time_ns())
-                .into_iter()
-                .filter_map(|(i, ch)| match ch {
-                    Change::UpsertMessage { text, .. } => Some((i, text)),
-                    _ => None,
-                })
-                .collect(),
-        )
+        crate::extract::parse(node.rsplit('/').next()?, &rec.data).ok()
     }
 }

@@ -160,14 +160,7 @@ pub fn message_changes(
             Some(Value::Number(n)) => Some(n.to_string()),
             _ => None,
         };
-        let text = match m.ts.as_ref().and_then(when::day_of) {
-            Some(day) => when::annotate(&m.content, day),
-            None => m.content.clone(),
-        };
-        let text = match redactor {
-            Some(r) => r.redact_text(&text).0,
-            None => text,
-        };
+        let text = message_text(m, redactor);
         let change = crate::schema::event::Change::UpsertMessage {
             message: i as u32,
             role: m.role.clone(),
@@ -184,6 +177,19 @@ pub fn message_changes(
         out.push((i, change));
     }
     out
+}
+
+/// A message's text as search reads it: its relative times followed by
+/// the day they mean (against its `ts`), redacted by `redactor`.
+pub fn message_text(m: &Message, redactor: Option<&crate::schema::redact::Redactor>) -> String {
+    let text = match m.ts.as_ref().and_then(when::day_of) {
+        Some(day) => when::annotate(&m.content, day),
+        None => m.content.clone(),
+    };
+    match redactor {
+        Some(r) => r.redact_text(&text).0,
+        None => text,
+    }
 }
 
 /// Parse a conversation file: `NAME.json` holds `{"messages": [...],
