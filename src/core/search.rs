@@ -618,32 +618,38 @@ mod tests {
 
 /// The messages of one rendering's results whole, as the index read them
 /// (`extract::message_text`: relative times followed by the day they mean,
-/// redacted as the account's search is), each conversation parsed once.
+/// redacted as the account's search is), each conversation read and its
+/// account's redactor made once.
 #[derive(Default)]
 struct MessageTexts {
-    by_conv: std::collections::HashMap<String, Option<crate::extract::Conversation>>,
+    by_conv: std::collections::HashMap<String, Option<Stored>>,
+}
+
+/// A conversation of the results as stored, with its account's redactor.
+struct Stored {
+    conv: crate::extract::Conversation,
+    redactor: Option<crate::schema::redact::Redactor>,
 }
 
 impl MessageTexts {
     /// Message `m` of conversation `conv` (a path under the mount);
     /// `None` when the conversation cannot be read now.
     fn text(&mut self, fs: &Fs, conv: &str, m: usize) -> Option<String> {
-        let node = place::store_path(conv);
-        let c = self
+        let s = self
             .by_conv
             .entry(conv.to_string())
-            .or_insert_with(|| Self::read(fs, node))
+            .or_insert_with(|| {
+                let node = place::store_path(conv);
+                Some(Stored {
+                    conv: fs.stored_conversation(node).ok()??,
+                    redactor: fs.services.redaction().for_account(place::account_of(node)),
+                })
+            })
             .as_ref()?;
-        if c.unsearchable {
+        if s.conv.unsearchable {
             return None;
         }
-        let msg = c.messages.get(m)?;
-        let r = fs.services.redaction().for_account(place::account_of(node));
-        Some(crate::extract::message_text(msg, r.as_ref()))
-    }
-
-    fn read(fs: &Fs, node: &str) -> Option<crate::extract::Conversation> {
-        let rec = crate::store::ScratchRec::decode(&fs.store.get_scratch(node).ok()??).ok()?;
-        crate::extract::parse(node.rsplit('/').next()?, &rec.data).ok()
+        let msg = s.conv.messages.get(m)?;
+        Some(crate::extract::message_text(msg, s.redactor.as_ref()))
     }
 }
