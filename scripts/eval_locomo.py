@@ -39,6 +39,13 @@ adversarial). Answers are cached by prompt (--cache).
     python3 scripts/eval_locomo.py --data DIR --sessions 3      # a quick run
     python3 scripts/eval_locomo.py --data DIR                   # all sessions
     python3 scripts/eval_locomo.py --data DIR --no-answers      # extraction and recall only
+    python3 scripts/eval_locomo.py --data DIR --messages-only   # search over the messages, no model
+
+`--messages-only` measures the search over the stored messages alone, in
+minutes: the inbox's model is a closed port, so every extraction fails and
+no memory is made, while every message is stored and indexed as always.
+It reports evidence recall for BM25, every turn a node and the messages
+alone, and answers nothing (`--keep` and `--reuse` work as above).
 
 The whole split is about 280 extractions (some 9 hours on 2 cores) and
 about 1,000 questions. A run can span several sittings: `--keep` keeps its
@@ -146,6 +153,8 @@ def main():
     ap.add_argument("--resume", help="a directory kept by --keep: feed the sessions not yet fed, with its binary")
     ap.add_argument("--reindex", action="store_true",
                     help="with --reuse: rebuild the kept data's index with --bin first (a newer build's labels)")
+    ap.add_argument("--messages-only", action="store_true",
+                    help="no model: feed the messages (every extraction fails), recall of bm25/turns/messages")
     ap.add_argument("--sample", type=int, default=None,
                     help="answer a fixed random sample of N questions per category (recall: all)")
     args = ap.parse_args()
@@ -158,6 +167,11 @@ def main():
     for r in rows:
         if r not in ROWS:
             sys.exit(f"unknown row {r!r} (rows: {', '.join(ROWS)})")
+    if args.messages_only:
+        # Nothing listens on the discard port: each extraction fails at
+        # once, and its conversation stays stored and indexed.
+        args.llm_url, args.no_answers = "http://127.0.0.1:9/v1", True
+        rows = [r for r in rows if r in ("bm25", "turns", "messages")]
     url = args.llm_url or subprocess.run([os.path.join(here, "llm-setup.sh"), "start"], check=True,
                                          capture_output=True, text=True).stdout.strip()
     model = Model(url, args.cache)
@@ -253,6 +267,8 @@ def main():
                     t = time.time()
                     with open(os.path.join(inbox, f"s{n}.json"), "w") as f:
                         f.write(json.dumps(doc))
+                    if args.messages_only:
+                        continue
                     s = wait_status(mnt, inbox, f"s{n}", limit=3600)
                     secs = time.time() - t
                     ext["jobs"] += 1
@@ -322,6 +338,8 @@ def main():
                     texts.append(node_body(mnt, p))
                 got["turns"] = (texts, ids)
                 for row in ("messages", "mem+conv"):
+                    if args.messages_only and row == "mem+conv":
+                        continue
                     texts, ids = [], set()
                     if row == "messages":
                         hits = messages_alone(mnt, root, q["question"])
@@ -342,22 +360,23 @@ def main():
                             ids |= from_ids
                     got[row] = (texts, ids)
                 # Within a budget: ctxfs's own packing is the context.
-                with open(os.path.join(mnt, root, ".search", query_name(q["question"], f"budget={PACKED_BUDGET}"))) as f:
-                    packed = f.read()
-                ids = set()
-                blocks = re.split(r"^(?=## \d+\. \S+ )", packed, flags=re.M)
-                for block in blocks:
-                    head = re.match(r"## \d+\. (\S+) ", block)
-                    if not head:
-                        continue
-                    # Paths are relative to the directory searched.
-                    p = head[1] if head[1].startswith("accounts/") else f"{root}/{head[1]}"
-                    m = MSG.search(p)
-                    if m:
-                        ids.add((int(m[1]), int(m[2])))
-                    else:
-                        ids |= messages_shown(mnt, p, block, by_session)
-                got["packed"] = ([packed], ids)
+                if not args.messages_only:
+                    with open(os.path.join(mnt, root, ".search", query_name(q["question"], f"budget={PACKED_BUDGET}"))) as f:
+                        packed = f.read()
+                    ids = set()
+                    blocks = re.split(r"^(?=## \d+\. \S+ )", packed, flags=re.M)
+                    for block in blocks:
+                        head = re.match(r"## \d+\. (\S+) ", block)
+                        if not head:
+                            continue
+                        # Paths are relative to the directory searched.
+                        p = head[1] if head[1].startswith("accounts/") else f"{root}/{head[1]}"
+                        m = MSG.search(p)
+                        if m:
+                            ids.add((int(m[1]), int(m[2])))
+                        else:
+                            ids |= messages_shown(mnt, p, block, by_session)
+                    got["packed"] = ([packed], ids)
                 if fits:
                     got["whole"] = ([whole], {t for t, _ in turns})
                 for row in ROWS:
@@ -368,7 +387,7 @@ def main():
                         hit = 1 if ids & want else 0
                         recall[(row, cat)].append(hit)
                         recall[(row, "all")].append(hit)
-                        if args.verbose and row == "mem+conv" and not hit:
+                        if args.verbose and not hit and row == ("messages" if args.messages_only else "mem+conv"):
                             print(f"  [{row}] evidence missed: {q['question']} (evidence {sorted(want)})",
                                   file=sys.stderr)
                     if args.no_answers or row not in rows or (asked is not None and id(q) not in asked):
