@@ -976,13 +976,20 @@ fn a_reply_is_found_by_the_question_it_answers() {
         &m,
         WRITER,
         "users/priya",
-        "city sister moved?mode=vector&k=5",
+        "city sister moved?mode=vector&k=5&format=json",
     );
-    let rows: Vec<(f32, &str)> = out
-        .lines()
-        .map(|l| {
-            let c: Vec<&str> = l.split('\t').collect();
-            (c[1].parse().unwrap(), c[2])
+    let results: Value = serde_json::from_str(&out).unwrap();
+    // The vector channel's own scores (the ranking's scores add what the
+    // neighbours lift).
+    let rows: Vec<(f32, &str)> = results["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["vector_score"].as_f64().unwrap() as f32,
+                r["path"].as_str().unwrap(),
+            )
         })
         .collect();
     let reply = rows.iter().position(|(_, p)| p.ends_with("c1.json#1"));
@@ -1006,6 +1013,122 @@ fn a_reply_is_found_by_the_question_it_answers() {
     let st = m.json(0, "cat $M/.ctxfs/status");
     assert_eq!(st["indexer"]["vectors"], 5, "{st:#}");
     assert_eq!(st["indexer"]["message_views"], false, "{st:#}");
+}
+
+/// A search that names a day finds what was said near it: a mention of
+/// dinner on 3 July 2023, outranked by forty September messages that say
+/// "dinner" twice (and so none of the lexical channel's candidates), comes
+/// first when the search names the day, and is not among the results
+/// when it does not.
+#[test]
+fn a_search_that_names_a_day_finds_what_was_said_then() {
+    let none = r#"{"memories":[]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let july = r#"[{"role":"user","name":"Priya","content":"We had dinner at the harbour.","ts":"2023-07-03T19:00:00Z"},
+      {"role":"assistant","name":"Sam","content":"Sounds like a lovely evening out.","ts":"2023-07-03T19:01:00Z"}]"#;
+    let s = ingest(&m, "c1", july, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    // Each between two messages about something else.
+    let september: Vec<Value> = (0..80)
+        .map(|i| {
+            let content = if i % 2 == 0 {
+                "Dinner was pasta, dinner again."
+            } else {
+                "The bus was late."
+            };
+            serde_json::json!({"role": "user", "name": "Priya", "content": content,
+                "ts": format!("2023-09-20T10:{:02}:00Z", i % 60)})
+        })
+        .collect();
+    let s = ingest(
+        &m,
+        "c2",
+        &Value::Array(september).to_string(),
+        Duration::from_secs(60),
+    );
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let paths = |q: &str| -> Vec<String> {
+        search(&m, WRITER, "users/priya", q)
+            .lines()
+            .map(|l| l.split('\t').nth(2).unwrap_or("").to_string())
+            .collect()
+    };
+    let plain = paths("dinner?mode=lexical&k=5");
+    assert_eq!(plain.len(), 5, "{plain:?}");
+    assert!(plain.iter().all(|p| p.contains("/c2.json#")), "{plain:?}");
+    let dated = paths("dinner on 3 July 2023?mode=lexical&k=5");
+    assert!(
+        dated.first().is_some_and(|p| p.ends_with("/c1.json#0")),
+        "{dated:?}"
+    );
+    // Hybrid: among the first five, beside the September runs.
+    for q in ["dinner on July 3rd, 2023?k=5", "dinner in July 2023?k=5"] {
+        let dated = paths(q);
+        assert!(
+            dated.iter().any(|p| p.ends_with("/c1.json#0")),
+            "{q}: {dated:?}"
+        );
+    }
+    // A month without its year names no day.
+    let undated = paths("dinner in July?mode=lexical&k=5");
+    assert!(
+        undated.iter().all(|p| p.contains("/c2.json#")),
+        "{undated:?}"
+    );
+}
+
+/// A terse reply is lifted by the messages around it: "Yes, twice!"
+/// shares no word with a search about the telescope, yet ranks right under
+/// the question it answers, above a message of another conversation
+/// that the search matches a little on its own.
+#[test]
+fn a_terse_reply_is_lifted_by_the_messages_around_it() {
+    let none = r#"{"memories":[]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let c1 = r#"[{"role":"user","name":"Priya","content":"Did you take the new telescope out stargazing at the lake?"},
+      {"role":"assistant","name":"Sam","content":"Yes, twice!"},
+      {"role":"user","name":"Priya","content":"Lucky you, the sky must have been clear up there by the telescope."}]"#;
+    let c2 = r#"[{"role":"user","name":"Priya","content":"The lake was frozen all January."},
+      {"role":"assistant","name":"Sam","content":"My bike needs a new tire."}]"#;
+    for (name, conv) in [("c1", c1), ("c2", c2)] {
+        let s = ingest(&m, name, conv, Duration::from_secs(30));
+        assert_eq!(s["state"], "done", "{s:#}");
+    }
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let out = search(
+        &m,
+        WRITER,
+        "users/priya",
+        "telescope stargazing lake?mode=lexical&k=10&format=json",
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let order: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().rsplit('/').next().unwrap())
+        .collect();
+    // The reply is no lexical candidate: nothing lifts what neither
+    // channel found. In hybrid mode the vector channel finds every
+    // message, and the reply rises above c2's lake.
+    assert!(!order.contains(&"c1.json#1"), "{out}");
+    let out = search(
+        &m,
+        WRITER,
+        "users/priya",
+        "telescope stargazing lake?k=10&format=json",
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let order: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().rsplit('/').next().unwrap())
+        .collect();
+    let at = |p: &str| order.iter().position(|o| *o == p);
+    assert!(at("c1.json#1").is_some(), "{out}");
+    assert!(at("c1.json#1") < at("c2.json#0"), "{out}");
 }
 
 /// A conversation removed and written again under its name while the

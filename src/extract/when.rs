@@ -240,6 +240,62 @@ pub fn first_date(text: &str) -> Option<Date> {
     None
 }
 
+/// The calendar spans a text (a search's query) names, first day and
+/// last day: each date `first_date` reads (`2026-03-14`, `14 March 2026`,
+/// `March 14, 2026`) as one day, and each month with its year (`March
+/// 2026`, `in Mar. 2026`) as that month. A month without a year, or a year
+/// alone, names no span: too wide to tell one conversation from another.
+pub fn named_days(text: &str) -> Vec<(Date, Date)> {
+    let mut out = Vec::new();
+    let mut taken = Vec::new();
+    for c in date_pattern().captures_iter(text) {
+        let whole = c.get(0).expect("a match has its whole");
+        taken.push(whole.range());
+        let d = if let Some(iso) = c.name("iso") {
+            iso.as_str().parse::<Date>().ok()
+        } else {
+            let (d, m, y) = match (c.name("d1"), c.name("m1"), c.name("y1")) {
+                (Some(d), Some(m), Some(y)) => (d, m, y),
+                _ => match (c.name("d2"), c.name("m2"), c.name("y2")) {
+                    (Some(d), Some(m), Some(y)) => (d, m, y),
+                    _ => continue,
+                },
+            };
+            month_number(m.as_str()).and_then(|mo| {
+                Date::new(y.as_str().parse().ok()?, mo, d.as_str().parse().ok()?).ok()
+            })
+        };
+        if let Some(d) = d {
+            out.push((d, d));
+        }
+    }
+    for c in month_pattern().captures_iter(text) {
+        let whole = c.get(0).expect("a match has its whole");
+        if taken
+            .iter()
+            .any(|r| r.start < whole.end() && whole.start() < r.end)
+        {
+            continue;
+        }
+        let (Some(m), Ok(y)) = (month_number(&c["m"]), c["y"].parse::<i16>()) else {
+            continue;
+        };
+        if let Ok(first) = Date::new(y, m, 1) {
+            out.push((first, first.last_of_month()));
+        }
+    }
+    out
+}
+
+fn month_pattern() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| {
+        let month = "january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec";
+        Regex::new(&format!(r"(?i)\b(?P<m>{month})\.?,? (?P<y>\d{{4}})\b"))
+            .expect("the month pattern compiles")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +303,41 @@ mod tests {
 
     fn on(text: &str, day: &str) -> String {
         annotate(text, day.parse().unwrap())
+    }
+
+    #[test]
+    fn a_query_names_days_and_months_with_their_year() {
+        let d = |s: &str| s.parse::<Date>().unwrap();
+        let spans = |t: &str| named_days(t);
+        assert_eq!(
+            spans("What did Ann eat on October 24, 2023?"),
+            vec![(d("2023-10-24"), d("2023-10-24"))]
+        );
+        assert_eq!(
+            spans("the weekend before 4th October, 2023"),
+            vec![(d("2023-10-04"), d("2023-10-04"))]
+        );
+        assert_eq!(
+            spans("said on 2026-03-14 or 1 May 2026"),
+            vec![
+                (d("2026-03-14"), d("2026-03-14")),
+                (d("2026-05-01"), d("2026-05-01"))
+            ]
+        );
+        assert_eq!(
+            spans("Where did she go in August 2023?"),
+            vec![(d("2023-08-01"), d("2023-08-31"))]
+        );
+        assert_eq!(
+            spans("as of Feb, 2024"),
+            vec![(d("2024-02-01"), d("2024-02-29"))]
+        );
+        // A day's month is not named again as a month.
+        assert_eq!(spans("on March 14, 2026").len(), 1);
+        // No year, a year alone, a day that is not one: no span.
+        for t in ["in August", "in 2023", "May I ask", "on February 30, 2023"] {
+            assert!(spans(t).is_empty(), "{t}");
+        }
     }
 
     #[test]

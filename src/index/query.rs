@@ -7,7 +7,10 @@ use crate::error::Result;
 use crate::index::fusion::message_live;
 use crate::index::fusion::weighted;
 use crate::index::fusion::Channels;
-use crate::index::fusion::{draw, pick_sources, toward_named_speaker, Source};
+use crate::index::fusion::{
+    draw, message_day, near_named_days, pick_sources, toward_named_days, toward_named_speaker,
+    toward_neighbours, Source,
+};
 use crate::index::AccountIndex;
 use crate::index::Graph;
 use crate::index::State;
@@ -190,13 +193,34 @@ impl Index {
             Some(qv) => self.vector_channel(&st, &graph, qv, scope, whole, cand, &inside),
             None => Vec::new(),
         };
+        let qterms = text::terms(&q.text);
         let lex_hits = if q.mode == Mode::Vector {
             Vec::new()
         } else {
-            lexical_channel(&st, &text::terms(&q.text), cand, &inside)
+            lexical_channel(&st, &qterms, cand, &inside)
         };
-        let mut hits = self.fused(&st, q.mode, &vec_hits, &lex_hits);
+        // A query that names a day or a month: the messages said near it
+        // are candidates too, however far down the channels rank them.
+        let days = crate::extract::when::named_days(asked);
+        let dated = if days.is_empty() {
+            Dated::default()
+        } else {
+            dated_channel(
+                &st,
+                &days,
+                qv.as_deref(),
+                &qterms,
+                q.mode,
+                scope,
+                whole,
+                cand,
+                &inside,
+            )
+        };
+        let mut hits = self.fused(&st, q.mode, &vec_hits, &lex_hits, &dated);
         toward_named_speaker(&mut hits, asked);
+        toward_named_days(&mut hits, &days);
+        toward_neighbours(&mut hits);
         let out = self.one_per_source(&st, account, hits, k)?;
         if q.expand {
             return self.with_relations(&st, out, scope, whole);
@@ -237,15 +261,40 @@ impl Index {
     /// The two channels' candidates as one ranking, best first: each
     /// document's fused score (`fusion.rs`), its level and line, abstract
     /// and superseder.
+    ///
+    /// The candidates of a named day (`dated`) join each channel's list
+    /// after its own, and the channels are then scaled from 0
+    /// ([`Channels::scaled_from_zero`]), so one found by that search alone,
+    /// below a channel's weakest, still counts.
     fn fused(
         &self,
         st: &State,
         mode: Mode,
-        vec_hits: &[(Arc<str>, f32, u16)],
-        lex_hits: &[(Arc<str>, f32)],
+        vec_hits: &[VecHit],
+        lex_hits: &[LexHit],
+        dated: &Dated,
     ) -> Vec<Hit> {
+        let vec_seen: HashSet<&Arc<str>> = vec_hits.iter().map(|h| &h.0).collect();
+        let lex_seen: HashSet<&Arc<str>> = lex_hits.iter().map(|h| &h.0).collect();
+        let vec_hits: Vec<&VecHit> = vec_hits
+            .iter()
+            .chain(dated.vector.iter().filter(|h| !vec_seen.contains(&h.0)))
+            .collect();
+        let lex_hits: Vec<&LexHit> = lex_hits
+            .iter()
+            .chain(dated.lexical.iter().filter(|h| !lex_seen.contains(&h.0)))
+            .collect();
+        let mut channels = Channels::of(
+            mode,
+            self.vector_weight(),
+            vec_hits.iter().map(|h| h.1),
+            lex_hits.iter().map(|h| h.1),
+        );
+        if !(dated.vector.is_empty() && dated.lexical.is_empty()) {
+            channels = channels.scaled_from_zero();
+        }
         let mut by: HashMap<Arc<str>, Hit> = HashMap::new();
-        for (r, (p, s, i)) in vec_hits.iter().enumerate() {
+        for (r, (p, s, i)) in vec_hits.iter().map(|h| (&h.0, &h.1, &h.2)).enumerate() {
             let h = by.entry(p.clone()).or_insert_with(|| Hit::blank(p));
             h.vector_rank = Some(r + 1);
             h.vector_score = Some(*s);
@@ -254,17 +303,11 @@ impl Index {
                 h.line = rec.line;
             }
         }
-        for (r, (p, s)) in lex_hits.iter().enumerate() {
+        for (r, (p, s)) in lex_hits.iter().map(|h| (&h.0, &h.1)).enumerate() {
             let h = by.entry(p.clone()).or_insert_with(|| Hit::blank(p));
             h.lexical_rank = Some(r + 1);
             h.lexical_score = Some(*s);
         }
-        let channels = Channels::of(
-            mode,
-            self.vector_weight(),
-            vec_hits.iter().map(|h| h.1),
-            lex_hits.iter().map(|h| h.1),
-        );
         let mut hits: Vec<Hit> = by
             .into_iter()
             .map(|(p, mut h)| {
@@ -592,6 +635,95 @@ impl Index {
             .collect();
         Ok(changed.then(|| out.join(" ")))
     }
+}
+
+/// Candidates of the messages said near a day the query names, found
+/// apart from the channels' own: each channel's scores of them, best
+/// first.
+#[derive(Default)]
+struct Dated {
+    vector: Vec<VecHit>,
+    lexical: Vec<LexHit>,
+}
+
+/// A vector channel's candidate: its document, score and best record.
+type VecHit = (Arc<str>, f32, u16);
+/// A lexical channel's candidate: its document and BM25 score.
+type LexHit = (Arc<str>, f32);
+
+/// Messages a named day's channel looks at, at most: the newest dated
+/// messages of a busy scope beyond it are left to the two channels.
+const DATED_MAX: usize = 5_000;
+
+/// The messages `inside` the scope said near one of `days`
+/// ([`near_named_days`], by the day their label shows), scored by each
+/// channel the mode asks for: exactly against the query's vector (a
+/// message by its best record) and by BM25 over them alone; `cand` at
+/// most each.
+#[allow(clippy::too_many_arguments)]
+fn dated_channel(
+    st: &State,
+    days: &[(jiff::civil::Date, jiff::civil::Date)],
+    qv: Option<&[ann::Half]>,
+    qterms: &[String],
+    mode: Mode,
+    scope: &str,
+    whole: bool,
+    cand: usize,
+    inside: &dyn Fn(&str) -> bool,
+) -> Dated {
+    let start: Arc<str> = Arc::from(scope);
+    let docs: Box<dyn Iterator<Item = (&Arc<str>, &super::Doc)>> = if whole {
+        Box::new(st.docs.iter())
+    } else {
+        Box::new(
+            st.docs
+                .range(start..)
+                .take_while(|(p, _)| p.starts_with(scope)),
+        )
+    };
+    let near: Vec<(&Arc<str>, &super::Doc)> = docs
+        .filter(|(p, d)| {
+            p.contains('#')
+                && inside(p)
+                && message_day(&d.ix.abstract_).is_some_and(|day| near_named_days(day, days))
+        })
+        .take(DATED_MAX)
+        .collect();
+    let mut out = Dated::default();
+    if near.is_empty() {
+        return out;
+    }
+    if let (Some(qv), false) = (qv, mode == Mode::Lexical) {
+        let labels = near
+            .iter()
+            .flat_map(|(_, d)| d.ix.recs.iter().map(|r| r.label as usize));
+        let raw = ann::exact(
+            qv,
+            cand * 8,
+            labels.filter_map(|l| st.vecs.get(&l).map(|v| (l, &v[..]))),
+        );
+        let mut seen: HashSet<&Arc<str>> = HashSet::new();
+        for (l, s) in raw {
+            if let Some((p, i)) = st.slots.get(&l) {
+                if seen.insert(p) {
+                    out.vector.push((p.clone(), s, *i));
+                    if out.vector.len() >= cand {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if mode != Mode::Vector {
+        let ids: HashSet<u32> = near.iter().map(|(_, d)| d.lex_id).collect();
+        for (d, s) in st.lex.search(qterms, cand, &|d| ids.contains(&d)) {
+            if let Some(Some(p)) = st.lex_path.get(d as usize) {
+                out.lexical.push((p.clone(), s));
+            }
+        }
+    }
+    out
 }
 
 /// The lexical channel: BM25 over the documents `inside` the scope, `cand`

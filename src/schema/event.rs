@@ -268,6 +268,20 @@ pub fn label_speaker(label: &str) -> Option<&str> {
     Some(name)
 }
 
+/// The time a message's label shows (its `ts` as written), if any.
+pub fn label_time(label: &str) -> Option<&str> {
+    let rest = label.strip_prefix('#')?;
+    let (_, rest) = rest.split_once(' ')?;
+    let head = rest.split_once(": ").map_or(rest, |(h, _)| h);
+    let t = match head.rsplit_once(") ") {
+        Some((_, t)) => t,
+        // No name: `role ts`.
+        None if !head.ends_with(')') => head.split_once(' ')?.1,
+        None => return None,
+    };
+    (!t.is_empty()).then_some(t)
+}
+
 /// A message's index path → (conversation path, message number).
 pub fn message_of(path: &str) -> Option<(&str, u32)> {
     let (conv, i) = path.rsplit_once('#')?;
@@ -307,6 +321,29 @@ mod tests {
             said_before(&word).len(),
             SAID_BEFORE_BYTES,
             "no space: cut anyway"
+        );
+    }
+
+    #[test]
+    fn a_label_shows_its_speaker_and_time() {
+        let named = message_label(
+            12,
+            "assistant",
+            Some("Ann Lee"),
+            Some("2023-10-13T16:34:00Z"),
+            "Hi: there",
+        );
+        assert_eq!(label_speaker(&named), Some("Ann Lee"));
+        assert_eq!(label_time(&named), Some("2023-10-13T16:34:00Z"));
+        let role_only = message_label(3, "user", None, Some("1700000000"), "hello");
+        assert_eq!(label_time(&role_only), Some("1700000000"));
+        assert_eq!(
+            label_time(&message_label(3, "user", None, None, "a: b")),
+            None
+        );
+        assert_eq!(
+            label_time(&message_label(3, "user", Some("Bo"), None, "a: b")),
+            None
         );
     }
 
