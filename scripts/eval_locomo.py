@@ -45,7 +45,9 @@ adversarial). Answers are cached by prompt (--cache).
 minutes: the inbox's model is a closed port, so every extraction fails and
 no memory is made, while every message is stored and indexed as always.
 It reports evidence recall for BM25, every turn a node and the messages
-alone, and answers nothing (`--keep` and `--reuse` work as above).
+alone, and answers with the rows among those asked for (`--rows
+bm25,messages --sample 20`; `--no-answers` for recall alone; `--keep` and
+`--reuse` work as above).
 
 The whole split is about 280 extractions (some 9 hours on 2 cores) and
 about 1,000 questions. A run can span several sittings: `--keep` keeps its
@@ -154,7 +156,7 @@ def main():
     ap.add_argument("--reindex", action="store_true",
                     help="with --reuse: rebuild the kept data's index with --bin first (a newer build's labels)")
     ap.add_argument("--messages-only", action="store_true",
-                    help="no model: feed the messages (every extraction fails), recall of bm25/turns/messages")
+                    help="no extraction: feed the messages (every extraction fails), rows bm25/turns/messages")
     ap.add_argument("--sample", type=int, default=None,
                     help="answer a fixed random sample of N questions per category (recall: all)")
     args = ap.parse_args()
@@ -170,7 +172,7 @@ def main():
     if args.messages_only:
         # Nothing listens on the discard port: each extraction fails at
         # once, and its conversation stays stored and indexed.
-        args.llm_url, args.no_answers = "http://127.0.0.1:9/v1", True
+        extract_url = "http://127.0.0.1:9/v1"
         rows = [r for r in rows if r in ("bm25", "turns", "messages")]
     url = args.llm_url or subprocess.run([os.path.join(here, "llm-setup.sh"), "start"], check=True,
                                          capture_output=True, text=True).stdout.strip()
@@ -228,8 +230,8 @@ def main():
                     break
             time.sleep(0.1)
     else:
-        tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-locomo-", ["eval", "turns"], url,
-                                  memories=args.memories)
+        tmp, mnt = mount_with_llm(args.bin, args.model_dir, "ctxfs-eval-locomo-", ["eval", "turns"],
+                                  extract_url if args.messages_only else url, memories=args.memories)
         if args.keep:
             # The binary that started the run finishes it (--resume).
             subprocess.run(["cp", args.bin, os.path.join(tmp, "ctxfs")], check=True)
@@ -401,7 +403,7 @@ def main():
                     ctx_tokens[row].append(len(context) / 4)
                     if cat == 5:
                         unknown[row].append(1 if "unknown" in ans.lower() else 0)
-                    if args.verbose and row in ("mem+conv", "bm25"):
+                    if args.verbose and row in ("mem+conv", "bm25") + (("messages",) if args.messages_only else ()):
                         print(f"  [{row}] {q['question']} -> {ans!r} (gold {gold!r}, F1 {s:.2f})", file=sys.stderr)
         model.save()
         answer_secs = time.time() - t1

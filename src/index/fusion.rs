@@ -180,8 +180,9 @@ pub(super) fn toward_named_speaker(hits: &mut [Hit], query: &str) {
 /// she plan on 3 July, 2023?", "in August 2023"): the one who asks names
 /// the day the words were said, or one near it ("the weekend before"). On
 /// the real dev conversations, questions naming a date found their
-/// evidence in the top 10 0.64 of the time against 0.80 for the rest
-/// (BENCHMARKS' journal, "A day the question names").
+/// evidence in the top 10 0.66 of the time against 0.80 for the rest
+/// (BENCHMARKS' journal, "A day the question names; messages lifted by
+/// their neighbours").
 pub(super) const NAMED_DAY_WEIGHT: f32 = 2.0;
 /// Days before a named span's first day and after its last within which
 /// a message counts as said then.
@@ -236,7 +237,7 @@ pub(super) fn toward_named_days(
 /// A fact is often said in passing ("yes, twice!"), between the question
 /// that names its subject and the reply that goes on about it; the
 /// messages around it match the query, and lift it (BENCHMARKS' journal,
-/// "Messages lifted by their neighbours").
+/// "A day the question names; messages lifted by their neighbours").
 pub(super) const NEIGHBOUR_SHARES: [f32; 2] = [0.5, 0.25];
 
 /// Each message of the ranking gains [`NEIGHBOUR_SHARES`] of the best
