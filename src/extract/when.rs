@@ -192,10 +192,13 @@ pub fn said_on(conv: &super::Conversation, messages: &[usize]) -> Option<Date> {
         .max()
 }
 
+/// Month names and their short forms, as the date patterns match them.
+const MONTHS: &str = "january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec";
+
 fn date_pattern() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
     RE.get_or_init(|| {
-        let month = "january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec";
+        let month = MONTHS;
         Regex::new(&format!(
             r"(?i)\b(?P<iso>\d{{4}}-\d{{2}}-\d{{2}})\b|\b(?P<d1>\d{{1,2}})(?:st|nd|rd|th)? (?:of )?(?P<m1>{month})\.?,? (?P<y1>\d{{4}})\b|\b(?P<m2>{month})\.? (?P<d2>\d{{1,2}})(?:st|nd|rd|th)?,? (?P<y2>\d{{4}})\b"
         ))
@@ -218,26 +221,24 @@ fn month_number(s: &str) -> Option<i8> {
 /// relative times read), `14 March 2026` or `March 14, 2026`. When an event
 /// memory says it happened.
 pub fn first_date(text: &str) -> Option<Date> {
-    for c in date_pattern().captures_iter(text) {
-        let d = if let Some(iso) = c.name("iso") {
-            iso.as_str().parse::<Date>().ok()
-        } else {
-            let (d, m, y) = match (c.name("d1"), c.name("m1"), c.name("y1")) {
-                (Some(d), Some(m), Some(y)) => (d, m, y),
-                _ => (c.name("d2")?, c.name("m2")?, c.name("y2")?),
-            };
-            Date::new(
-                y.as_str().parse().ok()?,
-                month_number(m.as_str())?,
-                d.as_str().parse().ok()?,
-            )
-            .ok()
-        };
-        if d.is_some() {
-            return d;
-        }
+    date_pattern().captures_iter(text).find_map(|c| date_of(&c))
+}
+
+/// The date one match of [`date_pattern`] names, if it is one.
+fn date_of(c: &Captures) -> Option<Date> {
+    if let Some(iso) = c.name("iso") {
+        return iso.as_str().parse::<Date>().ok();
     }
-    None
+    let (d, m, y) = match (c.name("d1"), c.name("m1"), c.name("y1")) {
+        (Some(d), Some(m), Some(y)) => (d, m, y),
+        _ => (c.name("d2")?, c.name("m2")?, c.name("y2")?),
+    };
+    Date::new(
+        y.as_str().parse().ok()?,
+        month_number(m.as_str())?,
+        d.as_str().parse().ok()?,
+    )
+    .ok()
 }
 
 /// The calendar spans a text (a search's query) names, first day and
@@ -251,21 +252,7 @@ pub fn named_days(text: &str) -> Vec<(Date, Date)> {
     for c in date_pattern().captures_iter(text) {
         let whole = c.get(0).expect("a match has its whole");
         taken.push(whole.range());
-        let d = if let Some(iso) = c.name("iso") {
-            iso.as_str().parse::<Date>().ok()
-        } else {
-            let (d, m, y) = match (c.name("d1"), c.name("m1"), c.name("y1")) {
-                (Some(d), Some(m), Some(y)) => (d, m, y),
-                _ => match (c.name("d2"), c.name("m2"), c.name("y2")) {
-                    (Some(d), Some(m), Some(y)) => (d, m, y),
-                    _ => continue,
-                },
-            };
-            month_number(m.as_str()).and_then(|mo| {
-                Date::new(y.as_str().parse().ok()?, mo, d.as_str().parse().ok()?).ok()
-            })
-        };
-        if let Some(d) = d {
+        if let Some(d) = date_of(&c) {
             out.push((d, d));
         }
     }
@@ -290,7 +277,7 @@ pub fn named_days(text: &str) -> Vec<(Date, Date)> {
 fn month_pattern() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
     RE.get_or_init(|| {
-        let month = "january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec";
+        let month = MONTHS;
         Regex::new(&format!(r"(?i)\b(?P<m>{month})\.?,? (?P<y>\d{{4}})\b"))
             .expect("the month pattern compiles")
     })

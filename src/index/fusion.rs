@@ -245,21 +245,27 @@ pub(super) const NEIGHBOUR_SHARES: [f32; 2] = [0.5, 0.25];
 /// among the ranking's candidates (their scores before this); memories do
 /// not lift or gain. The ranking is sorted again.
 pub(super) fn toward_neighbours(hits: &mut [Hit]) {
-    let at: HashMap<(&str, u32), f32> = hits
+    // Each hit's (conversation, message number) when it is a message.
+    let keys: Vec<Option<(&str, u32)>> = hits
         .iter()
-        .filter(|h| h.level == MESSAGE_LEVEL)
-        .filter_map(|h| Some((crate::schema::event::message_of(&h.path)?, h.score)))
+        .map(|h| {
+            (h.level == MESSAGE_LEVEL)
+                .then(|| crate::schema::event::message_of(&h.path))
+                .flatten()
+        })
+        .collect();
+    let at: HashMap<(&str, u32), f32> = keys
+        .iter()
+        .zip(hits.iter())
+        .filter_map(|(k, h)| Some(((*k)?, h.score)))
         .collect();
     if at.len() < 2 {
         return;
     }
-    let gains: Vec<f32> = hits
+    let gains: Vec<f32> = keys
         .iter()
-        .map(|h| {
-            let Some((conv, i)) = (h.level == MESSAGE_LEVEL)
-                .then(|| crate::schema::event::message_of(&h.path))
-                .flatten()
-            else {
+        .map(|k| {
+            let Some((conv, i)) = *k else {
                 return 0.0;
             };
             let score = |j: Option<u32>| j.and_then(|j| at.get(&(conv, j)).copied());

@@ -261,18 +261,20 @@ fn speaker_name(name: &str) -> String {
 
 /// The speaker's name a message's label shows, if any.
 pub fn label_speaker(label: &str) -> Option<&str> {
-    let rest = label.strip_prefix('#')?;
-    let (_, rest) = rest.split_once(' ')?;
-    let head = rest.split_once(": ").map_or(rest, |(h, _)| h);
-    let (name, _) = head.split_once(" (")?;
+    let (name, _) = label_head(label)?.split_once(" (")?;
     Some(name)
+}
+
+/// A message label's head, between its number and its text: `NAME (ROLE)
+/// TS`, `NAME (ROLE)`, `ROLE TS` or `ROLE`.
+fn label_head(label: &str) -> Option<&str> {
+    let (_, rest) = label.strip_prefix('#')?.split_once(' ')?;
+    Some(rest.split_once(": ").map_or(rest, |(h, _)| h))
 }
 
 /// The time a message's label shows (its `ts` as written), if any.
 pub fn label_time(label: &str) -> Option<&str> {
-    let rest = label.strip_prefix('#')?;
-    let (_, rest) = rest.split_once(' ')?;
-    let head = rest.split_once(": ").map_or(rest, |(h, _)| h);
+    let head = label_head(label)?;
     let t = match head.rsplit_once(") ") {
         Some((_, t)) => t,
         // No name: `role ts`.
