@@ -19,6 +19,7 @@ pub mod answer;
 mod batch;
 pub mod bert;
 mod change;
+mod channels;
 mod config;
 pub mod embed;
 mod follow;
