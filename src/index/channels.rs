@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 impl Index {
     /// The vector channel: the best record of each document `inside` the
-    /// scope, `cand` at most, best first. Exact over the scope's records
-    /// when they are few (or the account has no graph), else the graph's
-    /// search, filtered.
+    /// scope, best first: `cand` at most exactly over the scope's records
+    /// when they are few (or the account has no graph), else `graph_cand`
+    /// at most from the graph's search, filtered.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn vector_channel(
         &self,
@@ -21,7 +21,7 @@ impl Index {
         qv: &[ann::Half],
         scope: &str,
         whole: bool,
-        cand: usize,
+        (cand, graph_cand): (usize, usize),
         inside: &dyn Fn(&str) -> bool,
     ) -> Vec<(Arc<str>, f32, u16)> {
         let mut vec_hits: Vec<(Arc<str>, f32, u16)> = Vec::new();
@@ -49,6 +49,7 @@ impl Index {
             }
             (labels.len() <= self.cfg.exact_scope).then_some(labels)
         };
+        let exact = scoped_recs.is_some();
         let raw = match scoped_recs {
             Some(labels) => ann::exact(
                 qv,
@@ -60,16 +61,17 @@ impl Index {
             None if whole && st.dead.len() * 10 <= st.vecs.len() => {
                 // Few tombstones: an unfiltered search for a little more,
                 // filtered after (hnsw_rs's filtered search is slower).
-                let extra = st.dead.len().min(cand * 2);
-                ann::search(graph, &self.cfg.ann, qv, cand * 2 + extra, None)
+                let extra = st.dead.len().min(graph_cand * 2);
+                ann::search(graph, &self.cfg.ann, qv, graph_cand * 2 + extra, None)
             }
             None => {
                 let keep = |l: usize| {
                     !st.dead.contains(&l) && st.slots.get(&l).is_some_and(|(p, _)| inside(p))
                 };
-                ann::search(graph, &self.cfg.ann, qv, cand * 2, Some(&keep))
+                ann::search(graph, &self.cfg.ann, qv, graph_cand * 2, Some(&keep))
             }
         };
+        let cand = if exact { cand } else { graph_cand };
         let mut seen: HashSet<Arc<str>> = HashSet::new();
         for (l, s) in raw {
             if let Some((p, i)) = st.slots.get(&l) {
