@@ -49,7 +49,8 @@ alone, and answers with the rows among those asked for (`--rows
 bm25,messages --sample 20`; `--no-answers` for recall alone; `--keep` and
 `--reuse` work as above).
 
-The whole split is about 280 extractions (some 9 hours on 2 cores) and
+The whole split is 288 extractions (about 45 s each on a quiet 2-core
+machine, 4 to 5 hours; far more beside other work) and
 about 1,000 questions. A run can span several sittings: `--keep` keeps its
 directory, with a copy of the binary that started it (`ctxfs` there);
 `--resume DIR` mounts it again with that binary, feeds only the sessions
