@@ -4,15 +4,15 @@
 //! queries (`query.rs`) ask them and fuse what they give (`fusion.rs`).
 
 use super::fusion::{message_day, near_named_days};
-use super::{ann, in_scope, Graph, Index, Mode, State};
+use super::{ann, in_scope, Candidates, Graph, Index, Mode, State};
 use std::collections::HashSet;
 use std::sync::Arc;
 
 impl Index {
     /// The vector channel: the best record of each document `inside` the
-    /// scope, best first: `cand` at most exactly over the scope's records
-    /// when they are few (or the account has no graph), else `graph_cand`
-    /// at most from the graph's search, filtered.
+    /// scope, best first: `cand.exact` at most exactly over the scope's
+    /// records when they are few (or the account has no graph), else
+    /// `cand.graph` at most from the graph's search, filtered.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn vector_channel(
         &self,
@@ -21,7 +21,7 @@ impl Index {
         qv: &[ann::Half],
         scope: &str,
         whole: bool,
-        (cand, graph_cand): (usize, usize),
+        cand: Candidates,
         inside: &dyn Fn(&str) -> bool,
     ) -> Vec<(Arc<str>, f32, u16)> {
         let mut vec_hits: Vec<(Arc<str>, f32, u16)> = Vec::new();
@@ -49,29 +49,32 @@ impl Index {
             }
             (labels.len() <= self.cfg.exact_scope).then_some(labels)
         };
-        let exact = scoped_recs.is_some();
-        let raw = match scoped_recs {
-            Some(labels) => ann::exact(
-                qv,
-                cand * 2,
-                labels
-                    .iter()
-                    .filter_map(|l| st.vecs.get(l).map(|v| (*l, &v[..]))),
+        let (raw, cand) = match scoped_recs {
+            Some(labels) => (
+                ann::exact(
+                    qv,
+                    cand.exact * 2,
+                    labels
+                        .iter()
+                        .filter_map(|l| st.vecs.get(l).map(|v| (*l, &v[..]))),
+                ),
+                cand.exact,
             ),
             None if whole && st.dead.len() * 10 <= st.vecs.len() => {
                 // Few tombstones: an unfiltered search for a little more,
                 // filtered after (hnsw_rs's filtered search is slower).
-                let extra = st.dead.len().min(graph_cand * 2);
-                ann::search(graph, &self.cfg.ann, qv, graph_cand * 2 + extra, None)
+                let extra = st.dead.len().min(cand.graph * 2);
+                let raw = ann::search(graph, &self.cfg.ann, qv, cand.graph * 2 + extra, None);
+                (raw, cand.graph)
             }
             None => {
                 let keep = |l: usize| {
                     !st.dead.contains(&l) && st.slots.get(&l).is_some_and(|(p, _)| inside(p))
                 };
-                ann::search(graph, &self.cfg.ann, qv, graph_cand * 2, Some(&keep))
+                let raw = ann::search(graph, &self.cfg.ann, qv, cand.graph * 2, Some(&keep));
+                (raw, cand.graph)
             }
         };
-        let cand = if exact { cand } else { graph_cand };
         let mut seen: HashSet<Arc<str>> = HashSet::new();
         for (l, s) in raw {
             if let Some((p, i)) = st.slots.get(&l) {

@@ -77,13 +77,23 @@ pub(crate) const MIN_CANDIDATES: usize = 100;
 /// for, so it keeps the size its benchmarks were measured at.
 pub(crate) const MIN_GRAPH_CANDIDATES: usize = 30;
 
-/// Candidates per channel for a search of `k` results: (searched exactly
-/// or by BM25, from the graph).
-pub(crate) fn candidates(k: usize) -> (usize, usize) {
-    (
-        (k * 3).max(MIN_CANDIDATES),
-        (k * 3).max(MIN_GRAPH_CANDIDATES),
-    )
+/// Candidates per channel for a search: searched exactly or by BM25, and
+/// from the graph.
+#[derive(Clone, Copy)]
+pub(crate) struct Candidates {
+    pub(crate) exact: usize,
+    pub(crate) graph: usize,
+}
+
+impl Candidates {
+    /// For a search of `k` results: three per result, and at least
+    /// [`MIN_CANDIDATES`] ([`MIN_GRAPH_CANDIDATES`] from the graph).
+    pub(crate) fn of(k: usize) -> Candidates {
+        Candidates {
+            exact: (k * 3).max(MIN_CANDIDATES),
+            graph: (k * 3).max(MIN_GRAPH_CANDIDATES),
+        }
+    }
 }
 /// A conversation's message scores this share of its fused score, so a
 /// memory holding the same words ranks above the message it came from.

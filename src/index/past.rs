@@ -159,8 +159,7 @@ impl Index {
             Mode::Vector => Some(self.query_vec(&q.text)?),
             Mode::Hybrid => self.query_vec(&q.text).ok(),
         };
-        // Searched exactly: the exact count of candidates.
-        let (cand, _) = super::candidates(k);
+        let cand = super::Candidates::of(k).exact;
         // Vector channel: the best record per document, exactly.
         let mut vec_hits: Vec<(u32, f32, usize)> = Vec::new();
         if let Some(qv) = &qv {

@@ -175,9 +175,9 @@ impl Index {
         let k = q.k.clamp(1, MAX_K);
         let ai = self.account_for(account, q.tenant)?;
         let qv = self.query_vector(&ai, q)?;
-        // Candidates per channel before fusion (exact or BM25, from the
-        // graph); records fetched per node candidate.
-        let (cand, graph_cand) = super::candidates(k);
+        // Candidates per channel before fusion; records fetched per node candidate.
+        let cands = super::Candidates::of(k);
+        let cand = cands.exact;
         let whole = scope == account && !direct;
         // Is the document at `p` one this search may return?
         let inside = |p: &str| {
@@ -190,9 +190,7 @@ impl Index {
         let graph = rlock(&ai.graph).clone();
         let st = rlock(&ai.st);
         let vec_hits = match &qv {
-            Some(qv) => {
-                self.vector_channel(&st, &graph, qv, scope, whole, (cand, graph_cand), &inside)
-            }
+            Some(qv) => self.vector_channel(&st, &graph, qv, scope, whole, cands, &inside),
             None => Vec::new(),
         };
         let qterms = text::terms(&q.text);
