@@ -1489,6 +1489,33 @@ fn an_answer_quoting_nothing_said_is_asked_again_without_the_example() {
     );
 }
 
+/// A small model copies its worked example's names onto words that never
+/// say them ("Ruth" over the user's words about a dog): such a topic names
+/// no node; the quote's own words do.
+#[test]
+fn a_topic_naming_no_one_said_names_no_node() {
+    let answer = serde_json::json!({"memories": [
+        {"quote": "My landlord refuses dogs in the flat.", "kind": "entity", "topic": "Ruth"},
+        {"quote": "My neighbour Tom keeps bees on his roof.", "kind": "entity", "topic": "Tom"},
+    ]});
+    let replies = serde_json::json!([{"content": answer.to_string()}]);
+    let (_server, m) = canned_mount(replies, |c| c.replace("memories = \"written\"\n", ""));
+    let c1 = r#"[{"role":"user","name":"Priya","ts":"2026-03-19T10:00:00Z","content":"My landlord refuses dogs in the flat. My neighbour Tom keeps bees on his roof."},
+      {"role":"assistant","content":"That sounds hard."}]"#;
+    let s = ingest(&m, "c1", c1, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    let dir = "$M/accounts/acme/users/priya/memories/entities";
+    assert_eq!(
+        m.ok(WRITER, &format!("ls \"{dir}\""))
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["landlord-refuses-dogs", "tom"],
+        "{s:#}"
+    );
+    m.fails(WRITER, &format!("grep -rli ruth \"{dir}\""), "");
+    m.umount_and_fsck();
+}
+
 /// A small model that starts writing one memory again goes on until
 /// `max_tokens`. The answer is streamed and stopped at the first repeated
 /// quote (the server sees the connection close); the rest of the window is

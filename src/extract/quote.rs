@@ -199,6 +199,28 @@ fn topic_holds(topic: &str, span: &str, speaker: Option<&str>, speakers: &HashSe
     !named || other == 0 || shared > 0
 }
 
+/// Does `topic` name only what the conversation says? Each word it
+/// capitalises (a name: "Ruth", "Max's pet day") must be a word of some
+/// message or speaker's name (`said`: their stemmed terms), and a topic the
+/// worked example gave ("reply length", "Ruth") must share a word with its
+/// own message or its speaker's name (`message`): a small model copies the
+/// example's names and titles onto words that never say them.
+fn topic_said(topic: &str, said: &HashSet<String>, message: &HashSet<String>) -> bool {
+    use crate::schema::words::terms;
+    let names_said = topic
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .flat_map(terms)
+        .all(|t| said.contains(&t));
+    let from_example = example_answer()["memories"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["topic"].as_str())
+        .any(|t| t.eq_ignore_ascii_case(topic.trim()));
+    names_said && (!from_example || terms(topic).iter().any(|t| message.contains(t)))
+}
+
 /// Check the model's `{"memories": [{message, quote, kind, topic}]}`
 /// against messages `range` of the conversation: each quote found again in
 /// its message (or, when the model numbered it wrong, in the one message
@@ -214,6 +236,14 @@ pub fn candidates(
         .messages
         .iter()
         .filter_map(|m| m.name.as_deref())
+        .collect();
+    let terms_of =
+        |text: &str| -> HashSet<String> { crate::schema::words::terms(text).into_iter().collect() };
+    let in_conv: HashSet<String> = conv
+        .messages
+        .iter()
+        .flat_map(|m| [m.content.as_str(), m.name.as_deref().unwrap_or("")])
+        .flat_map(crate::schema::words::terms)
         .collect();
     for (n, m) in list.iter().enumerate() {
         let quote = m["quote"].as_str().unwrap_or("").trim();
@@ -308,7 +338,17 @@ pub fn candidates(
         // A topic that names nothing (empty, or a kind's name), or says
         // what its quote does not, is the quote's first words that can
         // carry a fact.
-        if !topic_holds(&topic, &span, msg.name.as_deref(), &speakers) {
+        if !topic_holds(&topic, &span, msg.name.as_deref(), &speakers)
+            || !topic_said(
+                &topic,
+                &in_conv,
+                &terms_of(&format!(
+                    "{} {}",
+                    msg.name.as_deref().unwrap_or(""),
+                    msg.content
+                )),
+            )
+        {
             topic.clear();
         }
         if topic.is_empty()
@@ -462,6 +502,44 @@ mod tests {
             dropped.iter().all(|d| d.ends_with("picked twice")),
             "{dropped:?}"
         );
+    }
+
+    #[test]
+    fn a_topic_names_only_what_the_conversation_says() {
+        let c = conv();
+        let quote = "Their names are Pepper, Precious and Panda.";
+        let topic_for = |topic: &str| {
+            let item = json!({"quote": quote, "kind": "entity", "topic": topic});
+            let (found, _) =
+                candidates(&json!({"memories": [item]}), &c, 0..c.messages.len()).unwrap();
+            found[0].topic.clone()
+        };
+        // The worked example's names and titles, copied onto words that
+        // never say them, name nothing.
+        assert_eq!(topic_for("Ruth"), "names pepper precious");
+        assert_eq!(topic_for("reply length"), "names pepper precious");
+        assert_eq!(topic_for("Max's dogs"), "names pepper precious");
+        // A name another message of the conversation says, a subject in
+        // the model's words, an example's title its message holds.
+        assert_eq!(topic_for("Pixie's sisters"), "Pixie's sisters");
+        assert_eq!(topic_for("dog names"), "dog names");
+        assert_eq!(topic_for("Puppy names"), "Puppy names");
+        // The example's own topics hold over the example.
+        let mut example = Conversation::default();
+        for line in EXAMPLE_USER.lines() {
+            let (head, text) = line.split_once("): ").unwrap();
+            let (name, role) = head[4..].split_once(" (").unwrap();
+            example.messages.push(Message {
+                role: role.into(),
+                content: text.into(),
+                ts: None,
+                name: Some(name.into()),
+            });
+        }
+        let (found, dropped) = candidates(&example_answer(), &example, 0..4).unwrap();
+        assert!(dropped.is_empty(), "{dropped:?}");
+        let topics: Vec<_> = found.iter().map(|c| c.topic.as_str()).collect();
+        assert_eq!(topics, ["job", "Ruth", "reply length", "Miso's vet visit"]);
     }
 
     #[test]
