@@ -410,13 +410,16 @@ mod tests {
     use crate::extract::line::speaker;
     use crate::extract::Message;
 
-    fn conv() -> Conversation {
-        let m = |role: &str, name: &str, content: &str| Message {
+    fn m(role: &str, name: &str, content: &str) -> Message {
+        Message {
             role: role.into(),
             content: content.into(),
             ts: Some(json!("2023-05-08T13:56:00Z")),
             name: Some(name.into()),
-        };
+        }
+    }
+
+    fn conv() -> Conversation {
         Conversation {
             messages: vec![
                 m("user", "Audrey", "Hey Andrew! We adopted another puppy called Pixie. Isn't she cute?"),
@@ -529,12 +532,7 @@ mod tests {
         for line in EXAMPLE_USER.lines() {
             let (head, text) = line.split_once("): ").unwrap();
             let (name, role) = head[4..].split_once(" (").unwrap();
-            example.messages.push(Message {
-                role: role.into(),
-                content: text.into(),
-                ts: None,
-                name: Some(name.into()),
-            });
+            example.messages.push(m(role, name, text));
         }
         let (found, dropped) = candidates(&example_answer(), &example, 0..4).unwrap();
         assert!(dropped.is_empty(), "{dropped:?}");
