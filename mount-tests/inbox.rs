@@ -1127,6 +1127,50 @@ fn a_terse_reply_is_lifted_by_the_messages_around_it() {
     assert!(at("c1.json#1") < at("c2.json#0"), "{out}");
 }
 
+/// A question lifts its answer: two conversations say the same words,
+/// but in one the first message asks ("…recommend to me?") and in the
+/// other it states. The reply after the question ranks above the reply
+/// after the statement; without the rule the two tie and the earlier
+/// name comes first.
+#[test]
+fn a_question_lifts_the_reply_that_answers_it() {
+    let none = r#"{"memories":[]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let conv = |mark: &str| {
+        serde_json::json!([
+            {"role": "user", "name": "Priya",
+             "content": format!("Any good book series you would recommend to me{mark}")},
+            {"role": "assistant", "name": "Sam", "content": "The Expanse, it is epic."},
+        ])
+        .to_string()
+    };
+    // The statement under the name that sorts first.
+    for (name, mark) in [("c1", "."), ("c2", "?")] {
+        let s = ingest(&m, name, &conv(mark), Duration::from_secs(30));
+        assert_eq!(s["state"], "done", "{s:#}");
+    }
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let out = search(
+        &m,
+        WRITER,
+        "users/priya",
+        "book series recommend?k=10&format=json",
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let order: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["path"].as_str()?.rsplit('/').next())
+        .collect();
+    let at = |p: &str| order.iter().position(|o| *o == p);
+    assert!(
+        at("c2.json#1").is_some() && at("c1.json#1").is_some(),
+        "{out}"
+    );
+    assert!(at("c2.json#1") < at("c1.json#1"), "{out}");
+}
+
 /// A conversation removed and written again under its name while the
 /// indexer is behind: no search shows a message of the removed one, even
 /// before its delete events are indexed (a message hit is checked against

@@ -392,6 +392,7 @@ mod tests {
             via: via.then(|| "related<-x".into()),
             superseded_by: None,
             with: None,
+            asks: false,
         }
     }
 

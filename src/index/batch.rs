@@ -665,6 +665,7 @@ impl Index {
                 }
                 if let Some(l) = label {
                     doc.abstract_ = l.clone();
+                    doc.asks = texts.iter().any(|(l, t)| *l == 2 && text::asks(t));
                 }
                 if doc.abstract_.is_empty() {
                     let c = texts.iter().find(|t| t.0 == 2).map(|t| t.1.as_str());

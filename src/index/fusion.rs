@@ -240,10 +240,19 @@ pub(super) fn toward_named_days(
 /// "A day the question names; messages lifted by their neighbours").
 pub(super) const NEIGHBOUR_SHARES: [f32; 2] = [0.5, 0.25];
 
+/// The share of a question's score that the message after it, its
+/// answer, gains besides [`NEIGHBOUR_SHARES`]. A question names its
+/// subject in the words a later search uses ("any book series you would
+/// recommend?") and holds no answer; the reply that does says "The Name
+/// of the Wind" (BENCHMARKS' journal, "A question lifts its answer").
+pub(super) const ANSWER_SHARE: f32 = 0.25;
+
 /// Each message of the ranking gains [`NEIGHBOUR_SHARES`] of the best
 /// score of the messages one and two away from it in its conversation,
-/// among the ranking's candidates (their scores before this); memories do
-/// not lift or gain. The ranking is sorted again.
+/// and [`ANSWER_SHARE`] of the score of the message before it when that
+/// one asks (`Hit::asks`), among the ranking's candidates (their scores
+/// before this); memories do not lift or gain. The ranking is sorted
+/// again.
 pub(super) fn toward_neighbours(hits: &mut [Hit]) {
     // Each hit's (conversation, message number) when it is a message.
     let keys: Vec<Option<(&str, u32)>> = hits
@@ -254,11 +263,12 @@ pub(super) fn toward_neighbours(hits: &mut [Hit]) {
                 .flatten()
         })
         .collect();
-    let at: HashMap<(&str, u32), f32> = keys
+    let at: HashMap<(&str, u32), (f32, bool)> = keys
         .iter()
         .zip(hits.iter())
-        .filter_map(|(k, h)| Some(((*k)?, h.score)))
+        .filter_map(|(k, h)| Some(((*k)?, (h.score, h.asks))))
         .collect();
+
     if at.len() < 2 {
         return;
     }
@@ -268,18 +278,24 @@ pub(super) fn toward_neighbours(hits: &mut [Hit]) {
             let Some((conv, i)) = *k else {
                 return 0.0;
             };
-            let score = |j: Option<u32>| j.and_then(|j| at.get(&(conv, j)).copied());
-            NEIGHBOUR_SHARES
-                .iter()
-                .zip(1u32..)
-                .map(|(share, d)| {
-                    let best = score(i.checked_sub(d))
-                        .into_iter()
-                        .chain(score(i.checked_add(d)))
-                        .fold(0.0f32, f32::max);
-                    share * best
-                })
-                .sum()
+            let score = |j: Option<u32>| j.and_then(|j| at.get(&(conv, j)).map(|a| a.0));
+            let asked = i
+                .checked_sub(1)
+                .and_then(|j| at.get(&(conv, j)))
+                .filter(|a| a.1)
+                .map_or(0.0, |a| ANSWER_SHARE * a.0);
+            asked
+                + NEIGHBOUR_SHARES
+                    .iter()
+                    .zip(1u32..)
+                    .map(|(share, d)| {
+                        let best = score(i.checked_sub(d))
+                            .into_iter()
+                            .chain(score(i.checked_add(d)))
+                            .fold(0.0f32, f32::max);
+                        share * best
+                    })
+                    .sum::<f32>()
         })
         .collect();
     for (h, g) in hits.iter_mut().zip(gains) {
@@ -540,6 +556,35 @@ mod tests {
             assert_eq!(*gp, wp);
             assert!((gs - ws).abs() < 1e-6, "{gp}: {gs} against {ws}");
         }
+    }
+
+    #[test]
+    fn a_question_lifts_its_answer() {
+        let hit = |path: &str, score: f32, asks: bool| {
+            let mut h = Hit::blank(path);
+            h.score = score;
+            h.level = MESSAGE_LEVEL;
+            h.asks = asks;
+            h
+        };
+        // The same scores in two conversations; in `c` the first message
+        // asks, in `d` it states.
+        let mut hits = vec![
+            hit("a/users/u/inbox/c.json#0", 0.6, true),
+            hit("a/users/u/inbox/d.json#0", 0.6, false),
+            hit("a/users/u/inbox/c.json#1", 0.3, false),
+            hit("a/users/u/inbox/d.json#1", 0.3, false),
+            // A question's answer that is no candidate gains nothing; a
+            // question gains nothing from the message after it.
+            hit("a/users/u/inbox/e.json#1", 0.2, true),
+        ];
+        toward_neighbours(&mut hits);
+        let score = |p: &str| hits.iter().find(|h| h.path.ends_with(p)).unwrap().score;
+        let half = NEIGHBOUR_SHARES[0];
+        assert!((score("c.json#1") - (0.3 + half * 0.6 + ANSWER_SHARE * 0.6)).abs() < 1e-6);
+        assert!((score("d.json#1") - (0.3 + half * 0.6)).abs() < 1e-6);
+        assert!((score("c.json#0") - (0.6 + half * 0.3)).abs() < 1e-6);
+        assert_eq!(score("e.json#1"), 0.2);
     }
 
     #[test]

@@ -136,10 +136,26 @@ pub struct IxDoc {
     /// the conversation stored under its name is that one. `None` for nodes,
     /// and for messages indexed before the field existed.
     pub source: Option<u64>,
+    /// A conversation's message that ends by asking (`text::asks`): the
+    /// message after it, its answer, gains a share of its score
+    /// (`fusion::toward_neighbours`). `false` for nodes, and for messages
+    /// indexed before the field existed.
+    pub asks: bool,
 }
 
-/// An index document as stored before `source` (postcard has no optional
+/// An index document as stored before `asks` (postcard has no optional
 /// trailing fields): read, never written.
+#[derive(Deserialize)]
+struct IxDocV2 {
+    abstract_: String,
+    model: String,
+    recs: Vec<IxRec>,
+    terms: Vec<(String, u32)>,
+    edges: Vec<Edge>,
+    source: Option<u64>,
+}
+
+/// An index document as stored before `source`: read, never written.
 #[derive(Deserialize)]
 struct IxDocV1 {
     abstract_: String,
@@ -186,6 +202,17 @@ impl IxDoc {
         if let Ok(d) = postcard::from_bytes::<IxDoc>(b) {
             return Ok(d);
         }
+        if let Ok(d) = postcard::from_bytes::<IxDocV2>(b) {
+            return Ok(IxDoc {
+                abstract_: d.abstract_,
+                model: d.model,
+                recs: d.recs,
+                terms: d.terms,
+                edges: d.edges,
+                source: d.source,
+                asks: false,
+            });
+        }
         let d: IxDocV1 =
             postcard::from_bytes(b).map_err(|e| Error::store_from("corrupt index document", e))?;
         Ok(IxDoc {
@@ -195,6 +222,7 @@ impl IxDoc {
             terms: d.terms,
             edges: d.edges,
             source: None,
+            asks: false,
         })
     }
     fn encode(&self) -> Vec<u8> {
@@ -252,6 +280,10 @@ pub struct Hit {
     /// result right below it) and takes no place of its own among the k.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub with: Option<String>,
+    /// A message that ends by asking (`IxDoc::asks`): its answer gains a
+    /// share of its score.
+    #[serde(skip)]
+    pub asks: bool,
 }
 
 impl Hit {
@@ -272,6 +304,7 @@ impl Hit {
             via: None,
             superseded_by: None,
             with: None,
+            asks: false,
         }
     }
 }

@@ -326,6 +326,7 @@ impl Index {
                 }
                 if let Some(d) = st.docs.get(&p) {
                     h.abstract_ = d.ix.abstract_.clone();
+                    h.asks = d.ix.asks;
                     if h.line == 0 && h.level != MESSAGE_LEVEL {
                         h.line =
                             d.ix.recs

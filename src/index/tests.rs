@@ -65,7 +65,33 @@ fn index_documents_stored_before_source_still_read() {
     let back = IxDoc::decode(&new.encode()).unwrap();
     assert_eq!(back.source, new.source);
     assert_eq!(back.abstract_, new.abstract_);
+    assert!(!back.asks);
     assert!(IxDoc::decode(b"\xff\xff").is_err());
+    // The layout before `asks`: its source kept, nothing asks.
+    #[derive(Serialize)]
+    struct V2 {
+        abstract_: String,
+        model: String,
+        recs: Vec<IxRec>,
+        terms: Vec<(String, u32)>,
+        edges: Vec<Edge>,
+        source: Option<u64>,
+    }
+    let v2 = V2 {
+        abstract_: "#1 user: which one?".into(),
+        model: "m".into(),
+        recs: Vec::new(),
+        terms: Vec::new(),
+        edges: Vec::new(),
+        source: Some(7),
+    };
+    let d = IxDoc::decode(&postcard::to_stdvec(&v2).unwrap()).unwrap();
+    assert_eq!(
+        (d.source, d.asks, d.abstract_.as_str()),
+        (Some(7), false, "#1 user: which one?")
+    );
+    let asks = IxDoc { asks: true, ..d };
+    assert!(IxDoc::decode(&asks.encode()).unwrap().asks);
 }
 
 #[test]

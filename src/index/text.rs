@@ -136,6 +136,25 @@ pub fn message_views(text: &str, before: Option<&str>, name: Option<&str>) -> Ve
     out
 }
 
+/// Does a message end by asking? Its last mark among letters, digits and
+/// `.`, `!`, `?` is a question mark, once notes in brackets at its end
+/// are set aside (a photo described in words, the day a relative time
+/// means: "What's their name? [2023-05-07]"). A smiley or a closing quote
+/// after the question does not hide it.
+pub fn asks(text: &str) -> bool {
+    let mut t = text.trim_end();
+    while let Some(rest) = t.strip_suffix(']') {
+        match rest.rfind('[') {
+            Some(open) => t = rest[..open].trim_end(),
+            None => break,
+        }
+    }
+    t.chars()
+        .rev()
+        .find(|c| c.is_alphanumeric() || matches!(c, '.' | '!' | '?'))
+        == Some('?')
+}
+
 /// A content's first non-empty line, its heading marks and the spaces
 /// around it trimmed, at most 100 characters: the abstract of a document
 /// that has none of its own.
@@ -271,6 +290,29 @@ mod tests {
             message_views(&long, Some("q"), Some("Bo")).len(),
             MAX_MESSAGE_VIEWS
         );
+    }
+
+    #[test]
+    fn a_message_asks_when_it_ends_with_a_question() {
+        for t in [
+            "Cool! Any book series you would recommend?",
+            "What's their name? [shares a photo: a puppy on a rug]",
+            "How was the hike yesterday [2023-05-06]?",
+            "Where are you going to live? :)",
+            "Did she say \"why not?\"",
+        ] {
+            assert!(asks(t), "{t}");
+        }
+        for t in [
+            "Is it far? Anyway, we went there on Sunday.",
+            "We went hiking.",
+            "[shares a photo: who is this?]",
+            "",
+            "]]",
+            "Yes! [a [nested] note",
+        ] {
+            assert!(!asks(t), "{t}");
+        }
     }
 
     #[test]
