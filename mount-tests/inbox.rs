@@ -1078,6 +1078,26 @@ fn a_search_that_names_a_day_finds_what_was_said_then() {
     );
 }
 
+/// The results of a search's JSON output `out` by their last path part
+/// (a message as `c1.json#1`), in their order.
+fn result_files(out: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(out).unwrap();
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["path"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
 /// A terse reply is lifted by the messages around it: "Yes, twice!"
 /// shares no word with a search about the telescope, yet ranks right under
 /// the question it answers, above a message of another conversation
@@ -1099,22 +1119,7 @@ fn a_terse_reply_is_lifted_by_the_messages_around_it() {
     // The search's results by their file name and number, and the output.
     let order = |q: &str| -> (Vec<String>, String) {
         let out = search(&m, WRITER, "users/priya", q);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        let order = v["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                r["path"]
-                    .as_str()
-                    .unwrap()
-                    .rsplit('/')
-                    .next()
-                    .unwrap()
-                    .to_string()
-            })
-            .collect();
-        (order, out)
+        (result_files(&out), out)
     };
     // The reply is no lexical candidate: nothing lifts what neither
     // channel found. In hybrid mode the vector channel finds every
@@ -1156,14 +1161,8 @@ fn a_question_lifts_the_reply_that_answers_it() {
         "users/priya",
         "book series recommend?k=10&format=json",
     );
-    let v: Value = serde_json::from_str(&out).unwrap();
-    let order: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["path"].as_str()?.rsplit('/').next())
-        .collect();
-    let at = |p: &str| order.iter().position(|o| *o == p);
+    let order = result_files(&out);
+    let at = |p: &str| order.iter().position(|o| o == p);
     assert!(
         at("c2.json#1").is_some() && at("c1.json#1").is_some(),
         "{out}"

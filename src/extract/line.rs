@@ -36,7 +36,7 @@ fn content_words(text: &str) -> Vec<String> {
 }
 
 /// `text` without its `[…]` parts.
-pub(super) fn unbracketed(text: &str) -> String {
+pub(crate) fn unbracketed(text: &str) -> String {
     let mut out = String::new();
     let mut depth = 0usize;
     for c in text.chars() {

@@ -9,7 +9,7 @@
 
 mod attribution;
 mod chat;
-mod line;
+pub(crate) mod line;
 pub mod llm;
 pub mod policy;
 pub mod prompt;

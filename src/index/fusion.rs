@@ -268,7 +268,6 @@ pub(super) fn toward_neighbours(hits: &mut [Hit]) {
         .zip(hits.iter())
         .filter_map(|(k, h)| Some(((*k)?, (h.score, h.asks))))
         .collect();
-
     if at.len() < 2 {
         return;
     }
@@ -393,6 +392,14 @@ pub(super) fn draw(out: Vec<Hit>, mut drawn: Vec<(Hit, HashSet<String>)>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hit on `path` scored `score`, its best record of `level`.
+    fn scored(path: &str, score: f32, level: u8) -> Hit {
+        let mut h = Hit::blank(path);
+        h.score = score;
+        h.level = level;
+        h
+    }
 
     #[test]
     fn the_speaker_a_query_names_as_a_table() {
@@ -521,12 +528,7 @@ mod tests {
 
     #[test]
     fn a_message_is_lifted_by_its_neighbours() {
-        let hit = |path: &str, score: f32, level: u8| {
-            let mut h = Hit::blank(path);
-            h.score = score;
-            h.level = level;
-            h
-        };
+        let hit = scored;
         let mut hits = vec![
             hit("a/users/u/inbox/c.json#0", 0.6, MESSAGE_LEVEL),
             hit("a/users/u/inbox/d.json#9", 0.5, MESSAGE_LEVEL),
@@ -560,12 +562,9 @@ mod tests {
 
     #[test]
     fn a_question_lifts_its_answer() {
-        let hit = |path: &str, score: f32, asks: bool| {
-            let mut h = Hit::blank(path);
-            h.score = score;
-            h.level = MESSAGE_LEVEL;
-            h.asks = asks;
-            h
+        let hit = |path: &str, score: f32, asks: bool| Hit {
+            asks,
+            ..scored(path, score, MESSAGE_LEVEL)
         };
         // The same scores in two conversations; in `c` the first message
         // asks, in `d` it states.

@@ -146,6 +146,7 @@ pub struct IxDoc {
 /// An index document as stored before `asks` (postcard has no optional
 /// trailing fields): read, never written.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct IxDocV2 {
     abstract_: String,
     model: String,
@@ -157,12 +158,40 @@ struct IxDocV2 {
 
 /// An index document as stored before `source`: read, never written.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct IxDocV1 {
     abstract_: String,
     model: String,
     recs: Vec<IxRec>,
     terms: Vec<(String, u32)>,
     edges: Vec<Edge>,
+}
+
+impl From<IxDocV1> for IxDocV2 {
+    fn from(d: IxDocV1) -> Self {
+        IxDocV2 {
+            abstract_: d.abstract_,
+            model: d.model,
+            recs: d.recs,
+            terms: d.terms,
+            edges: d.edges,
+            source: None,
+        }
+    }
+}
+
+impl From<IxDocV2> for IxDoc {
+    fn from(d: IxDocV2) -> Self {
+        IxDoc {
+            abstract_: d.abstract_,
+            model: d.model,
+            recs: d.recs,
+            terms: d.terms,
+            edges: d.edges,
+            source: d.source,
+            asks: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -203,27 +232,11 @@ impl IxDoc {
             return Ok(d);
         }
         if let Ok(d) = postcard::from_bytes::<IxDocV2>(b) {
-            return Ok(IxDoc {
-                abstract_: d.abstract_,
-                model: d.model,
-                recs: d.recs,
-                terms: d.terms,
-                edges: d.edges,
-                source: d.source,
-                asks: false,
-            });
+            return Ok(d.into());
         }
         let d: IxDocV1 =
             postcard::from_bytes(b).map_err(|e| Error::store_from("corrupt index document", e))?;
-        Ok(IxDoc {
-            abstract_: d.abstract_,
-            model: d.model,
-            recs: d.recs,
-            terms: d.terms,
-            edges: d.edges,
-            source: None,
-            asks: false,
-        })
+        Ok(IxDocV2::from(d).into())
     }
     fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).unwrap_or_default()

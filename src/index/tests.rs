@@ -32,15 +32,7 @@ fn derived_overview_of_one_chunk_has_no_record() {
 #[test]
 fn index_documents_stored_before_source_still_read() {
     // The layout before `source`, as postcard wrote it.
-    #[derive(Serialize)]
-    struct Old {
-        abstract_: String,
-        model: String,
-        recs: Vec<IxRec>,
-        terms: Vec<(String, u32)>,
-        edges: Vec<Edge>,
-    }
-    let old = Old {
+    let old = IxDocV1 {
         abstract_: "#0 user: hello".into(),
         model: "m".into(),
         recs: vec![IxRec {
@@ -68,16 +60,7 @@ fn index_documents_stored_before_source_still_read() {
     assert!(!back.asks);
     assert!(IxDoc::decode(b"\xff\xff").is_err());
     // The layout before `asks`: its source kept, nothing asks.
-    #[derive(Serialize)]
-    struct V2 {
-        abstract_: String,
-        model: String,
-        recs: Vec<IxRec>,
-        terms: Vec<(String, u32)>,
-        edges: Vec<Edge>,
-        source: Option<u64>,
-    }
-    let v2 = V2 {
+    let v2 = IxDocV2 {
         abstract_: "#1 user: which one?".into(),
         model: "m".into(),
         recs: Vec::new(),

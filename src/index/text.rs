@@ -137,19 +137,13 @@ pub fn message_views(text: &str, before: Option<&str>, name: Option<&str>) -> Ve
 }
 
 /// Does a message end by asking? Its last mark among letters, digits and
-/// `.`, `!`, `?` is a question mark, once notes in brackets at its end
-/// are set aside (a photo described in words, the day a relative time
-/// means: "What's their name? [2023-05-07]"). A smiley or a closing quote
-/// after the question does not hide it.
+/// `.`, `!`, `?`, its notes in brackets set aside (a photo described in
+/// words, the day a relative time means: "What's their name?
+/// [2023-05-07]"), is a question mark. A smiley or a closing quote after
+/// the question does not hide it.
 pub fn asks(text: &str) -> bool {
-    let mut t = text.trim_end();
-    while let Some(rest) = t.strip_suffix(']') {
-        match rest.rfind('[') {
-            Some(open) => t = rest[..open].trim_end(),
-            None => break,
-        }
-    }
-    t.chars()
+    crate::extract::line::unbracketed(text)
+        .chars()
         .rev()
         .find(|c| c.is_alphanumeric() || matches!(c, '.' | '!' | '?'))
         == Some('?')
