@@ -3,7 +3,7 @@
 //! channel (BM25), and the messages said near a day the query names. The
 //! queries (`query.rs`) ask them and fuse what they give (`fusion.rs`).
 
-use super::fusion::{message_day, near_named_days};
+use super::toward::{message_day, near_named_days};
 use super::{ann, in_scope, Candidates, Graph, Index, Mode, State};
 use std::collections::HashSet;
 use std::sync::Arc;

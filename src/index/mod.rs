@@ -29,6 +29,7 @@ mod past;
 mod query;
 mod reindex;
 pub mod text;
+mod toward;
 mod worker;
 
 use self::ann::Graph;
@@ -138,7 +139,7 @@ pub struct IxDoc {
     pub source: Option<u64>,
     /// A conversation's message that ends by asking (`text::asks`): the
     /// message after it, its answer, gains a share of its score
-    /// (`fusion::toward_neighbours`). `false` for nodes, and for messages
+    /// (`toward::toward_neighbours`). `false` for nodes, and for messages
     /// indexed before the field existed.
     pub asks: bool,
 }

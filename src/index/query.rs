@@ -8,9 +8,8 @@ use crate::index::channels::{dated_channel, lexical_channel, Dated, LexHit, VecH
 use crate::index::fusion::message_live;
 use crate::index::fusion::weighted;
 use crate::index::fusion::Channels;
-use crate::index::fusion::{
-    draw, pick_sources, toward_named_days, toward_named_speaker, toward_neighbours, Source,
-};
+use crate::index::fusion::{draw, pick_sources, Source};
+use crate::index::toward::{toward_named_days, toward_named_speaker, toward_neighbours};
 use crate::index::AccountIndex;
 use crate::index::State;
 
