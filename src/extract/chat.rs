@@ -40,6 +40,45 @@ const CHAT: &[&str] = &[
     "yes",
 ];
 
+/// The phrases of chat in the first person (regular expressions, matched
+/// whole words, case aside): said to the other speaker, they tell nothing
+/// of the one who says them.
+const CHAT_PHRASES: &[&str] = &[
+    // Asking and offering.
+    r"(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)",
+    r"i can help",
+    r"(?:i'm|i am) (?:always )?here for you",
+    r"(?:you can )?count on me",
+    r"(?:if you need|anything you need)(?: anything| help| me)?",
+    // Promises to the other.
+    r"i'll (?:\w+ )?(?:catch up with you|(?:let|keep) you (?:know|posted|updated))",
+    r"i'll (?:\w+ )?(?:keep|bear) (?:that|it|this) in mind",
+    r"i'll (?:\w+ )?(?:give it a (?:go|try|shot)|try it(?: out)?|check it out|look into it|take your advice)",
+    // Reactions.
+    r"i (?:really )?appreciate",
+    r"i agree",
+    r"i hope",
+    r"(?:i'm|i am) (?:so |really )?glad",
+    r"(?:i'm|i am) sure",
+    r"(?:i'm|i am) (?:so )?sorry to hear",
+    r"(?:i'm|i am) (?:so |really )?(?:happy|proud) (?:for|of) you",
+    r"i know,? right",
+    r"i know what you mean",
+    r"i (?:feel|hear|get) you",
+    r"i see",
+    r"i bet",
+    r"i think so",
+    r"i can't wait",
+    r"i'd love to",
+    r"me too",
+    r"thank(?:s| you) for \w+ (?:me|us)",
+    r"(?:your support|that|it|this) means (?:a lot|so much|the world) to me",
+    // Catching up.
+    r"long time no (?:see|talk|chat|speak)",
+    r"since (?:we|i) (?:last )?(?:talked|spoke|chatted|caught up)",
+    r"(?:i've had |i had |we've had |there's been )?(?:a lot|lots)(?: of stuff)? (?:going on|(?:has )?happened|(?:has )?gone down)",
+];
+
 /// Does `span` say something of someone: a sentence in the first person
 /// ("I", "my", "we", "our"; "me" and "us" but in "let me know", "keep us
 /// posted"), or with a number, or a name inside it (a capitalised word
@@ -54,13 +93,13 @@ pub(super) fn says_something(span: &str, speakers: &HashSet<&str>) -> bool {
             .expect("the first-person pattern compiles")
     });
     // The first person of chat: "let me know", "I'll keep that in mind",
-    // "I hope so", "I can help".
+    // "I hope so", "I can help", "I'll give it a try", "thanks for showing
+    // me", "long time no talk, lots going on": what one says to the other
+    // in any conversation, of no one in particular.
     static CHAT: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let chat = CHAT.get_or_init(|| {
-        regex::Regex::new(
-            r"(?i)\b(?:(?:let|keep|tell|show|remind|text|ping|join|excuse)\s+(?:me|us)\b|i'll catch up with you|i'll (?:let|keep) you (?:know|posted)|i'll keep (?:that|it|this) in mind|i (?:really )?appreciate|i agree|i hope|i'm (?:so )?glad|i'm sure|i'm sorry to hear|i know,? right|i can help|i can't wait|i'd love to|i bet|i think so|i see)",
-        )
-        .expect("the chat pattern compiles")
+        regex::Regex::new(&format!(r"(?i)\b(?:{})\b", CHAT_PHRASES.join("|")))
+            .expect("the chat pattern compiles")
     });
     // Names greeted ("Thanks, Deb!", "hey Jolene"), no subject.
     static GREETED: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
@@ -70,7 +109,7 @@ pub(super) fn says_something(span: &str, speakers: &HashSet<&str>) -> bool {
         )
         .expect("the greeting pattern compiles")
     });
-    let plain = super::line::unbracketed(span);
+    let plain = super::line::unbracketed(span).replace('\u{2019}', "'");
     // (A word in its place, so the sentence still ends where it did.)
     let plain = chat.replace_all(&plain, "ok");
     let mut greeted: HashSet<String> = super::support::vocatives(span).into_iter().collect();
@@ -186,6 +225,16 @@ mod tests {
             "Alright Ann, have fun with it! Keep me updated!",
             "Take care, Ann! I'll catch up with you later.",
             "I'll let you know. Have a good one!",
+            // Promises, reactions and catching up, in the first person.
+            "I'll definitely give it a try. Appreciate the tip!",
+            "I\u{2019}ll take your advice and let you know how it goes.",
+            "Wow, what a view. Thanks for showing me!",
+            "I'm always here for you. Anything you need, count on me!",
+            "Your support means a lot to me.",
+            "I'm so proud of you!",
+            "Long time no talk - I had lots of stuff going on.",
+            "It's been ages since we last spoke.",
+            "Me too!",
         ] {
             assert!(!says_something(s, &speakers), "{s}");
         }
@@ -197,6 +246,11 @@ mod tests {
             "We went there in 2019.",
             "I've had them for 3 years!",
             "Bob Marley was playing all night.",
+            // A fact beside the chat is kept.
+            "Long time no see! I moved to Oslo in May.",
+            "I'll give it a try: my sister runs a bakery.",
+            "Since we last talked, we adopted a second dog.",
+            "Thanks for asking me! I sold the van.",
         ] {
             assert!(says_something(s, &speakers), "{s}");
         }
