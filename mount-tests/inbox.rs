@@ -1170,6 +1170,52 @@ fn a_question_lifts_the_reply_that_answers_it() {
     assert!(at("c2.json#1") < at("c1.json#1"), "{out}");
 }
 
+/// A question of when lifts the message that says when: two conversations
+/// say the same of a puppy, one of them with the day ("yesterday"). The
+/// message with the time ranks first for "When…?"; without the rule its
+/// one more word puts it below the other, whose name also sorts first.
+#[test]
+fn a_question_of_when_lifts_the_message_that_says_when() {
+    let none = r#"{"memories":[]}"#;
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let conv = |when: &str| {
+        serde_json::json!([
+            {"role": "user", "name": "Priya", "ts": "2023-05-02T10:00:00Z",
+             "content": format!("We adopted a beagle puppy named Biscuit from the shelter by the \
+                 river{when}, he is sweet and loves long walks and naps in the park.")},
+        ])
+        .to_string()
+    };
+    for (name, when) in [("c1", ""), ("c2", " yesterday")] {
+        let s = ingest(&m, name, &conv(when), Duration::from_secs(30));
+        assert_eq!(s["state"], "done", "{s:#}");
+    }
+    // Other messages, so that the two are not the best and the worst of
+    // the candidates (scores are scaled between those).
+    let other = r#"[{"role":"user","name":"Priya","content":"The weather in Leeds was rainy, we adopted a slower pace."},
+                    {"role":"user","name":"Priya","content":"My sister plays the cello in an orchestra."}]"#;
+    let s = ingest(&m, "c0", other, Duration::from_secs(30));
+    assert_eq!(s["state"], "done", "{s:#}");
+    m.ok(WRITER, "cat $M/.ctxfs/sync");
+    let order = |q: &str| {
+        let out = search(&m, WRITER, "users/priya", q);
+        let order = result_files(&out);
+        let at = |p: &str| order.iter().position(|o| o == p);
+        assert!(
+            at("c1.json#0").is_some() && at("c2.json#0").is_some(),
+            "{out}"
+        );
+        at("c2.json#0") < at("c1.json#0")
+    };
+    assert!(order(
+        "When did Priya adopt the beagle Biscuit?k=10&format=json"
+    ));
+    // Asked what, the message without the day comes first.
+    assert!(!order(
+        "What beagle puppy did Priya adopt, Biscuit?k=10&format=json"
+    ));
+}
+
 /// A conversation removed and written again under its name while the
 /// indexer is behind: no search shows a message of the removed one, even
 /// before its delete events are indexed (a message hit is checked against

@@ -217,6 +217,24 @@ fn month_number(s: &str) -> Option<i8> {
         .map(|i| i as i8 + 1)
 }
 
+/// Does `text` say when something happened or will: a relative time
+/// ([`annotate`] resolves it), a date ([`first_date`]), a month with its
+/// year, a year after "in" or "since", or how long something has lasted
+/// ("for three years", "for a month now").
+pub fn tells_when(text: &str) -> bool {
+    static SPAN: OnceLock<Regex> = OnceLock::new();
+    let span = SPAN.get_or_init(|| {
+        Regex::new(
+            r"(?i)\b(?:for (?:about |almost |nearly |over |around )?(?:\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|a couple of|a few) (?:day|week|month|year)s?|(?:in|since) (?:19|20)\d{2})\b",
+        )
+        .expect("the span pattern compiles")
+    });
+    pattern().is_match(text)
+        || span.is_match(text)
+        || first_date(text).is_some()
+        || !named_days(text).is_empty()
+}
+
 /// The first calendar date `text` names: `2026-03-14` (as the resolved
 /// relative times read), `14 March 2026` or `March 14, 2026`. When an event
 /// memory says it happened.
@@ -290,6 +308,30 @@ mod tests {
 
     fn on(text: &str, day: &str) -> String {
         annotate(text, day.parse().unwrap())
+    }
+
+    #[test]
+    fn a_text_that_says_when() {
+        for t in [
+            "We adopted him last week.",
+            "I've had them for 3 years!",
+            "Been playing it for a month now.",
+            "I bought it a year ago in Paris.",
+            "We met on 14 March 2023.",
+            "The trip was in August 2023.",
+            "I have lived here since 2019.",
+            "Yesterday [2023-05-01] we went out.",
+        ] {
+            assert!(tells_when(t), "{t}");
+        }
+        for t in [
+            "We adopted a beagle.",
+            "I played for three hours.",
+            "See you in a bit!",
+            "It was the best month ever.",
+        ] {
+            assert!(!tells_when(t), "{t}");
+        }
     }
 
     #[test]

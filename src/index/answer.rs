@@ -393,6 +393,7 @@ mod tests {
             superseded_by: None,
             with: None,
             asks: false,
+            tells_when: false,
         }
     }
 

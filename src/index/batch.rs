@@ -666,6 +666,9 @@ impl Index {
                 if let Some(l) = label {
                     doc.abstract_ = l.clone();
                     doc.asks = texts.iter().any(|(l, t)| *l == 2 && text::asks(t));
+                    doc.tells_when = texts
+                        .iter()
+                        .any(|(l, t)| *l == 2 && crate::extract::when::tells_when(t));
                 }
                 if doc.abstract_.is_empty() {
                     let c = texts.iter().find(|t| t.0 == 2).map(|t| t.1.as_str());

@@ -142,6 +142,23 @@ pub struct IxDoc {
     /// (`toward::toward_neighbours`). `false` for nodes, and for messages
     /// indexed before the field existed.
     pub asks: bool,
+    /// A conversation's message that says when (`extract::when::tells_when`):
+    /// it weighs more for a query that asks when (`toward::toward_told_when`).
+    /// `false` for nodes, and for messages indexed before the field existed.
+    pub tells_when: bool,
+}
+
+/// An index document as stored before `tells_when`: read, never written.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct IxDocV3 {
+    abstract_: String,
+    model: String,
+    recs: Vec<IxRec>,
+    terms: Vec<(String, u32)>,
+    edges: Vec<Edge>,
+    source: Option<u64>,
+    asks: bool,
 }
 
 /// An index document as stored before `asks` (postcard has no optional
@@ -181,9 +198,9 @@ impl From<IxDocV1> for IxDocV2 {
     }
 }
 
-impl From<IxDocV2> for IxDoc {
+impl From<IxDocV2> for IxDocV3 {
     fn from(d: IxDocV2) -> Self {
-        IxDoc {
+        IxDocV3 {
             abstract_: d.abstract_,
             model: d.model,
             recs: d.recs,
@@ -191,6 +208,21 @@ impl From<IxDocV2> for IxDoc {
             edges: d.edges,
             source: d.source,
             asks: false,
+        }
+    }
+}
+
+impl From<IxDocV3> for IxDoc {
+    fn from(d: IxDocV3) -> Self {
+        IxDoc {
+            abstract_: d.abstract_,
+            model: d.model,
+            recs: d.recs,
+            terms: d.terms,
+            edges: d.edges,
+            source: d.source,
+            asks: d.asks,
+            tells_when: false,
         }
     }
 }
@@ -232,12 +264,15 @@ impl IxDoc {
         if let Ok(d) = postcard::from_bytes::<IxDoc>(b) {
             return Ok(d);
         }
-        if let Ok(d) = postcard::from_bytes::<IxDocV2>(b) {
+        if let Ok(d) = postcard::from_bytes::<IxDocV3>(b) {
             return Ok(d.into());
+        }
+        if let Ok(d) = postcard::from_bytes::<IxDocV2>(b) {
+            return Ok(IxDocV3::from(d).into());
         }
         let d: IxDocV1 =
             postcard::from_bytes(b).map_err(|e| Error::store_from("corrupt index document", e))?;
-        Ok(IxDocV2::from(d).into())
+        Ok(IxDocV3::from(IxDocV2::from(d)).into())
     }
     fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).unwrap_or_default()
@@ -298,6 +333,9 @@ pub struct Hit {
     /// share of its score.
     #[serde(skip)]
     pub asks: bool,
+    /// A message that says when (`IxDoc::tells_when`).
+    #[serde(skip)]
+    pub tells_when: bool,
 }
 
 impl Hit {
@@ -319,6 +357,7 @@ impl Hit {
             superseded_by: None,
             with: None,
             asks: false,
+            tells_when: false,
         }
     }
 }

@@ -9,7 +9,9 @@ use crate::index::fusion::message_live;
 use crate::index::fusion::weighted;
 use crate::index::fusion::Channels;
 use crate::index::fusion::{draw, pick_sources, Source};
-use crate::index::toward::{toward_named_days, toward_named_speaker, toward_neighbours};
+use crate::index::toward::{
+    toward_named_days, toward_named_speaker, toward_neighbours, toward_told_when,
+};
 use crate::index::AccountIndex;
 use crate::index::State;
 
@@ -219,6 +221,7 @@ impl Index {
         let mut hits = self.fused(&st, q.mode, &vec_hits, &lex_hits, &dated);
         toward_named_speaker(&mut hits, asked);
         toward_named_days(&mut hits, &days);
+        toward_told_when(&mut hits, asked);
         toward_neighbours(&mut hits);
         let out = self.one_per_source(&st, account, hits, k)?;
         if q.expand {
@@ -326,6 +329,7 @@ impl Index {
                 if let Some(d) = st.docs.get(&p) {
                     h.abstract_ = d.ix.abstract_.clone();
                     h.asks = d.ix.asks;
+                    h.tells_when = d.ix.tells_when;
                     if h.line == 0 && h.level != MESSAGE_LEVEL {
                         h.line =
                             d.ix.recs

@@ -75,6 +75,27 @@ fn index_documents_stored_before_source_still_read() {
     );
     let asks = IxDoc { asks: true, ..d };
     assert!(IxDoc::decode(&asks.encode()).unwrap().asks);
+    // The layout before `tells_when`: it still asks, says no time.
+    let v3 = IxDocV3 {
+        abstract_: "#2 user: when?".into(),
+        model: "m".into(),
+        recs: Vec::new(),
+        terms: Vec::new(),
+        edges: Vec::new(),
+        source: Some(8),
+        asks: true,
+    };
+    let d = IxDoc::decode(&postcard::to_stdvec(&v3).unwrap()).unwrap();
+    assert_eq!(
+        (d.source, d.asks, d.tells_when, d.abstract_.as_str()),
+        (Some(8), true, false, "#2 user: when?")
+    );
+    let told = IxDoc {
+        tells_when: true,
+        ..d
+    };
+    let back = IxDoc::decode(&told.encode()).unwrap();
+    assert!(back.tells_when && back.asks);
 }
 
 #[test]
