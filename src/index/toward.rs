@@ -128,7 +128,7 @@ pub(super) fn toward_named_days(
 /// ([`asks_when`]). A question of when is answered by the message that
 /// dates the event ("we adopted him last week"), and the messages that go
 /// on about it without a time match its words as well; on the real dev
-/// conversations the rule found the evidence of 7 more of 157 such
+/// conversations the rule found the evidence of 6 more of 157 such
 /// questions and lost none, with any weight from 1.3 to 3 (BENCHMARKS'
 /// journal, "A question of when lifts the messages that say when").
 pub(super) const TOLD_WHEN_WEIGHT: f32 = 1.5;
