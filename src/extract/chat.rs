@@ -71,6 +71,7 @@ const CHAT_PHRASES: &[&str] = &[
     r"i can't wait",
     r"i'd love to",
     r"me too",
+    r"(?:it|they|that|this|something|which)(?: \w+)? (?:makes?|made|make) (?:me|us)(?: feel)?",
     r"thank(?:s| you) for \w+ (?:me|us)",
     r"(?:your support|that|it|this) means (?:a lot|so much|the world) to me",
     // Catching up.
@@ -235,6 +236,7 @@ mod tests {
             "Long time no talk - I had lots of stuff going on.",
             "It's been ages since we last spoke.",
             "Me too!",
+            "Aww, it makes me happy just looking at them!",
         ] {
             assert!(!says_something(s, &speakers), "{s}");
         }
@@ -251,6 +253,7 @@ mod tests {
             "I'll give it a try: my sister runs a bakery.",
             "Since we last talked, we adopted a second dog.",
             "Thanks for asking me! I sold the van.",
+            "Painting makes me feel calm.",
         ] {
             assert!(says_something(s, &speakers), "{s}");
         }
