@@ -117,6 +117,15 @@ fn canned_mount(replies: Value, edit: impl Fn(String) -> String) -> (Canned, Mou
     (server, m)
 }
 
+/// A model's answer that finds nothing worth keeping.
+const NO_MEMORIES: &str = r#"{"memories":[]}"#;
+
+/// A mount of the default config whose model keeps no memories: the
+/// messages alone are stored and searched.
+fn quiet_mount() -> (Canned, Mount) {
+    canned_mount(serde_json::json!([{ "content": NO_MEMORIES }]), |c| c)
+}
+
 fn meta(m: &Mount, node: &str) -> Value {
     m.json(
         WRITER,
@@ -870,8 +879,7 @@ fn a_memory_is_shown_with_its_message_never_in_place_of_one() {
 /// redacted.
 #[test]
 fn a_message_found_is_given_whole_with_its_days() {
-    let none = r#"{"memories":[]}"#;
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let (_server, m) = quiet_mount();
     let long = "We talked about the garden, the fence, the neighbours' new puppy and the rain that never stopped for the whole of the morning, and then";
     let conv = serde_json::json!([
         {"role": "user", "name": "Priya", "ts": "2026-03-04T10:00:00Z",
@@ -922,8 +930,7 @@ fn a_message_found_is_given_whole_with_its_days() {
 /// "the user" in her own directory), hers do.
 #[test]
 fn the_speaker_a_search_names_ranks_first() {
-    let none = r#"{"memories":[]}"#;
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let (_server, m) = quiet_mount();
     let conv = r#"[{"role":"user","name":"Priya","content":"I adopted a dog from the shelter.","ts":"2026-03-04T10:00:00Z"},
       {"role":"assistant","name":"Sam","content":"I adopted a dog from the shelter too!","ts":"2026-03-04T10:01:00Z"}]"#;
     let s = ingest(&m, "c1", conv, Duration::from_secs(30));
@@ -959,8 +966,7 @@ fn the_speaker_a_search_names_ranks_first() {
 /// `[index] message_views = false` a message has one vector, its text.
 #[test]
 fn a_reply_is_found_by_the_question_it_answers() {
-    let none = r#"{"memories":[]}"#;
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let (_server, m) = quiet_mount();
     let conv = r#"[{"role":"user","name":"Priya","content":"Which city did your sister move to last spring?"},
       {"role":"assistant","name":"Sam","content":"Lisbon, near the river."},
       {"role":"user","name":"Priya","content":"The weather was rainy all week here."},
@@ -1004,7 +1010,7 @@ fn a_reply_is_found_by_the_question_it_answers() {
     }
 
     // `[index] message_views = false`: one vector a message, its own text.
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| {
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": NO_MEMORIES }]), |c| {
         c.replace("\n[llm]", "\n[index]\nmessage_views = false\n\n[llm]")
     });
     let s = ingest(&m, "c1", conv, Duration::from_secs(30));
@@ -1022,8 +1028,7 @@ fn a_reply_is_found_by_the_question_it_answers() {
 /// when it does not.
 #[test]
 fn a_search_that_names_a_day_finds_what_was_said_then() {
-    let none = r#"{"memories":[]}"#;
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let (_server, m) = quiet_mount();
     let july = r#"[{"role":"user","name":"Priya","content":"We had dinner at the harbour.","ts":"2023-07-03T19:00:00Z"},
       {"role":"assistant","name":"Sam","content":"Sounds like a lovely evening out.","ts":"2023-07-03T19:01:00Z"}]"#;
     let s = ingest(&m, "c1", july, Duration::from_secs(30));
@@ -1104,8 +1109,7 @@ fn result_files(out: &str) -> Vec<String> {
 /// that the search matches a little on its own.
 #[test]
 fn a_terse_reply_is_lifted_by_the_messages_around_it() {
-    let none = r#"{"memories":[]}"#;
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let (_server, m) = quiet_mount();
     let c1 = r#"[{"role":"user","name":"Priya","content":"Did you take the new telescope out stargazing at the lake?"},
       {"role":"assistant","name":"Sam","content":"Yes, twice!"},
       {"role":"user","name":"Priya","content":"Lucky you, the sky must have been clear up there by the telescope."}]"#;
@@ -1139,8 +1143,7 @@ fn a_terse_reply_is_lifted_by_the_messages_around_it() {
 /// name comes first.
 #[test]
 fn a_question_lifts_the_reply_that_answers_it() {
-    let none = r#"{"memories":[]}"#;
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let (_server, m) = quiet_mount();
     let conv = |mark: &str| {
         serde_json::json!([
             {"role": "user", "name": "Priya",
@@ -1176,8 +1179,7 @@ fn a_question_lifts_the_reply_that_answers_it() {
 /// one more word puts it below the other, whose name also sorts first.
 #[test]
 fn a_question_of_when_lifts_the_message_that_says_when() {
-    let none = r#"{"memories":[]}"#;
-    let (_server, m) = canned_mount(serde_json::json!([{ "content": none }]), |c| c);
+    let (_server, m) = quiet_mount();
     let conv = |when: &str| {
         serde_json::json!([
             {"role": "user", "name": "Priya", "ts": "2023-05-02T10:00:00Z",
@@ -1227,10 +1229,9 @@ fn a_removed_conversation_stays_out_of_search_while_the_index_is_behind() {
         "[index]\nembedder = \"minilm\"\nmodel_dir = \"{}\"\n",
         model_dir().display()
     );
-    let (_server, m) = canned_mount(
-        serde_json::json!([{"content": r#"{"memories":[]}"#}]),
-        |c| format!("{c}\n{minilm}"),
-    );
+    let (_server, m) = canned_mount(serde_json::json!([{ "content": NO_MEMORIES }]), |c| {
+        format!("{c}\n{minilm}")
+    });
     let old = r#"[{"role":"user","content":"My cat Zanzibar sleeps on the grand piano every afternoon."}]"#;
     let s = ingest(&m, "c1", old, Duration::from_secs(30));
     assert_eq!(s["state"], "done", "{s:#}");

@@ -218,9 +218,9 @@ fn month_number(s: &str) -> Option<i8> {
 }
 
 /// Does `text` say when something happened or will: a relative time
-/// ([`annotate`] resolves it), a date ([`first_date`]), a month with its
-/// year, a year after "in" or "since", or how long something has lasted
-/// ("for three years", "for a month now").
+/// ([`annotate`] resolves it), a date or a month with its year
+/// ([`named_days`]), a year after "in" or "since", or how long something
+/// has lasted ("for three years", "for a month now").
 pub fn tells_when(text: &str) -> bool {
     static SPAN: OnceLock<Regex> = OnceLock::new();
     let span = SPAN.get_or_init(|| {
@@ -229,10 +229,7 @@ pub fn tells_when(text: &str) -> bool {
         )
         .expect("the span pattern compiles")
     });
-    pattern().is_match(text)
-        || span.is_match(text)
-        || first_date(text).is_some()
-        || !named_days(text).is_empty()
+    pattern().is_match(text) || span.is_match(text) || !named_days(text).is_empty()
 }
 
 /// The first calendar date `text` names: `2026-03-14` (as the resolved
