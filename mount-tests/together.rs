@@ -380,7 +380,8 @@ fn mcp_update_with_a_stale_version_is_refused() {
 }
 
 /// Recall to a budget: `?budget=N` packs the best results into at most N
-/// tokens (bytes / 3, rounded up), abstracts first, then overviews, then
+/// tokens (estimated high: at least bytes / 3, and a digit a token),
+/// abstracts first, then overviews, then
 /// matching lines, and says what was left out; the same through MCP and
 /// the memory tool's `view`; tenancy as any search.
 #[test]
@@ -400,6 +401,17 @@ for i in range(30):
     body = "".join(f"Line {j}: the kettle number {i} boils water at step {j}.\n" for j in range(12))
     for f, b in (("content.md", body), (".relations.json", "[]"), (".abstract.md", f"Kettle {i} and how it boils"),
                  (".overview.md", f"# Kettle {i}\nA kettle that boils water, twelve steps."), (".meta.json", '{"status":"ACTIVE"}')):
+        with open(os.path.join(n, f), "w") as fh:
+            fh.write(b)
+# Nodes of ids and times: their tokens are a digit each.
+root = os.path.join(sys.argv[1], "accounts/acme/users/alice/memories/builds")
+for i in range(10):
+    n = os.path.join(root, f"b{i}")
+    os.makedirs(n)
+    ids = " ".join(f"2023-10-{j + 1:02d}T14:{i:02d}:{j:02d}Z {i * 7919 + j * 104729:012d}" for j in range(4))
+    body = "".join(f"Build {i} step {j}: {ids}\n" for j in range(12))
+    for f, b in (("content.md", body), (".relations.json", "[]"), (".abstract.md", f"Build ids {i}: {ids[:84]}"),
+                 (".overview.md", f"# Build {i}\n{ids}"), (".meta.json", '{"status":"ACTIVE"}')):
         with open(os.path.join(n, f), "w") as fh:
             fh.write(b)
 "##,
@@ -430,6 +442,18 @@ for i in range(30):
         let last = out.lines().last().unwrap();
         assert!(last.starts_with("# left out: "), "{budget}: {last}");
     }
+    // A digit is a token (the default model's tokenizer splits every
+    // digit): a packed answer of ids and times keeps its digits within the
+    // budget, where a third of a token a byte let about twice as many in.
+    let ids = m.ok(
+        READER,
+        &format!("cat \"{dir}/.search/build ids?budget=200\""),
+    );
+    let digits = ids.chars().filter(char::is_ascii_digit).count();
+    assert!(
+        digits <= 200 && tokens(&ids) <= 200 && ids.contains("\n## 1. memories/builds/b"),
+        "{digits} digits\n{ids}"
+    );
     // Summary first: with a small budget only abstracts; a large one adds
     // overviews and the matching lines.
     let small = m.ok(

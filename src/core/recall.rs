@@ -87,8 +87,10 @@ pub fn pack(query: &str, budget: usize, base: &str, items: &[Item]) -> Packed {
         "# memory for {:?} within {budget} tokens; paths under {base}/\n",
         crate::index::text::one_line(query)
     );
-    // The closing line at its longest, kept aside from the start.
-    let tail_max = estimate_tokens(&closing(items.len(), items.len(), usize::MAX / 4));
+    // The closing line at its longest (everything left out), kept aside
+    // from the start: its numbers only shrink.
+    let all_lines = items.iter().map(|it| it.lines.len()).sum();
+    let tail_max = estimate_tokens(&closing(items.len(), items.len(), all_lines));
     let mut left = budget.saturating_sub(estimate_tokens(&head) + tail_max);
     let mut take = |text: &str| -> bool {
         let t = estimate_tokens(text);
