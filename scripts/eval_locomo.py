@@ -77,7 +77,7 @@ from mountutil import mount_with_llm, query_name, wait_sync  # noqa: E402
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 ROWS = ["none", "bm25", "turns", "messages", "mem+conv", "packed", "whole"]
-# The budget of the packed row, in ctxfs's tokens (bytes / 3): about the
+# The budget of the packed row, in ctxfs's estimated tokens (SEMANTICS, "Tokens"): about the
 # size of the mem+conv row's context.
 PACKED_BUDGET = 600
 MSG = re.compile(r"/inbox/s(\d+)\.json#(\d+)$")
@@ -160,6 +160,10 @@ def main():
                     help="no extraction: feed the messages (every extraction fails), rows bm25/turns/messages")
     ap.add_argument("--sample", type=int, default=None,
                     help="answer a fixed random sample of N questions per category (recall: all)")
+    ap.add_argument("--sample-seeds", default="2026",
+                    help="with --sample: the seeds of the samples drawn (comma-separated; their union is asked)")
+    ap.add_argument("--categories", default="1,2,3,4,5",
+                    help="answer only questions of these categories (comma-separated; recall: all)")
     args = ap.parse_args()
     path = os.path.join(args.data, "locomo-dev.json")
     if not os.path.exists(path):
@@ -193,16 +197,20 @@ def main():
 
     if args.sample is not None:
         import random
-        rnd = random.Random(2026)
         by_cat = defaultdict(list)
         for c in convs:
             for q in c["qa"]:
                 by_cat[q["category"]].append(id(q))
         asked = set()
-        for k, ids in sorted(by_cat.items()):
-            asked |= set(rnd.sample(ids, min(args.sample, len(ids))))
+        # Each seed draws its own sample; their union is asked (a second
+        # seed widens a sample whose answers are cached).
+        for seed in (int(x) for x in args.sample_seeds.split(",") if x):
+            rnd = random.Random(seed)
+            for k, ids in sorted(by_cat.items()):
+                asked |= set(rnd.sample(ids, min(args.sample, len(ids))))
     else:
         asked = None
+    answer_cats = {int(k) for k in args.categories.split(",") if k}
     if args.resume:
         args.reuse = args.resume
         pinned = os.path.join(args.resume, "ctxfs")
@@ -393,7 +401,8 @@ def main():
                         if args.verbose and not hit and row == ("messages" if args.messages_only else "mem+conv"):
                             print(f"  [{row}] evidence missed: {q['question']} (evidence {sorted(want)})",
                                   file=sys.stderr)
-                    if args.no_answers or row not in rows or (asked is not None and id(q) not in asked):
+                    if args.no_answers or row not in rows or (asked is not None and id(q) not in asked) \
+                            or cat not in answer_cats:
                         continue
                     context = texts[0] if row in ("whole", "packed") else "\n".join(f"- {t}" for t in texts)
                     ans = model.answer(me, other, context, q["question"])
