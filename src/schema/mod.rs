@@ -27,10 +27,10 @@ pub const EXCERPT_CHARS: usize = 64;
 /// (two for one beyond the Basic Multilingual Plane: an emoji), a
 /// lower-case letter a quarter of one before a letter or a space, a
 /// capital two thirds before a letter, any other letter a whole one, and
-/// a run of spaces a token unless a letter follows it. Tokenizers split numbers,
-/// times, ids and hex into a token a character or two (the default
-/// model's splits every digit): by bytes alone a timestamp or a UUID
-/// counted a third of its tokens. Measured against that tokenizer, the
+/// a run of spaces a token unless a letter follows it. Tokenizers split
+/// numbers, times, ids and hex into a token a character or two (the
+/// default model's splits every digit): by bytes alone a timestamp or a
+/// UUID counted a third of its tokens. Measured against that tokenizer, the
 /// estimate is 0.86x (base64) to 2.9x (Arabic) the real count, 0.99x to
 /// 1.02x for digits, times, UUIDs and hex, 1.38x for English chat
 /// (`docs/BENCHMARKS.md`, "Tokens estimated high"). Each character's
