@@ -175,7 +175,13 @@ mod tests {
             abstract_: format!("Note {i}: what alice said about topic {i}"),
             overview: Some(format!("# Note {i}\nfirst line of note {i}")),
             lines: (1..=lines as u32)
-                .map(|n| (n, format!("line {n} of note {i}, with some words in it")))
+                .map(|n| {
+                    let line = format!(
+                        "line {n} of note {i}, with some words in it, as long as a \
+                         result's heading and abstract together"
+                    );
+                    (n, line)
+                })
                 .collect(),
         }
     }
@@ -194,7 +200,8 @@ mod tests {
             );
             last_shown = p.shown;
             // Summary first: lines only take room no abstract or overview
-            // could use (all these are alike in size).
+            // could use (a line here is as large as a result's heading
+            // and abstract, and larger than an overview).
             if p.text.contains("\nL1: ") {
                 assert_eq!((p.shown, p.overviews_left), (10, 0), "{budget}: {}", p.text);
             }
