@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mountutil import query_name, wait_sync  # noqa: E402
+from token_estimate import estimate  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("CTXFS_BIN", os.path.join(HERE, "../target/release/ctxfs"))
@@ -80,11 +81,11 @@ def main():
                     text = f.read()
                 out.append((time.perf_counter() - t) * 1000)
                 if opts:
-                    sizes.append(len(text.encode()) // 3 + 1)
+                    sizes.append(estimate(text))
         print(f"search over {a.nodes} nodes, {a.queries} distinct queries, k=10, alternating:")
         print(f"  unbudgeted    p50 {pct(plain, 50):6.2f} ms  p99 {pct(plain, 99):6.2f} ms")
         print(f"  budget={a.budget:<5} p50 {pct(packed, 50):6.2f} ms  p99 {pct(packed, 99):6.2f} ms"
-              f"  (answers {statistics.median(sizes):.0f} tokens median, max {max(sizes)})")
+              f"  (answers {statistics.median(sizes):.0f} estimated tokens median, max {max(sizes)})")
         print(f"  ratio p50 {pct(packed, 50) / pct(plain, 50):.2f}x, p99 {pct(packed, 99) / pct(plain, 99):.2f}x")
     finally:
         subprocess.run([BIN, "umount", mnt], stdout=subprocess.DEVNULL)
